@@ -1,0 +1,85 @@
+"""What every residual-mixing family shares: the interface and the float32 coefficient rule."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Guarantees:
+    """What a family promises of every ``H_res`` it produces, to float32 rounding.
+
+    Tests and diagnostics read these flags, so a family claims only what its construction proves.
+    """
+
+    row_sums_one: bool = False  # H 1 = 1: a feature shared by all streams passes unchanged
+    col_sums_one: bool = False  # 1ᵀ H = 1ᵀ: the mean over streams is preserved
+    nonnegative: bool = False
+    spectral_norm_at_most_one: bool = False  # no direction is amplified
+    orthogonal: bool = False  # HᵀH = I
+    closed_under_products: bool = False  # a product of such matrices keeps every flag above
+
+
+def coefficient_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype the coefficient path runs in: at least float32 (float64 stays float64 for gradcheck)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class Mixer(nn.Module):
+    """Base class of a constraint map ``M``: ``d_res (..., K) -> H_res (..., n, n)``.
+
+    Subclasses set ``num_inputs`` (K), ``guarantees``, ``gate`` (how the connection turns its
+    ``d_pre``/``d_post`` into ``H_pre``/``H_post``: ``"sigmoid"`` as in mHC, ``"tanh"`` as in HC),
+    own their scales ``α``, static biases ``b`` and family parameters, and implement :meth:`mix`.
+    The input is promoted to at least float32 before :meth:`mix` sees it, so the guarantees hold to
+    float32 rounding whatever the model's dtype; the result stays in that dtype (the caller casts).
+    """
+
+    name: str = ""
+    guarantees: Guarantees = Guarantees()
+    gate: str = "sigmoid"
+
+    def __init__(self, n_streams: int):
+        super().__init__()
+        if not isinstance(n_streams, int) or isinstance(n_streams, bool) or n_streams < 1:
+            raise ValueError(f"n_streams must be an integer >= 1, got {n_streams!r}")
+        self.n_streams = n_streams
+        self.num_inputs = 0
+
+    def forward(self, d_res: torch.Tensor) -> torch.Tensor:
+        """Map the raw dynamic projection ``d_res`` of shape ``(..., K)`` to ``H_res`` ``(..., n, n)``."""
+        if d_res.shape[-1:] != (self.num_inputs,):
+            raise ValueError(
+                f"d_res must have last dimension K={self.num_inputs} for mixer {self.name!r} "
+                f"with n_streams={self.n_streams}, got shape {tuple(d_res.shape)}"
+            )
+        return self.mix(d_res.to(coefficient_dtype(d_res.dtype)))
+
+    def mix(self, d_res: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def register_constant(self, name: str, value: torch.Tensor) -> None:
+        """A fixed, non-learnable tensor that keeps its exact dtype when the module is cast.
+
+        ``model.to(torch.bfloat16)`` would otherwise round e.g. the Helmert basis to 8 bits and break
+        the family's guarantees; :meth:`_apply` restores the exact value on the new device.
+        """
+        self._constants = {**getattr(self, "_constants", {}), name: value.detach().cpu()}
+        self.register_buffer(name, value, persistent=False)
+
+    def _apply(self, fn, recurse=True):
+        module = super()._apply(fn, recurse)
+        for name, exact in getattr(self, "_constants", {}).items():
+            self._buffers[name] = exact.to(device=self._buffers[name].device)
+        return module
+
+    def extra_repr(self) -> str:
+        return f"n_streams={self.n_streams}, num_inputs={self.num_inputs}"
+
+
+def scale_parameter(value: float = 0.01) -> nn.Parameter:
+    """A learnable scalar scale ``α`` (DESIGN.md: every α starts at 0.01)."""
+    return nn.Parameter(torch.tensor(float(value)))

@@ -1,0 +1,21 @@
+"""``identity``: n streams, no mixing (the s²HC paper's ablation "fixed identity")."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Guarantees, Mixer
+
+
+class IdentityMixer(Mixer):
+    """``H_res = I``: the streams talk only through ``H_pre`` and ``H_post``. K = 0.
+
+    Input ``d_res`` ``(..., 0)``; output ``(..., n, n)``.
+    """
+
+    name = "identity"
+    guarantees = Guarantees(True, True, True, True, True, True)
+
+    def mix(self, d_res: torch.Tensor) -> torch.Tensor:
+        eye = torch.eye(self.n_streams, dtype=d_res.dtype, device=d_res.device)
+        return eye.expand(*d_res.shape[:-1], self.n_streams, self.n_streams)

@@ -1,0 +1,27 @@
+"""``isometric``: s²HC with every deviation singular value fixed at 1 (the control the paper lacks)."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Guarantees
+from .s2hc import ZeroSumMixer
+
+
+class IsometricMixer(ZeroSumMixer):
+    """``H_res = J + U_Z U_core V_coreᵀ U_Zᵀ``: mean-preserving and orthogonal. K = 2 · m(m−1)/2.
+
+    Separates what s²HC's selective attenuation adds from what mean preservation and rotation give.
+    ``rotation`` as in ``s2hc``. Exactly ``I`` at initialisation.
+    """
+
+    name = "isometric"
+    guarantees = Guarantees(True, True, False, True, True, True)
+
+    def __init__(self, n_streams: int, rotation: str = "cayley", alpha: float = 0.01):
+        super().__init__(n_streams, rotation, alpha)
+        self.num_inputs = 2 * self.rotation_u.num_inputs
+
+    def deviation_core(self, d_res: torch.Tensor) -> torch.Tensor:
+        u, v, _ = self.rotations(d_res)
+        return u @ v.transpose(-1, -2)

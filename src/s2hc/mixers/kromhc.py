@@ -1,0 +1,65 @@
+"""``kromhc``: a Kronecker product of small exactly doubly stochastic factors (KromHC)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .base import Guarantees, Mixer
+from .mhc_lite import PermutationMixture, check_permutation_size
+
+
+def prime_factors(n: int) -> list[int]:
+    """Prime factors of ``n`` with multiplicity, ascending (``12 -> [2, 2, 3]``; ``1 -> []``)."""
+    factors, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    if n > 1:
+        factors.append(n)
+    return factors
+
+
+def kron(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched Kronecker product: ``(..., p, p) ⊗ (..., q, q) -> (..., pq, pq)``."""
+    p, q = a.shape[-1], b.shape[-1]
+    return torch.einsum("...ij,...kl->...ikjl", a, b).reshape(*a.shape[:-2], p * q, p * q)
+
+
+class KromHCMixer(Mixer):
+    """``H_res = D_1 ⊗ D_2 ⊗ …``, one permutation-mixture factor ``D_i`` per prime factor of n.
+
+    For n = 2^k every factor is the official 2 × 2 form ``w I + (1 − w) [[0, 1], [1, 0]]``; any other n is
+    factored into primes p with a mix of all p! permutations each, so K = Σ p_i!. The product of
+    doubly stochastic matrices is exactly doubly stochastic and non-negative.
+
+    The reachable set is small: for n = 2^k it has only k degrees of freedom against (n − 1)² for the whole
+    Birkhoff polytope (3 against 49 at n = 8), and every composite n is restricted to Kronecker-structured
+    matrices; only for prime n is it the full mhc-lite set (at mhc-lite's factorial cost, so primes above 6
+    need ``allow_large=True``).
+    """
+
+    name = "kromhc"
+    guarantees = Guarantees(True, True, True, True, False, True)
+
+    def __init__(self, n_streams: int, alpha: float = 0.01, allow_large: bool = False):
+        super().__init__(n_streams)
+        self.factor_sizes = prime_factors(n_streams)
+        for p in self.factor_sizes:
+            check_permutation_size(p, allow_large, f"prime factor of n_streams={n_streams}")
+        self.factors = nn.ModuleList(PermutationMixture(p, alpha) for p in self.factor_sizes)
+        self.num_inputs = sum(f.num_inputs for f in self.factors)
+
+    def mix(self, d_res: torch.Tensor) -> torch.Tensor:
+        if not self.factors:  # n = 1
+            return d_res.new_ones(*d_res.shape[:-1], 1, 1)
+        inputs = d_res.split([f.num_inputs for f in self.factors], dim=-1)
+        h = self.factors[0](inputs[0])
+        for factor, d in zip(self.factors[1:], inputs[1:]):
+            h = kron(h, factor(d))
+        return h
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, factors={self.factor_sizes}"

@@ -1,0 +1,27 @@
+"""``orthogonal``: the s²HC paper's ablation, a rotation of the whole stream space."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Guarantees, Mixer
+from .orthomaps import Rotation
+
+
+class OrthogonalMixer(Mixer):
+    """``H_res = Cayley(A)`` with ``A`` skew over all n streams. K = n(n−1)/2.
+
+    Orthogonal (no direction amplified or attenuated) but the mean over streams is NOT preserved.
+    ``rotation`` as in ``s2hc``. Exactly ``I`` at initialisation.
+    """
+
+    name = "orthogonal"
+    guarantees = Guarantees(spectral_norm_at_most_one=True, orthogonal=True, closed_under_products=True)
+
+    def __init__(self, n_streams: int, rotation: str = "cayley", alpha: float = 0.01):
+        super().__init__(n_streams)
+        self.rotation = Rotation(n_streams, rotation, alpha)
+        self.num_inputs = self.rotation.num_inputs
+
+    def mix(self, d_res: torch.Tensor) -> torch.Tensor:
+        return self.rotation(d_res)

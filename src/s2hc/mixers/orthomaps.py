@@ -1,0 +1,109 @@
+"""Orthogonal charts shared by the s²HC, orthogonal and isometric families.
+
+Per token these build small (m × m) orthogonal matrices from m(m-1)/2 numbers. Millions of tokens
+make a general solver per token slow (and ``torch.linalg.solve`` refuses bfloat16), so sizes up to
+4 use closed forms from the Cayley–Hamilton theorem; larger sizes fall back to a batched solve.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def helmert_basis(n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Truncated Helmert basis ``U_Z`` of shape ``(n, n-1)`` of the zero-sum subspace of ``R^n``.
+
+    Column j (0-based) is ``(1, …, 1, -(j+1), 0, …, 0) / sqrt((j+1)(j+2))`` with j+1 ones: the columns are
+    orthonormal and each is orthogonal to the all-ones vector, so ``U_Z U_Zᵀ = I - 11ᵀ/n``.
+    """
+    basis = torch.zeros(n, n - 1, dtype=torch.float64)
+    for j in range(n - 1):
+        basis[: j + 1, j] = 1.0
+        basis[j + 1, j] = -(j + 1.0)
+        basis[:, j] /= math.sqrt((j + 1.0) * (j + 2.0))
+    return basis.to(dtype)
+
+
+def skew_from_vector(z: torch.Tensor, m: int) -> torch.Tensor:
+    """Skew-symmetric ``A`` of shape ``(..., m, m)`` whose strict upper triangle is ``z`` ``(..., m(m-1)/2)``.
+
+    Filled row by row (the order of ``torch.triu_indices(m, m, 1)``); the lower triangle is the negation.
+    """
+    rows, cols = torch.triu_indices(m, m, offset=1, device=z.device)
+    a = z.new_zeros(*z.shape[:-1], m, m)
+    a[..., rows, cols] = z
+    return a - a.transpose(-1, -2)
+
+
+def _pfaffian4(a: torch.Tensor) -> torch.Tensor:
+    """Pfaffian of a 4 × 4 skew matrix: ``a01 a23 - a02 a13 + a03 a12`` (its square is ``det A``)."""
+    return a[..., 0, 1] * a[..., 2, 3] - a[..., 0, 2] * a[..., 1, 3] + a[..., 0, 3] * a[..., 1, 2]
+
+
+def cayley(a: torch.Tensor) -> torch.Tensor:
+    """Cayley transform ``(I + A)⁻¹ (I − A)`` of skew-symmetric ``A`` ``(..., m, m)``: a rotation in SO(m).
+
+    For m ≤ 4 the characteristic polynomial of a skew matrix is ``λ⁴ + pλ² + q²`` (padding with zeros),
+    ``p = ‖A‖_F² / 2``, ``q = Pf(A)``, which gives the closed form
+    ``Q = [(1 + p − q²) I − 2(1 + p) A + 2A² − 2A³] / (1 + p + q²)``; for m ≤ 3 (q = 0, A³ = −pA) it
+    reduces to ``Q = I + 2(A² − A) / (1 + p)``. Larger m use a batched linear solve.
+    The chart cannot reach rotations with eigenvalue −1 (use :func:`matrix_exp_rotation` for those).
+    """
+    m = a.shape[-1]
+    eye = torch.eye(m, dtype=a.dtype, device=a.device)
+    if m == 1:
+        return eye.expand_as(a).clone()
+    a2 = a @ a
+    p = 0.5 * a.square().sum(dim=(-1, -2))[..., None, None]
+    if m <= 3:
+        return eye + 2.0 * (a2 - a) / (1.0 + p)
+    if m == 4:
+        q2 = _pfaffian4(a).square()[..., None, None]
+        a3 = a2 @ a
+        return ((1.0 + p - q2) * eye - 2.0 * (1.0 + p) * a + 2.0 * a2 - 2.0 * a3) / (1.0 + p + q2)
+    return torch.linalg.solve(eye + a, eye - a)
+
+
+def matrix_exp_rotation(a: torch.Tensor) -> torch.Tensor:
+    """``exp(A)`` of skew-symmetric ``A`` ``(..., m, m)``: reaches all of SO(m), including eigenvalue −1."""
+    return torch.linalg.matrix_exp(a)
+
+
+ROTATIONS = {"cayley": cayley, "expm": matrix_exp_rotation}
+
+
+def rotation_map(name: str):
+    """The chart called ``name`` (``"cayley"`` or ``"expm"``); ValueError for anything else."""
+    if name not in ROTATIONS:
+        raise ValueError(f"rotation must be one of {sorted(ROTATIONS)}, got {name!r}")
+    return ROTATIONS[name]
+
+
+class Rotation(torch.nn.Module):
+    """A per-token rotation in SO(m) from ``k = m(m-1)/2`` raw inputs, as in the s²HC paper.
+
+    ``z = γ · tanh(α · d + b)`` fills the upper triangle of a skew matrix, then a chart (Cayley by default)
+    maps it to a rotation. ``α`` starts at 0.01, ``b`` at 0 and the magnitude gate ``γ`` at 1, so the
+    rotation is exactly ``I`` at initialisation.
+    """
+
+    def __init__(self, size: int, chart: str = "cayley", alpha: float = 0.01):
+        super().__init__()
+        self.size = size
+        self.num_inputs = size * (size - 1) // 2
+        self.chart_name = chart
+        self.chart = rotation_map(chart)
+        self.alpha = torch.nn.Parameter(torch.tensor(float(alpha)))
+        self.bias = torch.nn.Parameter(torch.zeros(self.num_inputs))
+        self.gamma = torch.nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, d: torch.Tensor) -> torch.Tensor:
+        """``d`` ``(..., k)`` in the coefficient dtype -> rotation ``(..., m, m)`` in the same dtype."""
+        alpha, bias, gamma = (p.to(d.dtype) for p in (self.alpha, self.bias, self.gamma))
+        z = gamma * torch.tanh(alpha * d + bias)
+        return self.chart(skew_from_vector(z, self.size))
+
+    def extra_repr(self) -> str:
+        return f"size={self.size}, chart={self.chart_name!r}"
