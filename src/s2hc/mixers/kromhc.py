@@ -44,12 +44,18 @@ class KromHCMixer(Mixer):
     name = "kromhc"
     guarantees = Guarantees(True, True, True, True, False, True)
 
-    def __init__(self, n_streams: int, alpha: float = 0.01, allow_large: bool = False):
+    def __init__(
+        self,
+        n_streams: int,
+        alpha: float = 0.01,
+        allow_large: bool = False,
+        off_identity_bias: float | None = None,
+    ):
         super().__init__(n_streams)
         self.factor_sizes = prime_factors(n_streams)
         for p in self.factor_sizes:
             check_permutation_size(p, allow_large, f"prime factor of n_streams={n_streams}")
-        self.factors = nn.ModuleList(PermutationMixture(p, alpha) for p in self.factor_sizes)
+        self.factors = nn.ModuleList(PermutationMixture(p, alpha, off_identity_bias) for p in self.factor_sizes)
         self.num_inputs = sum(f.num_inputs for f in self.factors)
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:
