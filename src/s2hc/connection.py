@@ -152,8 +152,17 @@ class HyperConnection(nn.Module):
         if self.is_residual:
             return x + self._call_branch(branch, x.squeeze(-2), args, kwargs).unsqueeze(-2)
         h = self.matrices(x)
-        pre, post, res = (h[k].to(x.dtype) for k in ("pre", "post", "res"))
-        branch_out = self._call_branch(branch, torch.einsum("btn,btnc->btc", pre, x), args, kwargs)
+        return self.write(x, h, self._call_branch(branch, self.read(x, h), args, kwargs))
+
+    @staticmethod
+    def read(x: torch.Tensor, h: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Branch input ``H_pre X``: streams ``(B, T, n, C)`` -> ``(B, T, C)``, in x's dtype."""
+        return torch.einsum("btn,btnc->btc", h["pre"].to(x.dtype), x)
+
+    @staticmethod
+    def write(x: torch.Tensor, h: dict[str, torch.Tensor], branch_out: torch.Tensor) -> torch.Tensor:
+        """New streams ``H_res X + H_postᵀ F``: ``x`` ``(B, T, n, C)``, ``branch_out`` ``(B, T, C)`` -> ``(B, T, n, C)``."""
+        res, post = h["res"].to(x.dtype), h["post"].to(x.dtype)
         return torch.einsum("btij,btjc->btic", res, x) + post.unsqueeze(-1) * branch_out.unsqueeze(-2)
 
     def extra_repr(self) -> str:

@@ -56,15 +56,17 @@ def get(name: str) -> type[Mixer]:
     return REGISTRY[name]
 
 
-def build(name: str, n_streams: int, **mixer_options) -> Mixer:
-    """Build family ``name`` for ``n_streams`` streams: a module mapping ``(..., K) -> (..., n, n)``.
-
-    Unknown options are refused with the list of those the family takes (no silent ignoring).
-    """
+def check_options(name: str, mixer_options: dict) -> None:
+    """ValueError if ``name`` is unknown or takes none of some ``mixer_options`` (no silent ignoring)."""
     allowed = options(name)
     unknown = sorted(set(mixer_options) - set(allowed))
     if unknown:
         raise ValueError(f"unknown option(s) {unknown} for mixer {name!r}; allowed: {sorted(allowed)}")
+
+
+def build(name: str, n_streams: int, **mixer_options) -> Mixer:
+    """Build family ``name`` for ``n_streams`` streams: a module mapping ``(..., K) -> (..., n, n)``."""
+    check_options(name, mixer_options)
     return get(name)(n_streams, **mixer_options)
 
 
@@ -75,6 +77,7 @@ __all__ = [
     "MAX_PERMUTATION_STREAMS",
     "available",
     "build",
+    "check_options",
     "coefficient_dtype",
     "get",
     "options",

@@ -1,0 +1,225 @@
+"""HyperConnection: the equations of DESIGN.md section 1, dtypes, compile, and bad input."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import s2hc
+from s2hc import HyperConnection, expand_streams, reduce_streams
+
+from helpers import randomize_
+
+FAMILIES = s2hc.mixers.available()
+
+
+def streams(b=2, t=5, n=4, c=8, dtype=torch.float32, seed=0):
+    return torch.randn(b, t, n, c, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def randomized(hc: HyperConnection, seed=0, spread=0.5) -> HyperConnection:
+    """A connection moved away from its (zero-projection) initialisation, so every path is exercised."""
+    randomize_(hc, torch.Generator().manual_seed(seed), spread)
+    return hc
+
+
+class Scale(nn.Module):
+    """A branch with a keyword argument, standing in for an attention mask or positions."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.linear = nn.Linear(c, c)
+
+    def forward(self, h, *, gain=1.0):
+        return gain * torch.tanh(self.linear(h))
+
+
+def reference_forward(hc: HyperConnection, x: torch.Tensor, branch) -> torch.Tensor:
+    """DESIGN.md's equations written out in float64, sharing only the constraint map with the module."""
+    n, c = hc.n_streams, hc.dim
+    flat = x.double().flatten(-2)
+    normed = flat / flat.pow(2).mean(-1, keepdim=True).add(hc.eps).sqrt() * hc.norm_weight.double()
+    d = normed @ hc.projection.double()
+    d_pre, d_post, d_res = d[..., :n], d[..., n : 2 * n], d[..., 2 * n :]
+    if hc.mixer.gate == "tanh":
+        pre = hc.bias_pre.double() + hc.alpha_pre.double() * torch.tanh(d_pre)
+        post = hc.bias_post.double() + hc.alpha_post.double() * torch.tanh(d_post)
+    else:
+        pre = torch.sigmoid(hc.alpha_pre.double() * d_pre + hc.bias_pre.double())
+        post = 2 * torch.sigmoid(hc.alpha_post.double() * d_post + hc.bias_post.double())
+    res = hc.mixer.double()(d_res)
+    hc.mixer.float()
+    branch_out = branch((pre.unsqueeze(-1) * x.double()).sum(-2).float()).double()
+    mixed = (res.unsqueeze(-1) * x.double().unsqueeze(-3)).sum(-2)  # Σ_j H_ij x_j
+    return mixed + post.unsqueeze(-1) * branch_out.unsqueeze(-2)
+
+
+@pytest.mark.parametrize("mixer", FAMILIES)
+def test_forward_follows_the_equations(mixer):
+    hc = randomized(HyperConnection(8, 4, mixer=mixer, layer_index=1))
+    branch = Scale(8)
+    x = streams()
+    torch.testing.assert_close(hc(x, branch).double(), reference_forward(hc, x, branch), atol=1e-5, rtol=1e-5)
+
+
+def test_residual_is_exactly_x_plus_branch():
+    hc = HyperConnection(8, 1, mixer="residual")
+    branch = Scale(8)
+    x = streams(n=1)
+    assert torch.equal(hc(x, branch), x + branch(x[:, :, 0]).unsqueeze(2))
+    assert list(hc.parameters()) == []
+
+
+def test_identity_streams_are_independent_copies_mixed_only_through_pre_and_post():
+    hc = randomized(HyperConnection(8, 3, mixer="identity"))
+    branch = Scale(8)
+    x = streams(n=3)
+    h = hc.matrices(x)
+    torch.testing.assert_close(h["res"], torch.eye(3).expand(2, 5, 3, 3))
+    branch_out = branch(sum(h["pre"][..., j, None] * x[:, :, j] for j in range(3)))
+    for i in range(3):
+        torch.testing.assert_close(hc(x, branch)[:, :, i], x[:, :, i] + h["post"][..., i, None] * branch_out)
+
+
+@pytest.mark.parametrize("mixer", FAMILIES)
+def test_matrices_shapes_dtypes_and_initial_gates(mixer):
+    n = 4
+    hc = HyperConnection(8, n, mixer=mixer, layer_index=6)
+    h = hc.matrices(streams(n=n, dtype=torch.bfloat16))
+    assert h["pre"].shape == h["post"].shape == (2, 5, n) and h["res"].shape == (2, 5, n, n)
+    assert all(v.dtype == torch.float32 for v in h.values())
+    favoured = 6 % n
+    if mixer == "hc":  # HC: read one stream, write to all
+        expected_pre, expected_post = torch.zeros(n), torch.ones(n)
+        expected_pre[favoured] = 1.0
+    else:
+        logits = torch.full((n,), -1.0)
+        logits[favoured] = 1.0
+        expected_pre, expected_post = torch.sigmoid(logits), 2 * torch.sigmoid(logits)
+    torch.testing.assert_close(h["pre"], expected_pre.expand(2, 5, n))
+    torch.testing.assert_close(h["post"], expected_post.expand(2, 5, n))
+
+
+@pytest.mark.parametrize("mixer", FAMILIES)
+def test_gradient_reaches_projection_norm_scales_and_biases(mixer):
+    hc = randomized(HyperConnection(8, 4, mixer=mixer))
+    branch = Scale(8)
+    x = streams().requires_grad_()
+    hc(x, branch).pow(2).sum().backward()
+    for name, p in hc.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    assert x.grad.abs().sum() > 0
+
+
+def test_gradient_at_initialisation_reaches_the_projection():
+    """The projection starts at zero; its gradient must not, or nothing would ever learn."""
+    hc = HyperConnection(8, 4, mixer="s2hc")
+    hc(streams(), Scale(8)).pow(2).sum().backward()
+    assert hc.projection.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("mixer", ["s2hc", "mhc", "hc", "kromhc", "isometric"])
+def test_float64_gradcheck_of_the_connection(mixer):
+    hc = randomized(HyperConnection(3, 4, mixer=mixer)).double()
+    branch = nn.Linear(3, 3).double()
+    x = streams(b=1, t=2, n=4, c=3, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: hc(x, branch), (x,), eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("mixer", FAMILIES)
+@pytest.mark.parametrize("module_dtype", [torch.float32, torch.bfloat16])
+def test_bfloat16_forward_backward_with_float32_coefficients(mixer, module_dtype):
+    from test_mixers import EXPECTED, check_guarantees
+
+    hc = randomized(HyperConnection(16, 4, mixer=mixer)).to(module_dtype)
+    branch = Scale(16).to(torch.bfloat16)
+    x = streams(c=16, dtype=torch.bfloat16).requires_grad_()
+    out = hc(x, branch)
+    assert out.dtype == torch.bfloat16 and torch.isfinite(out.float()).all()
+    out.float().sum().backward()
+    assert x.grad is not None and hc.projection.grad is not None
+    res = hc.matrices(x.detach())["res"]
+    assert res.dtype == torch.float32
+    check_guarantees(res, EXPECTED[mixer])
+
+
+def test_branch_keyword_arguments_pass_through():
+    hc = randomized(HyperConnection(8, 4))
+    branch = Scale(8)
+    x = streams()
+    assert not torch.allclose(hc(x, branch, gain=3.0), hc(x, branch))
+    expected = hc(x, lambda h: branch(h, gain=3.0))
+    torch.testing.assert_close(hc(x, branch, gain=3.0), expected)
+
+
+def test_expand_and_reduce():
+    h = torch.randn(2, 5, 8)
+    x = expand_streams(h, 3)
+    assert x.shape == (2, 5, 3, 8) and all(torch.equal(x[:, :, i], h) for i in range(3))
+    torch.testing.assert_close(reduce_streams(x), 3 * h)
+
+
+@pytest.mark.slow
+def test_compiled_connection_with_fullgraph_equals_eager():
+    torch._dynamo.reset()
+    hc = randomized(HyperConnection(16, 4, mixer="s2hc"))
+    branch = Scale(16)
+    x = streams(c=16).requires_grad_()
+    eager = hc(x, branch)
+    (grad_eager,) = torch.autograd.grad(eager.sum(), x)
+    compiled = torch.compile(lambda x: hc(x, branch), fullgraph=True)
+    out = compiled(x)
+    (grad_compiled,) = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(out, eager, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad_compiled, grad_eager, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(dim=8, n_streams=4, mixer="sinkhorn"), r"mixer must be one of \['residual', 'identity'.*got 'sinkhorn'"),
+        (dict(dim=8, n_streams=0), r"n_streams must be an integer >= 1, got 0"),
+        (dict(dim=0, n_streams=4), r"dim must be an integer >= 1, got 0"),
+        (dict(dim=8, n_streams=4, layer_index=-1), r"layer_index must be an integer >= 0, got -1"),
+        (dict(dim=8, n_streams=4, mixer="residual"), r"n_streams must be 1 for mixer='residual', got 4"),
+        (dict(dim=8, n_streams=8, mixer="mhc-lite"), r"n_streams=8 needs 40320 inputs"),
+        (dict(dim=8, n_streams=4, mixer="mhc", rotation="cayley"), r"unknown option\(s\) \['rotation'\]"),
+    ],
+)
+def test_bad_construction(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        HyperConnection(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "shape,message",
+    [
+        ((2, 5, 4, 9), r"n_streams=4 and dim=8 .* got shape \(2, 5, 4, 9\)"),
+        ((2, 5, 3, 8), r"n_streams=4 and dim=8 .* got shape \(2, 5, 3, 8\)"),
+        ((2, 5, 32), r"x must have shape \(batch, time, n_streams, dim\), got shape \(2, 5, 32\)"),
+        ((10, 4, 8), r"got shape \(10, 4, 8\)"),
+    ],
+)
+def test_bad_stream_shapes_are_refused_not_reshaped(shape, message):
+    hc = HyperConnection(8, 4)
+    with pytest.raises(ValueError, match=message):
+        hc(torch.zeros(shape), Scale(8))
+
+
+def test_branch_with_the_wrong_output_shape():
+    hc = HyperConnection(8, 4)
+    with pytest.raises(ValueError, match=r"branch must return the shape it was given, \(2, 5, 8\), got \(2, 5, 4\)"):
+        hc(streams(), nn.Linear(8, 4))
+
+
+def test_expand_and_reduce_bad_input():
+    with pytest.raises(ValueError, match="n_streams must be an integer >= 1, got 0"):
+        expand_streams(torch.zeros(2, 3, 4), 0)
+    with pytest.raises(ValueError, match=r"h must have shape \(batch, time, dim\)"):
+        expand_streams(torch.zeros(2, 4), 2)
+    with pytest.raises(ValueError, match=r"x must have shape \(batch, time, n_streams, dim\)"):
+        reduce_streams(torch.zeros(2, 4, 8))
