@@ -67,8 +67,10 @@ class Mixer(nn.Module):
         ``model.to(torch.bfloat16)`` would otherwise round e.g. the Helmert basis to 8 bits and break
         the family's guarantees; :meth:`_apply` restores the exact value on the new device.
         """
-        self._constants = {**getattr(self, "_constants", {}), name: value.detach().cpu()}
-        self.register_buffer(name, value, persistent=False)
+        exact = value.detach().cpu()
+        self._constants = {**getattr(self, "_constants", {}), name: exact}
+        # the buffer lives where parameters are being created (e.g. inside `with torch.device("meta")`)
+        self.register_buffer(name, exact.to(torch.empty(0).device), persistent=False)
 
     def _apply(self, fn, recurse=True):
         module = super()._apply(fn, recurse)

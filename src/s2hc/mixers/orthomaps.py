@@ -18,7 +18,7 @@ def helmert_basis(n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     Column j (0-based) is ``(1, …, 1, -(j+1), 0, …, 0) / sqrt((j+1)(j+2))`` with j+1 ones: the columns are
     orthonormal and each is orthogonal to the all-ones vector, so ``U_Z U_Zᵀ = I - 11ᵀ/n``.
     """
-    basis = torch.zeros(n, n - 1, dtype=torch.float64)
+    basis = torch.zeros(n, n - 1, dtype=torch.float64, device="cpu")  # exact values, even under a meta context
     for j in range(n - 1):
         basis[: j + 1, j] = 1.0
         basis[j + 1, j] = -(j + 1.0)

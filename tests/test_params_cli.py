@@ -1,0 +1,216 @@
+"""``s2hc.params`` and the ``s2hc params`` command: counts from real modules, the paper's figures, errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import s2hc
+from s2hc import cli
+from s2hc.params import count_aux_params, param_table
+
+PAPER = dict(layers=28, dim=1024, n_streams=7)  # the s²HC paper's 1.3 B-class shape, n = 7
+PAPER_ARGV = ["params", "--layers", "28", "--dim", "1024", "--streams", "7", "--json"]
+
+
+# ----------------------------------------------------------------------------------- independent formula
+
+
+def mixer_extra(mixer: str, n: int) -> int:
+    """Parameters of the mixer itself (its α, b, γ), read off the family's code.
+
+    mhc: one α and an n × n bias. s2hc (m = n − 1): two rotations, each α, γ and k = m(m−1)/2 biases,
+    plus the spectrum's α and m biases: 2(k + 2) + 1 + m = m² + 5. mhc-lite: one α and n! biases.
+    """
+    m = n - 1
+    return {"mhc": n * n + 1, "s2hc": m * m + 5, "mhc-lite": math.factorial(n) + 1}[mixer]
+
+
+def num_inputs(mixer: str, n: int) -> int:
+    return {"mhc": n * n, "s2hc": (n - 1) ** 2, "mhc-lite": math.factorial(n)}[mixer]
+
+
+def formula(mixer: str, *, layers: int, dim: int, n_streams: int, sublayers_per_layer: int = 2) -> int:
+    """``layers·sub·(nC(2n+K) + nC + extra)``: projection W, RMSNorm weight, then the small scalars.
+
+    extra = the connection's α_pre, α_post, b_pre (n), b_post (n) — 2n + 2 — plus :func:`mixer_extra`;
+    so mhc: n² + 2n + 3 and s2hc: (n−1)² + 2n + 7.
+    """
+    n, c, k = n_streams, dim, num_inputs(mixer, n_streams)
+    extra = 2 * n + 2 + mixer_extra(mixer, n)
+    return layers * sublayers_per_layer * (n * c * (2 * n + k) + n * c + extra)
+
+
+def test_extra_terms_spelled_out():
+    # The closed forms quoted in the docstring, at n = 7: mhc 49 + 14 + 3, s2hc 36 + 14 + 7.
+    assert 2 * 7 + 2 + mixer_extra("mhc", 7) == 66
+    assert 2 * 7 + 2 + mixer_extra("s2hc", 7) == 57
+
+
+@pytest.mark.parametrize("mixer", ["mhc", "s2hc", "mhc-lite"])
+@given(
+    layers=st.integers(1, 3),
+    dim=st.integers(1, 24),
+    n_streams=st.integers(2, 5),
+    sublayers_per_layer=st.integers(1, 3),
+)
+def test_formula_matches_modules_really_built_on_cpu(mixer, layers, dim, n_streams, sublayers_per_layer):
+    # Real allocation: every connection built on the CPU, as a model would, and its parameters counted.
+    sublayers = layers * sublayers_per_layer
+    options = {"allow_large": True} if mixer == "mhc-lite" else {}
+    with torch.device("cpu"):
+        built = [s2hc.HyperConnection(dim, n_streams, mixer=mixer, layer_index=i, **options) for i in range(sublayers)]
+    assert all(p.device.type == "cpu" and not p.is_meta for hc in built for p in hc.parameters())
+    real = sum(p.numel() for hc in built for p in hc.parameters())
+    shape = dict(layers=layers, dim=dim, n_streams=n_streams, sublayers_per_layer=sublayers_per_layer)
+    assert real == formula(mixer, **shape)
+    assert count_aux_params(mixer, **shape) == real  # the meta count equals real allocation
+
+
+@pytest.mark.parametrize("mixer", ["mhc", "s2hc", "mhc-lite"])
+def test_counts_equal_formula_at_paper_shape(mixer):
+    assert count_aux_params(mixer, **PAPER) == formula(mixer, **PAPER)
+
+
+def test_paper_shape_mhc_lite_is_counted_without_allocating():
+    # ~2 B parameters (8 GB in float32): only countable because nothing is allocated.
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    (row,) = param_table(["mhc-lite"], **PAPER, sublayers_per_layer=2)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 500_000  # KiB: far below 8 GB
+    assert row["K"] == 5040
+    assert row["aux_params"] == formula("mhc-lite", **PAPER)
+
+
+# ------------------------------------------------------------------------------------ the paper's figures
+
+
+def check_paper_rows(rows: list[dict]) -> None:
+    by_name = {row["mixer"]: row for row in rows}
+    assert set(by_name) == set(s2hc.methods())
+    assert 25e6 <= by_name["mhc"]["aux_params"] <= 27e6  # paper: ≈ 26 M
+    assert 19.5e6 <= by_name["s2hc"]["aux_params"] <= 21e6  # paper: ≈ 20 M
+    assert 1.9e9 <= by_name["mhc-lite"]["aux_params"] <= 2.1e9  # paper: ≈ 2 B
+    assert by_name["residual"]["aux_params"] == 0
+    assert by_name["mhc"]["vs_mhc"] == 1.0
+    for row in rows:
+        assert row["sublayers"] == 56 and row["layers"] == 28 and row["dim"] == 1024
+        assert row["n_streams"] == (1 if row["mixer"] == "residual" else 7)
+        assert row["per_sublayer"] * 56 == row["aux_params"]
+
+
+def test_paper_figures_via_main(capsys):
+    assert cli.main(PAPER_ARGV) == 0
+    rows = json.loads(capsys.readouterr().out)
+    check_paper_rows(rows)
+    assert rows == json.loads(json.dumps(param_table(None, **PAPER, sublayers_per_layer=2)))
+
+
+def test_paper_figures_via_python_m_s2hc():
+    result = subprocess.run(
+        [sys.executable, "-m", "s2hc", *PAPER_ARGV], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    check_paper_rows(json.loads(result.stdout))
+
+
+def test_console_script_points_at_cli_main():
+    (script,) = entry_points(group="console_scripts", name="s2hc")
+    assert script.load() is cli.main
+
+
+# ------------------------------------------------------------------------------------------ table output
+
+
+def test_table_lists_every_family(capsys):
+    assert cli.main(["params", "--layers", "28", "--dim", "1024", "--streams", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "| mixer | K | per sublayer | total | vs mHC |" in out
+    for name in s2hc.methods():
+        assert f"| {name} |" in out
+    assert "25.7 M (25,693,808)" in out  # human and exact
+    assert "2.03 B" in out
+
+
+def test_mixers_subset_without_mhc_has_no_ratio(capsys):
+    assert cli.main(["params", "--mixers", "s2hc, residual", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [row["mixer"] for row in rows] == ["s2hc", "residual"]
+    assert all(row["vs_mhc"] is None for row in rows)
+    assert rows[0]["n_streams"] == 4 and rows[0]["layers"] == 28 and rows[0]["dim"] == 1024  # defaults
+
+
+def test_residual_counts_zero_with_one_stream():
+    assert count_aux_params("residual", layers=28, dim=1024, n_streams=7) == 0
+    (row,) = param_table(["residual"], layers=2, dim=8, n_streams=4)
+    assert row["n_streams"] == 1 and row["K"] == 0 and row["aux_params"] == 0
+
+
+@pytest.mark.parametrize(
+    ("count", "text"), [(0, "0"), (999, "999"), (107_536, "108 K"), (25_693_808, "25.7 M"), (999_999, "1 M"),
+                        (2_029_400_632, "2.03 B")]
+)
+def test_human_numbers(count, text):
+    assert cli.human(count) == text
+
+
+# -------------------------------------------------------------------------------------------- bad inputs
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--layers", "0"], ["--layers", "0", ">= 1"]),
+        (["--dim", "0"], ["--dim", "0", ">= 1"]),
+        (["--dim", "-3"], ["--dim", "-3", ">= 1"]),
+        (["--streams", "0"], ["--streams", "0", ">= 1"]),
+        (["--streams", "two"], ["--streams", "two", ">= 1"]),
+        (["--sublayers-per-layer", "0"], ["--sublayers-per-layer", "0", ">= 1"]),
+        (["--mixers", "mhc,nope"], ["--mixers", "nope", "allowed", "s2hc"]),
+        (["--mixers", ","], ["--mixers", "allowed"]),
+    ],
+)
+def test_bad_input_exits_2_naming_the_argument(capsys, argv, needles):
+    assert cli.main(["params", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = [line for line in captured.err.splitlines() if line.startswith("s2hc params: error: ")]
+    for needle in needles:
+        assert needle in line
+
+
+def test_bad_input_through_python_m_exits_2():
+    result = subprocess.run(
+        [sys.executable, "-m", "s2hc", "params", "--mixers", "bogus"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 2
+    assert "s2hc params: error: argument --mixers: unknown mixer(s) bogus" in result.stderr
+
+
+def test_missing_subcommand_exits_2(capsys):
+    assert cli.main([]) == 2
+    assert "COMMAND" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(mixer="nope", layers=1, dim=1, n_streams=2), "mixer must be one of"),
+        (dict(mixer="mhc", layers=0, dim=1, n_streams=2), "layers must be an integer >= 1, got 0"),
+        (dict(mixer="mhc", layers=1, dim=0, n_streams=2), "dim must be an integer >= 1, got 0"),
+        (dict(mixer="mhc", layers=1, dim=1, n_streams=0), "n_streams must be an integer >= 1, got 0"),
+        (dict(mixer="mhc", layers=1, dim=1, n_streams=2, sublayers_per_layer=0), "sublayers_per_layer"),
+    ],
+)
+def test_library_errors_name_the_argument(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        count_aux_params(**kwargs)
