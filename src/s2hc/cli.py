@@ -2,6 +2,8 @@
 
 Subcommands:
   params   parameter counts of the hyper-connections of a model shape, per mixing family.
+  train    pretrain a language model with one residual family (resumable).
+  compare  train the same model with several families and write a report.
 
 Each subcommand is one ``add_<name>_parser`` function that registers its arguments and one
 ``cmd_<name>(args) -> int`` that runs it; :func:`build_parser` wires them together.
@@ -135,6 +137,140 @@ def cmd_params(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------ train, compare
+
+# (flag, TrainConfig field, type, help). Every flag defaults to None: only what is given overrides the
+# config file, which overrides TrainConfig's defaults (shown in --help).
+TRAINING_FLAGS = [
+    ("--preset", "preset", str, "model preset (s2hc.models.PRESETS)"),
+    ("--max-steps", "max_steps", positive_int, "optimizer steps"),
+    ("--seed", "seed", int, "seed of initialisation and data order"),
+    ("--lr", "lr", float, "peak learning rate"),
+    ("--warmup-steps", "warmup_steps", int, "linear warmup steps"),
+    ("--batch-size", "batch_size", positive_int, "sequences per micro-step (per process)"),
+    ("--grad-accum", "grad_accum", positive_int, "micro-steps per optimizer step"),
+    ("--seq-len", "seq_len", positive_int, "tokens per sequence"),
+    ("--data", "data", str, "'embedded', a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG]"),
+    ("--tokenizer", "tokenizer", str, "'s2hc-bpe-4k', 'gpt2', a tokenizer.json path or a Hub name"),
+    ("--cache-dir", "cache_dir", str, "where token shards are cached"),
+    ("--eval-every", "eval_every", int, "steps between validation losses (0: only at the end)"),
+    ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (0: only at the end)"),
+    ("--log-every", "log_every", positive_int, "steps between metrics lines"),
+    ("--device", "device", str, "'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ("--dtype", "dtype", str, "'auto' (bfloat16 autocast where supported, else float32), 'float32', 'bfloat16'"),
+]
+
+
+def add_training_options(parser: argparse.ArgumentParser) -> None:
+    from .train.config import TrainConfig
+
+    defaults = TrainConfig()
+    parser.add_argument("--config", metavar="FILE.yaml", help="YAML file of TrainConfig keys (see configs/)")
+    for flag, name, kind, text in TRAINING_FLAGS:
+        parser.add_argument(flag, dest=name, type=kind, default=None, help=f"{text} (default {getattr(defaults, name)!r})")
+    parser.add_argument("--compile", action="store_const", const=True, default=None, help="torch.compile the model")
+    parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
+                        help="no progress bar")
+    parser.add_argument("--mixer-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="option of the mixing family, e.g. iterations=10 or rotation=expm (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other TrainConfig key, value parsed as YAML, e.g. model_overrides={dim: 64}")
+
+
+def training_config(args: argparse.Namespace, **fixed) -> "TrainConfig":
+    """TrainConfig from defaults < --config file < --set < explicit flags < ``fixed``."""
+    from .train.config import TrainConfig, load_yaml_config, parse_assignment
+
+    values = load_yaml_config(args.config) if args.config else {}
+    values.update(parse_assignment(text) for text in args.set)
+    for _, name, _, _ in TRAINING_FLAGS:
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    for name in ("compile", "progress"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    if args.mixer_option:
+        values["mixer_options"] = {**values.get("mixer_options", {}), **dict(map(parse_assignment, args.mixer_option))}
+    values.update({k: v for k, v in fixed.items() if v is not None})
+    return TrainConfig.from_dict(values)
+
+
+def add_train_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "train", help="pretrain a language model with one residual family",
+        description="Pretrain a decoder-only language model whose sublayers are wrapped by one residual family. "
+        "Writes OUT/metrics.jsonl, OUT/config.yaml and OUT/checkpoint.pt; --resume continues exactly.",
+    )
+    parser.add_argument("--mixer", default=None, help="residual family: one of " + ", ".join(methods()) + " (default 'residual')")
+    parser.add_argument("--streams", type=positive_int, default=None, help="streams n (default 1 for residual, else 4)")
+    parser.add_argument("--out", default=None, help="run directory (default 'runs/train')")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint if there is one")
+    add_training_options(parser)
+    parser.set_defaults(func=cmd_train, subparser=parser)
+    return parser
+
+
+def _run_training(args: argparse.Namespace, run) -> int:
+    from .train import Interrupted, TrainingError
+
+    try:
+        return run()
+    except ValueError as error:
+        args.subparser.error(str(error))
+    except TrainingError as error:
+        print(f"s2hc {args.command}: {error}", file=sys.stderr)
+        return 3
+    except Interrupted as error:
+        print(f"s2hc {args.command}: {error}", file=sys.stderr)
+        return 128 + error.signum
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train import train
+
+    def run() -> int:
+        config = training_config(args, mixer=args.mixer, n_streams=args.streams, out=args.out)
+        result = train(config, resume=args.resume)
+        val = "n/a" if result.val_loss is None else f"{result.val_loss:.4f}"
+        print(f"step {result.step}: train loss {result.train_loss:.4f}, validation loss {val}, "
+              f"{result.tokens_per_s:,.0f} tokens/s; run in {result.out}")
+        return 0
+
+    return _run_training(args, run)
+
+
+def add_compare_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "compare", help="train the same model with several residual families and write a report",
+        description="Train the same model on the same data, seed and token budget once per family (and seed), "
+        "then write OUT/report.md with final losses, tokens/s, parameters and overhead against residual, "
+        "OUT/loss_curves.png and each run's directory.",
+    )
+    parser.add_argument("--mixers", default="residual,mhc,s2hc", metavar="A,B,...",
+                        help="families to compare (default 'residual,mhc,s2hc')")
+    parser.add_argument("--streams", type=positive_int, default=None, help="streams n of every non-residual family (default 4)")
+    parser.add_argument("--seeds", type=positive_int, default=1, help="seeds per family, seed, seed+1, ... (default 1)")
+    parser.add_argument("--out", default="runs/compare", help="report directory (default 'runs/compare')")
+    parser.add_argument("--resume", action="store_true", help="keep finished runs in OUT and resume unfinished ones")
+    add_training_options(parser)
+    parser.set_defaults(func=cmd_compare, subparser=parser)
+    return parser
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .train import compare
+
+    def run() -> int:
+        mixers = parse_mixers(args.mixers)
+        base = training_config(args)
+        report = compare(base, mixers, seeds=args.seeds, out=args.out, n_streams=args.streams, resume=args.resume)
+        print(report.read_text())
+        print(f"Report: {report}")
+        return 0
+
+    return _run_training(args, run)
+
+
 # ------------------------------------------------------------------------------------------------ main
 
 
@@ -145,6 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_params_parser(subparsers)
+    add_train_parser(subparsers)
+    add_compare_parser(subparsers)
     return parser
 
 

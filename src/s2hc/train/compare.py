@@ -1,0 +1,129 @@
+"""``s2hc compare``: the same model, data, seed and token budget with each residual family, and a report."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from .checkpoint import atomic_write_text
+from .config import DEFAULT_STREAMS, TrainConfig
+from .loop import RunResult, read_metrics, train
+
+
+def run_name(mixer: str, seed: int, seeds: int) -> str:
+    return mixer if seeds == 1 else f"{mixer}-seed{seed}"
+
+
+def compare(base: TrainConfig, mixers: list[str], seeds: int = 1, out: str | Path = "runs/compare",
+            n_streams: int | None = None, resume: bool = False) -> Path:
+    """Train ``base`` once per family in ``mixers`` (and per seed), then write ``out/report.md``.
+
+    ``residual`` always runs with one stream; every other family with ``n_streams`` (default 4).
+    Runs go to ``out/<mixer>[-seed<k>]/``; with ``resume``, finished runs are kept and unfinished ones resumed.
+    Returns the report's path.
+    """
+    out = Path(out).expanduser()
+    results: dict[str, list[RunResult]] = {}
+    for mixer in mixers:
+        for k in range(seeds):
+            config = base.replace(
+                mixer=mixer,
+                n_streams=1 if mixer == "residual" else (n_streams or DEFAULT_STREAMS),
+                seed=base.seed + k,
+                out=str(out / run_name(mixer, k, seeds)),
+            )
+            results.setdefault(mixer, []).append(train(config, resume=resume))
+    return write_report(out, base, results)
+
+
+def _mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values):.4f}"
+
+
+def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult]]) -> Path:
+    """``report.md`` (summary table), ``loss_curves.png`` (when matplotlib is installed) and ``summary.json``."""
+    reference = results.get("residual")
+    ref_speed = statistics.mean(r.tokens_per_s for r in reference) if reference else None
+    rows = []
+    for mixer, runs in results.items():
+        speed = statistics.mean(r.tokens_per_s for r in runs)
+        rows.append({
+            "mixer": mixer,
+            "runs": [r.out.name for r in runs],
+            "train_loss": [r.train_loss for r in runs],
+            "val_loss": [r.val_loss for r in runs],
+            "tokens_per_s": speed,
+            "params": runs[0].params,
+            "aux_params": runs[0].aux_params,
+            "step_time_vs_residual": ref_speed / speed if ref_speed else None,
+        })
+    lines = [
+        f"# s2hc compare: preset `{base.preset}`, {base.max_steps} steps, "
+        f"{base.batch_size * base.grad_accum} × {base.seq_len} tokens per step, data `{base.data}`",
+        "",
+        "| family | final train loss | validation loss | tokens/s | parameters | hyper-connection parameters | step time vs residual |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        ratio = "–" if row["step_time_vs_residual"] is None else f"{row['step_time_vs_residual']:.2f}×"
+        lines.append(
+            f"| {row['mixer']} | {_mean_std(row['train_loss'])} | {_mean_std(row['val_loss'])} | "
+            f"{row['tokens_per_s']:,.0f} | {row['params']:,} | {row['aux_params']:,} | {ratio} |"
+        )
+    lines += [
+        "",
+        "Final train loss is the last logged step's; validation loss is on the held-out split after the last step. "
+        "Tokens/s is from the median training step (evaluation and checkpoints excluded); the step-time ratio "
+        "is residual's tokens/s over the family's, measured in this run on this machine.",
+        "",
+    ]
+    figure = plot_loss_curves(out, results)
+    if figure:
+        lines += [f"![loss curves]({figure.name})", ""]
+    else:
+        lines += ["(Loss curves need matplotlib: `pip install 's2hc[plot]'`.)", ""]
+    lines += ["Runs (config, metrics.jsonl, checkpoint): " + ", ".join(f"[`{n}`]({n}/)" for r in rows for n in r["runs"]), ""]
+    report = out / "report.md"
+    atomic_write_text(out / "summary.json", json.dumps({"config": base.to_dict(), "rows": rows}, indent=2))
+    atomic_write_text(report, "\n".join(lines))
+    return report
+
+
+def plot_loss_curves(out: Path, results: dict[str, list[RunResult]]) -> Path | None:
+    """Train (thin) and validation (markers) loss against tokens for every run; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for index, (mixer, runs) in enumerate(results.items()):
+        color = f"C{index}"
+        for k, run in enumerate(runs):
+            records = read_metrics(run.out)
+            train_points = [(r["step"], r["loss"]) for r in records if "loss" in r]
+            val_points = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+            label = mixer if k == 0 else None
+            if train_points:
+                ax.plot(*zip(*train_points), color=color, alpha=0.6, linewidth=1, label=label)
+            if val_points:
+                ax.plot(*zip(*val_points), color=color, marker="o", linestyle="--", linewidth=1.5)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title("train (solid) and validation (dashed, markers) loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    path = out / "loss_curves.png"
+    tmp = out / ".loss_curves.tmp.png"
+    fig.savefig(tmp, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+__all__ = ["compare", "write_report", "plot_loss_curves"]

@@ -1,0 +1,279 @@
+"""The training loop: one process, any device; resumable exactly from its last checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import signal
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .checkpoint import FILENAME, atomic_write_text, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from .config import TrainConfig
+from .optim import learning_rate, make_optimizer
+
+METRICS = "metrics.jsonl"
+# Fields of a run's config that may change on --resume without changing what is computed.
+RESUMABLE_CHANGES = {"max_steps", "eval_every", "checkpoint_every", "log_every", "progress", "out", "compile", "device"}
+
+
+class TrainingError(RuntimeError):
+    """A run that cannot go on (non-finite loss); the message says what happened and what is kept."""
+
+
+class Interrupted(RuntimeError):
+    """SIGINT / SIGTERM arrived: the run saved a checkpoint and stopped. ``signum`` is the signal."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+@dataclass
+class RunResult:
+    out: Path
+    step: int
+    train_loss: float
+    val_loss: float | None
+    tokens_per_s: float
+    params: int
+    aux_params: int
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} was asked for, but CUDA is not available here")
+    return device
+
+
+def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """bfloat16 autocast where asked or (for ``auto``) where the device supports it; None for float32."""
+    if name == "float32":
+        return None
+    if name == "bfloat16":
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+class MetricsLog:
+    """``metrics.jsonl``: one JSON object per line. On resume, lines after the checkpoint are dropped so
+    that the file reads as if the run had never stopped."""
+
+    def __init__(self, path: Path, keep_until_step: int | None):
+        self.path = path
+        if keep_until_step is None:
+            atomic_write_text(path, "")
+        else:
+            lines = path.read_text().splitlines() if path.exists() else []
+            kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= keep_until_step]
+            atomic_write_text(path, "".join(line + "\n" for line in kept))
+
+    def write(self, **record: Any) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records of a run's ``metrics.jsonl``."""
+    path = Path(run_dir) / METRICS
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """Turn SIGINT/SIGTERM into a flag the loop checks between steps (a step is never cut in half)."""
+    received: list[int] = []
+
+    def handler(signum, frame):
+        received.append(signum)
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[signum] = signal.signal(signum, handler)
+        except ValueError:  # not the main thread: leave signals alone
+            pass
+    try:
+        yield received
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def _check_resumable(saved: dict, config: TrainConfig) -> None:
+    changed = {k for k, v in config.to_dict().items() if saved.get(k) != v} - RESUMABLE_CHANGES
+    if changed:
+        details = ", ".join(f"{k}: {saved.get(k)!r} -> {getattr(config, k)!r}" for k in sorted(changed))
+        raise ValueError(
+            f"the checkpoint in {config.out!r} was trained with a different configuration ({details}); "
+            f"resume with the same settings or choose another --out"
+        )
+
+
+@torch.no_grad()
+def evaluate(model, batches, device, amp_dtype) -> float:
+    """Mean cross-entropy over fixed validation batches ``[(x, y), ...]``."""
+    model.eval()
+    total, count = 0.0, 0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            logits = model(x)
+        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).item()
+        count += 1
+    model.train()
+    return total / max(count, 1)
+
+
+def train(config: TrainConfig, resume: bool = False) -> RunResult:
+    """Train ``config``; with ``resume`` continue exactly from ``config.out``'s checkpoint if there is one.
+
+    Writes ``out/metrics.jsonl`` and ``out/checkpoint.pt`` (every ``checkpoint_every`` steps and at the end).
+    Raises ValueError for bad input, :class:`TrainingError` for a non-finite loss (the last good
+    checkpoint is kept), :class:`Interrupted` after saving on SIGINT/SIGTERM.
+    """
+    from ..data.loader import TokenBatches, eval_batches
+    from ..data.shards import prepare_tokens
+    from ..data.tokenizer import get_tokenizer
+    from ..models import Transformer
+
+    out = Path(config.out).expanduser()
+    checkpoint_path = out / FILENAME
+    saved = load_checkpoint(checkpoint_path) if resume and checkpoint_path.exists() else None
+    if saved is not None:
+        _check_resumable(saved["config"], config)
+
+    device = resolve_device(config.device)
+    amp_dtype = autocast_dtype(config.dtype, device)
+    torch.manual_seed(config.seed)
+
+    tokenizer = get_tokenizer(config.tokenizer)
+    model_config = config.model_config()
+    if "vocab_size" not in config.model_overrides:
+        model_config = type(model_config).from_dict({**model_config.to_dict(), "vocab_size": tokenizer.vocab_size})
+    elif model_config.vocab_size < tokenizer.vocab_size:
+        raise ValueError(
+            f"model_overrides.vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
+            f"{tokenizer.vocab_size} tokens ({config.tokenizer!r})"
+        )
+    train_tokens = prepare_tokens(config.data, tokenizer, config.cache_dir, "train", progress=config.progress)
+    val_tokens = prepare_tokens(config.data, tokenizer, config.cache_dir, "val", progress=config.progress)
+    loader = TokenBatches(train_tokens, config.seq_len, config.batch_size, seed=config.seed)
+    validation = list(eval_batches(val_tokens, config.seq_len, config.batch_size, config.eval_batches))
+
+    model = Transformer(model_config).to(device)
+    optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
+    step = 0
+    if saved is not None:
+        if saved["model_config"] != model_config.to_dict():
+            raise ValueError(f"the checkpoint in {str(out)!r} holds a model of another shape; choose another --out")
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        loader.load_state_dict(saved["loader"])
+        set_rng_state(saved["rng"])
+        step = saved["step"]
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "config.yaml", _yaml(config.to_dict()))
+    metrics = MetricsLog(out / METRICS, keep_until_step=step if saved is not None else None)
+    forward = torch.compile(model) if config.compile else model
+
+    def checkpoint() -> None:
+        save_checkpoint(
+            checkpoint_path,
+            {
+                "config": config.to_dict(),
+                "model_config": model_config.to_dict(),
+                "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "loader": loader.state_dict(),
+                "rng": rng_state(),
+                "step": step,
+                "history": {"step_times": list(step_times), "train_loss": train_loss, "val_loss": val_loss},
+            },
+        )
+
+    tokens_per_step = config.batch_size * config.seq_len * config.grad_accum
+    params, aux = model.num_params(), model.aux_params()
+    step_times: list[float] = []
+    train_loss, val_loss = math.nan, None
+    if saved is not None:  # a finished run resumed by `compare --resume` still reports its numbers
+        step_times = list(saved["history"]["step_times"])
+        train_loss, val_loss = saved["history"]["train_loss"], saved["history"]["val_loss"]
+    bar = tqdm(total=config.max_steps, initial=step, disable=not config.progress, desc=f"{config.mixer}", unit="step")
+    model.train()
+    with stop_on_signals() as received:
+        while step < config.max_steps:
+            started = time.perf_counter()
+            lr = learning_rate(
+                step, peak=config.lr, warmup_steps=config.warmup_steps,
+                max_steps=config.max_steps, min_ratio=config.min_lr_ratio,
+            )
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum = 0.0
+            for _ in range(config.grad_accum):
+                x, y = (t.to(device, non_blocking=True) for t in loader.next_batch())
+                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    logits = forward(x)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                (loss / config.grad_accum).backward()
+                loss_sum += loss.item()
+            train_loss = loss_sum / config.grad_accum
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or float("inf")).item()
+            if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
+                bar.close()
+                kept = f"the last good checkpoint (step {saved_step(checkpoint_path)}) is kept in {str(out)!r}"
+                raise TrainingError(f"non-finite loss ({train_loss}) or gradient at step {step + 1}; stopped; {kept}")
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step += 1
+            step_time = time.perf_counter() - started
+            step_times.append(step_time)
+            bar.update(1)
+            if step % config.log_every == 0 or step == config.max_steps:
+                metrics.write(step=step, loss=train_loss, lr=lr, grad_norm=grad_norm, tokens=step * tokens_per_step,
+                              step_time=step_time)
+                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_step / step_time:.0f}")
+            if (config.eval_every and step % config.eval_every == 0) or step == config.max_steps:
+                val_loss = evaluate(forward, validation, device, amp_dtype)
+                metrics.write(step=step, val_loss=val_loss)
+            if (config.checkpoint_every and step % config.checkpoint_every == 0) or step == config.max_steps:
+                checkpoint()
+            if received:
+                checkpoint()
+                bar.close()
+                raise Interrupted(f"stopped by signal {received[0]} after step {step}; resume with --resume", received[0])
+    bar.close()
+    # The median step ignores the first steps' warm-up (and compilation) and any evaluation pauses.
+    median_step = statistics.median(step_times) if step_times else math.nan
+    return RunResult(
+        out=out, step=step, train_loss=train_loss, val_loss=val_loss,
+        tokens_per_s=tokens_per_step / median_step, params=params, aux_params=aux,
+    )
+
+
+def saved_step(path: Path) -> int | None:
+    """The step of the checkpoint at ``path``, or None when there is none."""
+    return load_checkpoint(path)["step"] if path.exists() else None
+
+
+def _yaml(values: dict) -> str:
+    import yaml
+
+    return yaml.safe_dump(values, sort_keys=False)
