@@ -2,24 +2,30 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-# Reinstall when the package metadata or the pins change.
-STAMP := $(VENV)/.installed-test
+PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt
+# Each stamp records one install; it is redone when the package metadata or the pins change.
+DEMO_STAMP := $(VENV)/.installed-demo
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test install clean
+.PHONY: demo test clean
 
-$(STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
-	touch $(STAMP)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 
-install: $(STAMP)
+$(DEMO_STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e '.[plot]'
+	touch $@
 
-test: $(STAMP)
+$(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
+	$(PIP) -e '.[test]'
+	touch $@
+
+# Train residual, mhc and s2hc (n = 4) on the embedded corpus and write runs/demo/report.md.
+demo: $(DEMO_STAMP)
+	$(VENV)/bin/s2hc compare --config configs/demo-tiny.yaml --mixers residual,mhc,s2hc --streams 4 --out runs/demo
+
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q
-
-demo: $(STAMP)
-	$(PY) examples/wrap_a_branch.py
-	$(VENV)/bin/s2hc params --layers 28 --dim 1024 --streams 4
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
