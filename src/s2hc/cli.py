@@ -152,7 +152,7 @@ TRAINING_FLAGS = [
     ("--seq-len", "seq_len", positive_int, "tokens per sequence"),
     ("--data", "data", str, "'embedded', a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG]"),
     ("--tokenizer", "tokenizer", str, "'s2hc-bpe-4k', 'gpt2', a tokenizer.json path or a Hub name"),
-    ("--cache-dir", "cache_dir", str, "where token shards are cached"),
+    ("--cache-dir", "cache_dir", str, "where token shards are cached (None: $S2HC_CACHE_DIR/tokens or ~/.cache/s2hc/tokens)"),
     ("--eval-every", "eval_every", int, "steps between validation losses (0: only at the end)"),
     ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (0: only at the end)"),
     ("--log-every", "log_every", positive_int, "steps between metrics lines"),

@@ -30,7 +30,7 @@ class TrainConfig:
     # data
     data: str = "embedded"
     tokenizer: str = "s2hc-bpe-4k"
-    cache_dir: str = "~/.cache/s2hc/tokens"
+    cache_dir: str | None = None  # None: $S2HC_CACHE_DIR/tokens or ~/.cache/s2hc/tokens
     seq_len: int = 256
     batch_size: int = 8
     grad_accum: int = 1

@@ -228,7 +228,7 @@ def train(config: TrainConfig, resume: bool = False) -> RunResult:
                 group["lr"] = lr
             loss_sum = 0.0
             for _ in range(config.grad_accum):
-                x, y = (t.to(device, non_blocking=True) for t in loader.next_batch())
+                x, y = (t.to(device, non_blocking=True) for t in next(loader))
                 with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                     logits = forward(x)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())

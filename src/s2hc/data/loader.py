@@ -1,0 +1,182 @@
+"""Batches of next-token-prediction windows from a 1-D token array, shuffled, sharded and exactly resumable.
+
+The token array (e.g. from :func:`s2hc.data.shards.prepare_tokens`) is cut into non-overlapping windows of
+``seq_len + 1`` tokens starting at ``0, seq_len, 2·seq_len, ...`` (consecutive windows share one token, so every
+token but the first is a target once per epoch); ``x`` is a window's first ``seq_len`` tokens and ``y`` its last
+``seq_len`` (``x`` shifted by one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_VERSION = 1
+
+
+def _as_array(tokens) -> np.ndarray:
+    if isinstance(tokens, torch.Tensor):
+        tokens = tokens.detach().cpu().numpy()
+    arr = np.asarray(tokens) if not isinstance(tokens, np.ndarray) else tokens
+    if arr.ndim != 1:
+        raise ValueError(f"tokens must be a 1-D array of token ids, got shape {tuple(arr.shape)}")
+    return arr
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name}={value!r} is not allowed; use an integer >= {minimum}")
+    return int(value)
+
+
+def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = np.stack([np.asarray(tokens[s : s + seq_len + 1]) for s in starts.tolist()]).astype(np.int64)
+    t = torch.from_numpy(rows)
+    return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+
+class TokenBatches:
+    """An endless iterator of training batches ``(x, y)``: int64 CPU tensors of shape ``(batch_size, seq_len)``.
+
+    Each epoch visits every window once in an order shuffled by ``(seed, epoch)`` (``numpy`` PCG64 seeded from
+    ``SeedSequence([seed, epoch])``), in *global* batches of ``batch_size * world_size`` windows; rank ``r`` takes
+    windows ``[r·batch_size, (r+1)·batch_size)`` of each global batch, so ranks never share a window and together
+    see exactly what one process with ``world_size`` times the batch would. An epoch ends after
+    ``batches_per_epoch = n_windows // (batch_size * world_size)`` batches (the leftover windows wait for
+    another shuffle). ``state_dict()`` / ``load_state_dict()`` record and restore the position, so a resumed
+    loader yields exactly the batches the uninterrupted one would have.
+
+    ``tokens``: 1-D array-like of ids (``np.memmap``, ``np.ndarray``, torch tensor, list). Errors: ``ValueError``
+    naming the sizes when the corpus has fewer than ``seq_len + 1`` tokens or fewer windows than one global
+    batch, or when an argument is out of range."""
+
+    def __init__(self, tokens, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1):
+        self.tokens = _as_array(tokens)
+        self.seq_len = _check_int("seq_len", seq_len, 1)
+        self.batch_size = _check_int("batch_size", batch_size, 1)
+        self.seed = _check_int("seed", seed, 0)
+        self.world_size = _check_int("world_size", world_size, 1)
+        self.rank = _check_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank={rank!r} is not allowed with world_size={world_size}; use 0 <= rank < world_size")
+        n = len(self.tokens)
+        if n < self.seq_len + 1:
+            raise ValueError(
+                f"corpus too small: {n} tokens, but seq_len={self.seq_len} needs at least {self.seq_len + 1}"
+            )
+        self.n_windows = (n - 1) // self.seq_len
+        self.global_batch = self.batch_size * self.world_size
+        if self.n_windows < self.global_batch:
+            raise ValueError(
+                f"corpus too small: {n} tokens make {self.n_windows} windows of seq_len={self.seq_len}, fewer than "
+                f"one global batch of {self.global_batch} (batch_size={self.batch_size} x world_size={self.world_size})"
+            )
+        self.batches_per_epoch = self.n_windows // self.global_batch
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self._perm_epoch: int | None = None
+        self._perm: np.ndarray | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def steps(self) -> int:
+        """Batches taken so far (by this rank; every rank takes the same number)."""
+        return self.epoch * self.batches_per_epoch + self.step_in_epoch
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The window order of ``epoch`` (int64 array of window indices, the same on every rank)."""
+        if self._perm_epoch != epoch:
+            rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, epoch])))
+            self._perm = rng.permutation(self.n_windows)
+            self._perm_epoch = epoch
+        return self._perm
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.step_in_epoch >= self.batches_per_epoch:
+            self.epoch += 1
+            self.step_in_epoch = 0
+        perm = self.permutation(self.epoch)
+        start = self.step_in_epoch * self.global_batch + self.rank * self.batch_size
+        windows = perm[start : start + self.batch_size]
+        self.step_in_epoch += 1
+        return _windows(self.tokens, windows * self.seq_len, self.seq_len)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (plain ints: JSON- and ``torch.save``-safe) plus what it is only valid for."""
+        return {
+            "version": STATE_VERSION,
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "n_tokens": self.n_tokens,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from any rank of a run with the same data, seed, sizes and world size);
+        ``ValueError`` listing what differs otherwise."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
+        mine = self.state_dict()
+        diff = [
+            f"{k}: state {state.get(k)!r}, loader {mine[k]!r}"
+            for k in ("seed", "seq_len", "batch_size", "world_size", "n_tokens")
+            if state.get(k) != mine[k]
+        ]
+        if diff:
+            raise ValueError("loader state does not match this loader (" + "; ".join(diff) + ")")
+        epoch, step = int(state["epoch"]), int(state["step_in_epoch"])
+        if epoch < 0 or not 0 <= step <= self.batches_per_epoch:
+            raise ValueError(f"loader state position epoch={epoch}, step_in_epoch={step} is out of range")
+        self.epoch, self.step_in_epoch = epoch, step
+
+
+def eval_batches(
+    tokens,
+    seq_len: int,
+    batch_size: int,
+    max_batches: int | None = None,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Fixed validation batches ``(x, y)``, int64 ``(≤ batch_size, seq_len)``: the same on every call, in order.
+
+    Uses all ``n_windows = (len(tokens) - 1) // seq_len`` windows, or, with ``max_batches``, ``max_batches *
+    batch_size`` of them spread evenly over the whole array (window ``i·n_windows // n_used``), so a capped
+    evaluation still samples every part of the validation text. The last batch may be smaller. With
+    ``world_size > 1``, rank ``r`` yields batches ``r, r + world_size, ...``. ``ValueError`` naming the sizes when
+    the array holds fewer than ``seq_len + 1`` tokens."""
+    arr = _as_array(tokens)
+    seq_len = _check_int("seq_len", seq_len, 1)
+    batch_size = _check_int("batch_size", batch_size, 1)
+    world_size = _check_int("world_size", world_size, 1)
+    rank = _check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"rank={rank!r} is not allowed with world_size={world_size}; use 0 <= rank < world_size")
+    if max_batches is not None:
+        max_batches = _check_int("max_batches", max_batches, 1)
+    n = len(arr)
+    if n < seq_len + 1:
+        raise ValueError(f"validation tokens too few: {n} tokens, but seq_len={seq_len} needs at least {seq_len + 1}")
+    n_windows = (n - 1) // seq_len
+    n_used = n_windows if max_batches is None else min(n_windows, max_batches * batch_size)
+    windows = (np.arange(n_used, dtype=np.int64) * n_windows) // n_used
+
+    def gen():
+        for b, start in enumerate(range(0, n_used, batch_size)):
+            if b % world_size == rank:
+                yield _windows(arr, windows[start : start + batch_size] * seq_len, seq_len)
+
+    return gen()

@@ -1,0 +1,212 @@
+"""Token shards: a source tokenised once into a flat memory-mapped array on disk, reused on every later run.
+
+Layout: ``cache_dir/<key>/<split>.bin`` (the raw token ids, native little-endian ``uint16`` when the vocabulary
+has fewer than 65536 tokens, else ``uint32``) and ``cache_dir/<key>/meta.json`` (what made them, and per split
+the number of tokens and documents). ``key`` is a hash of the format version, the source's identity
+(:func:`s2hc.data.sources.source_identity`: files by path, size and mtime; the embedded corpus by its sha256;
+``hf:`` datasets by name) and options, the tokenizer's fingerprint, and ``max_tokens``. Every document is
+preceded by the end-of-text token, so ``eot`` separates documents (and opens the stream).
+
+Files are written to a temporary name and renamed, so a killed run never leaves a half-written shard that a
+later run would trust. In a distributed run, call it on rank 0, wait at a barrier, then call it on the other
+ranks (they find the shard and only map it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .sources import EMBEDDED, identity_hash, iter_documents, source_identity
+from .tokenizer import Tokenizer, get_tokenizer
+
+FORMAT_VERSION = 1
+_BATCH_DOCS = 256
+_BATCH_CHARS = 8_000_000
+
+
+def default_cache_dir() -> Path:
+    """``$S2HC_CACHE_DIR/tokens`` if set, else ``~/.cache/s2hc/tokens``."""
+    root = os.environ.get("S2HC_CACHE_DIR")
+    return (Path(root) if root else Path.home() / ".cache" / "s2hc") / "tokens"
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` for vocabularies below 65536 tokens, else ``uint32``."""
+    return np.dtype(np.uint16) if vocab_size < 2**16 else np.dtype(np.uint32)
+
+
+def shard_key(source, tokenizer: Tokenizer, *, max_tokens: int | None = None, **source_options) -> tuple[str, dict]:
+    """``(key, identity)``: the cache directory name for this source, tokenizer and cap, and what it hashes."""
+    identity = {
+        "format_version": FORMAT_VERSION,
+        "source": source_identity(source, **source_options),
+        "tokenizer": {"name": tokenizer.name, "fingerprint": tokenizer.fingerprint},
+        "max_tokens": max_tokens,
+    }
+    return identity_hash(identity)[:20], identity
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _read_meta(path: Path) -> dict | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format_version") == FORMAT_VERSION else None
+
+
+def _existing(directory: Path, split: str) -> tuple[np.dtype, int] | None:
+    """(dtype, n_tokens) of a complete shard of ``split`` in ``directory``, or None."""
+    meta = _read_meta(directory / "meta.json")
+    path = directory / f"{split}.bin"
+    if meta is None or split not in meta.get("splits", {}) or not path.is_file():
+        return None
+    dtype = np.dtype(meta["dtype"])
+    n = int(meta["splits"][split]["n_tokens"])
+    if n <= 0 or path.stat().st_size != n * dtype.itemsize:
+        return None
+    return dtype, n
+
+
+def _batches(docs, max_docs: int = _BATCH_DOCS, max_chars: int = _BATCH_CHARS):
+    batch, chars = [], 0
+    for d in docs:
+        batch.append(d)
+        chars += len(d)
+        if len(batch) >= max_docs or chars >= max_chars:
+            yield batch
+            batch, chars = [], 0
+    if batch:
+        yield batch
+
+
+def prepare_tokens(
+    source: str | os.PathLike = EMBEDDED,
+    tokenizer: Tokenizer | str = "s2hc-bpe-4k",
+    cache_dir: str | os.PathLike | None = None,
+    split: str = "train",
+    *,
+    progress: bool = True,
+    max_tokens: int | None = None,
+    **source_options,
+) -> np.memmap:
+    """The token ids of one split of ``source`` as a read-only 1-D ``np.memmap`` (``uint16`` or ``uint32``).
+
+    Tokenises on the first call (``eot`` before every document, a tqdm progress bar unless ``progress=False``)
+    into ``cache_dir/<key>/<split>.bin``; later calls with the same source, options and tokenizer map that file
+    without tokenising. ``tokenizer``: a :class:`~s2hc.data.tokenizer.Tokenizer` or a spec for
+    :func:`~s2hc.data.tokenizer.get_tokenizer`. ``cache_dir``: default :func:`default_cache_dir`.
+    ``max_tokens``: stop after this many tokens (the last document is cut). ``source_options`` go to
+    :func:`~s2hc.data.sources.iter_documents` (``text_field``, ``val_source``, ``val_fraction``,
+    ``max_documents``, ``max_chars``, ``hf_split``).
+
+    Errors: ``ValueError`` when the split has no documents (nothing is written), and the errors of the source
+    and the tokenizer."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens!r} is not allowed; use a positive integer or None")
+    tok = get_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+    docs = iter_documents(source, split, **source_options)  # validates split, path and options first
+    key, identity = shard_key(source, tok, max_tokens=max_tokens, **source_options)
+    directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    directory = directory / key
+    found = _existing(directory, split)
+    if found is not None:
+        dtype, n = found
+        return np.memmap(directory / f"{split}.bin", dtype=dtype, mode="r", shape=(n,))
+
+    directory.mkdir(parents=True, exist_ok=True)
+    dtype = token_dtype(tok.vocab_size)
+    total = _known_total(source, split, source_options)
+    n_tokens = n_docs = n_chars = 0
+    t0 = time.perf_counter()
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{split}.bin.", suffix=".tmp")
+    try:
+        from tqdm.auto import tqdm
+
+        with (
+            os.fdopen(fd, "wb") as f,
+            tqdm(total=total, unit="doc", desc=f"tokenising {split}", disable=not progress, dynamic_ncols=True) as bar,
+        ):
+            for batch in _batches(docs):
+                for ids in tok.encode_batch(batch):
+                    arr = np.empty(len(ids) + 1, dtype=np.int64)
+                    arr[0] = tok.eot_id
+                    arr[1:] = ids
+                    if max_tokens is not None and n_tokens + len(arr) > max_tokens:
+                        arr = arr[: max_tokens - n_tokens]
+                    if arr.size and (arr.min() < 0 or arr.max() >= tok.vocab_size):
+                        raise ValueError(f"tokenizer {tok.name!r} produced an id outside [0, {tok.vocab_size})")
+                    f.write(arr.astype(dtype).tobytes())
+                    n_tokens += len(arr)
+                    n_docs += 1
+                    if max_tokens is not None and n_tokens >= max_tokens:
+                        break
+                n_chars += sum(len(d) for d in batch)
+                bar.update(len(batch))
+                bar.set_postfix(tokens=f"{n_tokens:,}")
+                if max_tokens is not None and n_tokens >= max_tokens:
+                    break
+            f.flush()
+            os.fsync(f.fileno())
+        if n_docs == 0:
+            raise ValueError(
+                f"source {os.fspath(source)!r} split {split!r} has no documents (empty files, no records, or a "
+                "cap of zero): nothing to tokenise"
+            )
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, directory / f"{split}.bin")
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+    meta = _read_meta(directory / "meta.json") or {}
+    meta.update(
+        {
+            "format_version": FORMAT_VERSION,
+            "key": key,
+            "identity": identity,
+            "source": os.fspath(source),
+            "tokenizer": {"name": tok.name, "vocab_size": tok.vocab_size, "eot_id": tok.eot_id},
+            "dtype": dtype.name,
+        }
+    )
+    meta.setdefault("splits", {})[split] = {
+        "n_tokens": n_tokens,
+        "n_documents": n_docs,
+        "n_characters": n_chars,
+        "seconds": round(time.perf_counter() - t0, 3),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    _write_json_atomic(directory / "meta.json", meta)
+    return np.memmap(directory / f"{split}.bin", dtype=dtype, mode="r", shape=(n_tokens,))
+
+
+def _known_total(source, split: str, source_options: dict) -> int | None:
+    """Number of documents of the embedded corpus's ``split`` (a total for the progress bar); None otherwise."""
+    if isinstance(source, str) and source == EMBEDDED and not source_options.get("max_documents"):
+        from .corpus import load_corpus
+
+        return len(load_corpus(split))
+    return None

@@ -1,0 +1,262 @@
+"""The model configuration (a plain, YAML/JSON-serialisable dataclass) and the named presets.
+
+>>> cfg = get_preset("tiny", mixer="s2hc", n_streams=4)
+>>> (cfg.dim, cfg.n_layers, cfg.mixer, cfg.n_streams)
+(128, 4, 's2hc', 4)
+>>> ModelConfig.from_dict(cfg.to_dict()) == cfg
+True
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .. import mixers
+from ..connection import RESIDUAL, methods
+
+__all__ = ["ModelConfig", "PRESETS", "get_preset"]
+
+NORMS = ("rmsnorm", "layernorm")
+MLPS = ("swiglu", "geglu", "gelu")
+POSITIONS = ("rope", "learned")
+# HyperConnection's own keyword (its RMSNorm epsilon), accepted beside the family's options.
+CONNECTION_OPTIONS = ("eps",)
+
+
+def _fail(name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _check_int(name: str, value: Any, minimum: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise _fail(name, value, f"an integer >= {minimum}")
+    return value
+
+
+def _check_float(name: str, value: Any) -> float:
+    """A positive finite number; numeric strings are accepted because YAML reads ``1e6`` as a string."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise _fail(name, value, "a positive number") from None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise _fail(name, value, "a positive number")
+    return float(value)
+
+
+def _check_bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _fail(name, value, "True or False")
+    return value
+
+
+def _check_choice(name: str, value: Any, choices) -> str:
+    if value not in choices:
+        raise _fail(name, value, f"one of {list(choices)}")
+    return value
+
+
+@dataclass
+class ModelConfig:
+    """A decoder-only transformer: shape, architecture features, and the residual family.
+
+    Shapes: ``dim`` is the residual width C, attention uses ``n_heads`` query heads and ``n_kv_heads``
+    key/value heads (grouped-query attention) of width ``head_dim`` (so the attention width
+    ``n_heads · head_dim`` may differ from ``dim``, as in Qwen3 and Gemma3). ``None`` fields are resolved
+    in ``__post_init__``: ``n_kv_heads = n_heads``, ``head_dim = dim // n_heads``, ``ffn_dim = 4 · dim``
+    for ``mlp="gelu"`` and ``8 · dim / 3`` rounded up to a multiple of 64 for the gated MLPs,
+    ``local_rope_theta = rope_theta``. Change ``dim`` through :func:`get_preset` or a new config (not
+    :func:`dataclasses.replace` of a resolved one) to have them re-derived.
+
+    Architecture features:
+        norm / norm_eps: ``"rmsnorm"`` or ``"layernorm"`` (LayerNorm with bias, GPT-2).
+        norm_unit_offset: Gemma's RMSNorm, whose weight ``w`` is stored zero-initialised and applied as
+            ``1 + w`` (every RMSNorm of the model, the QK-norms included).
+        mlp: ``"swiglu"`` ``down(silu(gate(x)) · up(x))``, ``"geglu"`` the same with tanh-approximated GELU
+            (Gemma's ``gelu_pytorch_tanh``), ``"gelu"`` ``down(gelu_tanh(up(x)))`` (GPT-2's ``gelu_new``).
+        qkv_bias / out_bias / mlp_bias: biases of the q, k, v projections (Qwen2.5), of the attention
+            output projection, of the MLP projections (GPT-2 has all three).
+        pos: ``"rope"`` (rotate-half convention, base ``rope_theta``) or ``"learned"`` absolute positions.
+        max_seq_len: the longest input ``forward`` accepts (the learned position table's size).
+        qk_norm: RMSNorm over ``head_dim`` of queries and keys, before RoPE (Qwen3, Gemma3).
+        tie_embeddings: the LM head shares the token embedding's weight.
+        embed_scale: multiply token embeddings by ``sqrt(dim)`` (Gemma).
+        post_norms: Gemma's sandwich norms, a norm on the attention and on the MLP output, inside the branch.
+        query_pre_attn_scalar: attention scores are scaled by ``query_pre_attn_scalar ** -0.5`` instead
+            of ``head_dim ** -0.5`` (Gemma3).
+        sliding_window / sliding_window_pattern / local_rope_theta: with ``sliding_window = W``, layer
+            ``i`` is global when ``(i + 1) % sliding_window_pattern == 0`` and local otherwise (Gemma3:
+            pattern 6, five local layers to one global); a local layer's query at position ``t`` sees the
+            keys ``t - W < s <= t`` and uses RoPE base ``local_rope_theta``.
+        init_std: standard deviation of the normal initialisation (see ``Transformer.init_weights``).
+
+    Residual family: ``mixer`` (a name from :func:`s2hc.methods`), ``n_streams`` (1 for ``"residual"``)
+    and ``mixer_options`` (the family's options, see :func:`s2hc.mixers.options`, plus ``eps``), passed
+    to every :class:`s2hc.HyperConnection` of the model.
+    """
+
+    vocab_size: int = 4096
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+    ffn_dim: int | None = None
+    max_seq_len: int = 1024
+    norm: str = "rmsnorm"
+    norm_eps: float = 1e-6
+    norm_unit_offset: bool = False
+    mlp: str = "swiglu"
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    pos: str = "rope"
+    rope_theta: float = 10000.0
+    qk_norm: bool = False
+    tie_embeddings: bool = True
+    embed_scale: bool = False
+    post_norms: bool = False
+    query_pre_attn_scalar: float | None = None
+    sliding_window: int | None = None
+    sliding_window_pattern: int = 6
+    local_rope_theta: float | None = None
+    init_std: float = 0.02
+    mixer: str = RESIDUAL
+    n_streams: int = 1
+    mixer_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len", "sliding_window_pattern", "n_streams"):
+            _check_int(name, getattr(self, name))
+        if self.n_kv_heads is None:
+            self.n_kv_heads = self.n_heads
+        _check_int("n_kv_heads", self.n_kv_heads)
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads must be a multiple of n_kv_heads, got n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
+            )
+        if self.head_dim is None:
+            if self.dim % self.n_heads:
+                raise ValueError(
+                    f"dim must be a multiple of n_heads when head_dim is not given, "
+                    f"got dim={self.dim}, n_heads={self.n_heads}"
+                )
+            self.head_dim = self.dim // self.n_heads
+        _check_int("head_dim", self.head_dim)
+        _check_choice("norm", self.norm, NORMS)
+        _check_choice("mlp", self.mlp, MLPS)
+        _check_choice("pos", self.pos, POSITIONS)
+        if self.ffn_dim is None:
+            self.ffn_dim = 4 * self.dim if self.mlp == "gelu" else 64 * math.ceil(8 * self.dim / 3 / 64)
+        _check_int("ffn_dim", self.ffn_dim)
+        for name in ("norm_eps", "rope_theta", "init_std"):
+            setattr(self, name, _check_float(name, getattr(self, name)))
+        for name in ("norm_unit_offset", "qkv_bias", "out_bias", "mlp_bias", "qk_norm", "tie_embeddings",
+                     "embed_scale", "post_norms"):  # fmt: skip
+            _check_bool(name, getattr(self, name))
+        if self.norm_unit_offset and self.norm != "rmsnorm":
+            raise ValueError(f"norm_unit_offset=True needs norm='rmsnorm', got norm={self.norm!r}")
+        if self.pos == "rope" and self.head_dim % 2:
+            raise ValueError(f"head_dim must be even for pos='rope', got head_dim={self.head_dim}")
+        if self.query_pre_attn_scalar is not None:
+            self.query_pre_attn_scalar = _check_float("query_pre_attn_scalar", self.query_pre_attn_scalar)
+        if self.sliding_window is not None:
+            _check_int("sliding_window", self.sliding_window)
+        if self.local_rope_theta is None:
+            self.local_rope_theta = self.rope_theta
+        self.local_rope_theta = _check_float("local_rope_theta", self.local_rope_theta)
+        self._check_mixer()
+
+    def _check_mixer(self) -> None:
+        _check_choice("mixer", self.mixer, methods())
+        if not isinstance(self.mixer_options, Mapping):
+            raise _fail("mixer_options", self.mixer_options, "a dict of the mixer's options")
+        self.mixer_options = dict(self.mixer_options)
+        if self.mixer == RESIDUAL:
+            if self.n_streams != 1:
+                raise ValueError(f"n_streams must be 1 for mixer='residual', got n_streams={self.n_streams}")
+            if self.mixer_options:
+                raise ValueError(f"mixer='residual' takes no mixer_options, got {sorted(self.mixer_options)}")
+            return
+        allowed = sorted({*mixers.options(self.mixer), *CONNECTION_OPTIONS})
+        unknown = sorted(set(self.mixer_options) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown mixer_options {unknown} for mixer {self.mixer!r}; allowed: {allowed}")
+
+    # ---- derived -------------------------------------------------------------------------------------
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Whether layer ``layer`` (0-based) uses sliding-window attention."""
+        return self.sliding_window is not None and (layer + 1) % self.sliding_window_pattern != 0
+
+    def layer_types(self) -> list[str]:
+        """``"local"`` or ``"global"`` for every layer, in order."""
+        return ["local" if self.is_local_layer(i) else "global" for i in range(self.n_layers)]
+
+    # ---- serialisation -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain Python values (YAML / JSON ready), resolved defaults included."""
+        return copy.deepcopy(dataclasses.asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+        """Build from a mapping such as :meth:`to_dict` wrote; ValueError naming unknown keys and the allowed ones."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a model config must be a mapping, got {type(d).__name__}")
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(allowed))
+        if unknown:
+            raise ValueError(f"unknown model config key(s) {unknown}; allowed: {allowed}")
+        return cls(**copy.deepcopy(dict(d)))
+
+
+# Presets: plain dicts so they read like YAML configs. The CPU presets use the embedded BPE tokenizer's
+# vocabulary (4096) and leave head_dim / ffn_dim derived where overriding dim should re-derive them.
+_GPT2 = dict(
+    vocab_size=50257, max_seq_len=1024, norm="layernorm", norm_eps=1e-5, mlp="gelu",
+    qkv_bias=True, out_bias=True, mlp_bias=True, pos="learned", tie_embeddings=True,
+)  # fmt: skip
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CPU-sized (RMSNorm, SwiGLU, RoPE, tied); step times in s2hc/models/__init__.py.
+    "tiny": dict(vocab_size=4096, dim=128, n_layers=4, n_heads=4, ffn_dim=384, max_seq_len=256),
+    "small": dict(vocab_size=4096, dim=256, n_layers=6, n_heads=4, ffn_dim=768, max_seq_len=512),
+    # The sHC paper's 0.12 B nanoGPT (124 M with tied embeddings) and its 0.36 B sibling.
+    "gpt2-small": dict(_GPT2, dim=768, n_layers=12, n_heads=12, ffn_dim=3072),
+    "gpt2-medium": dict(_GPT2, dim=1024, n_layers=24, n_heads=16, ffn_dim=4096),
+    # Qwen/Qwen3-0.6B's shapes; untied as in the s²HC paper (≈ 0.75 B instead of 0.6 B).
+    "qwen3-0.6b": dict(
+        vocab_size=151936, dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128, ffn_dim=3072,
+        max_seq_len=40960, norm_eps=1e-6, mlp="swiglu", rope_theta=1_000_000.0, qk_norm=True,
+        tie_embeddings=False,
+    ),
+    # google/gemma-3-1b-pt: 26 layers, 5 local (window 512, base 10 k) : 1 global (base 1 M), tied.
+    "gemma3-1b": dict(
+        vocab_size=262144, dim=1152, n_layers=26, n_heads=4, n_kv_heads=1, head_dim=256, ffn_dim=6912,
+        max_seq_len=32768, norm_eps=1e-6, norm_unit_offset=True, mlp="geglu", rope_theta=1_000_000.0,
+        qk_norm=True, tie_embeddings=True, embed_scale=True, post_norms=True, query_pre_attn_scalar=256.0,
+        sliding_window=512, sliding_window_pattern=6, local_rope_theta=10_000.0,
+    ),
+    # Qwen/Qwen2.5-1.5B: q/k/v biases, tied.
+    "qwen2.5-1.5b": dict(
+        vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128, ffn_dim=8960,
+        max_seq_len=131072, norm_eps=1e-6, mlp="swiglu", rope_theta=1_000_000.0, qkv_bias=True,
+        tie_embeddings=True,
+    ),
+}  # fmt: skip
+
+
+def get_preset(name: str, **overrides: Any) -> ModelConfig:
+    """The :class:`ModelConfig` of preset ``name`` with ``overrides`` applied (e.g. ``mixer="s2hc", n_streams=4``).
+
+    ValueError naming the allowed presets for an unknown ``name``, and the allowed keys for an unknown override.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {list(PRESETS)}, got {name!r}")
+    return ModelConfig.from_dict({**copy.deepcopy(PRESETS[name]), **overrides})

@@ -1,0 +1,337 @@
+"""A decoder-only transformer whose every sublayer is wrapped by a :class:`s2hc.HyperConnection`.
+
+Data flow (``n = config.n_streams``)::
+
+    ids (B, T) -> embed (· sqrt(C) for Gemma) [+ learned positions] -> expand_streams -> (B, T, n, C)
+      -> per layer: attention sublayer, then MLP sublayer, each  X <- hc(X, branch)
+      -> reduce_streams (B, T, C) -> final norm -> LM head -> logits (B, T, vocab)
+
+A branch is everything between the connection's read and write: the pre-norm, the sublayer and, with
+``post_norms`` (Gemma3), the norm on its output. With ``mixer="residual"`` the model is the plain pre-norm
+architecture of GPT-2, Qwen2.5, Qwen3 or Gemma3 (``tests/test_hf_parity.py`` checks the last three against
+Hugging Face ``transformers`` logit for logit).
+
+>>> import torch
+>>> from s2hc.models import Transformer, get_preset
+>>> model = Transformer(get_preset("tiny", n_layers=1, mixer="s2hc", n_streams=2))
+>>> model(torch.zeros(2, 8, dtype=torch.long)).shape
+torch.Size([2, 8, 4096])
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..connection import HyperConnection, expand_streams, reduce_streams
+from .config import ModelConfig
+
+__all__ = ["Attention", "Block", "MLP", "RMSNorm", "Transformer", "apply_rope", "make_norm", "rope_cos_sin"]
+
+
+# ---- norms ----------------------------------------------------------------------------------------------
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last dimension, computed in float32 and cast back to the input's dtype.
+
+    With ``unit_offset`` (Gemma) the stored weight ``w`` starts at 0 and the scale applied is ``1 + w``.
+    ``(..., dim) -> (..., dim)``.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, unit_offset: bool = False):
+        super().__init__()
+        self.dim, self.eps, self.unit_offset = dim, eps, unit_offset
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.fill_(0.0 if self.unit_offset else 1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight.float()
+        if self.unit_offset:
+            weight = 1.0 + weight
+        return F.rms_norm(x.float(), (self.dim,), weight, self.eps).type_as(x)
+
+    def extra_repr(self) -> str:
+        return f"{self.dim}, eps={self.eps}, unit_offset={self.unit_offset}"
+
+
+def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
+    """The model's norm (``config.norm``) over ``dim`` features (default ``config.dim``)."""
+    dim = config.dim if dim is None else dim
+    if config.norm == "layernorm":
+        return nn.LayerNorm(dim, eps=config.norm_eps)
+    return RMSNorm(dim, eps=config.norm_eps, unit_offset=config.norm_unit_offset)
+
+
+# ---- rotary position embedding ---------------------------------------------------------------------------
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos`` and ``sin`` of the rotary angles for integer ``positions`` ``(T,)``: each ``(T, head_dim)``, float32.
+
+    Rotate-half convention (as Hugging Face Llama / Qwen / Gemma): frequency ``j`` of ``head_dim / 2``
+    is ``theta ** (-2j / head_dim)`` and is used by features ``j`` and ``j + head_dim / 2``.
+    Computed in float32 on every call, so casting the model to bfloat16 does not coarsen the angles.
+    """
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate queries or keys ``x`` ``(B, H, T, D)`` by ``cos``, ``sin`` ``(T, D)``; returns x's shape and dtype."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+def sliding_window_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """Boolean attention mask ``(Tq, Tk)``, True where query ``t`` may see key ``s``: ``t - window < s <= t``."""
+    distance = q_positions[:, None] - k_positions[None, :]
+    return (distance >= 0) & (distance < window)
+
+
+# ---- sublayers -------------------------------------------------------------------------------------------
+
+
+class Attention(nn.Module):
+    """Causal multi-head attention with grouped-query heads, optional QK-norm, RoPE and a sliding window.
+
+    ``forward(x, rope, mask)``: ``x`` ``(B, T, C)``; ``rope`` ``(cos, sin)`` each ``(T, head_dim)`` or None
+    (learned positions); ``mask`` a boolean ``(T, T)`` (True = attend) or None for plain causal attention.
+    Returns ``(B, T, C)``. Projection, QK-norm and RoPE (:meth:`project`) are separate from the attention
+    itself (:meth:`attend`) so a KV cache can sit between them later.
+    """
+
+    def __init__(self, config: ModelConfig, local: bool = False):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = config.n_heads, config.n_kv_heads, config.head_dim
+        self.local = local
+        self.window = config.sliding_window if local else None
+        # None lets SDPA use its default, head_dim ** -0.5.
+        self.scale = None if config.query_pre_attn_scalar is None else config.query_pre_attn_scalar**-0.5
+        dim, q_width, kv_width = config.dim, config.n_heads * config.head_dim, config.n_kv_heads * config.head_dim
+        self.q_proj = nn.Linear(dim, q_width, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(dim, kv_width, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(dim, kv_width, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(q_width, dim, bias=config.out_bias)
+        if config.qk_norm:  # RMSNorm over head_dim whatever config.norm is, as Qwen3 and Gemma3 do
+            self.q_norm = RMSNorm(config.head_dim, config.norm_eps, config.norm_unit_offset)
+            self.k_norm = RMSNorm(config.head_dim, config.norm_eps, config.norm_unit_offset)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None):
+        """Queries ``(B, H, T, D)`` and keys, values ``(B, H_kv, T, D)`` for ``x`` ``(B, T, C)``, normed and rotated."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return q, k, v
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of ``q`` ``(B, H, Tq, D)`` over ``k``, ``v`` ``(B, H_kv, Tk, D)``: returns ``(B, H, Tq, D)``.
+
+        ``mask`` None means causal with ``Tq == Tk``. Key/value heads are repeated for grouped-query
+        attention (head ``h`` reads key/value head ``h // (H / H_kv)``), which every SDPA backend accepts.
+        """
+        if self.n_kv_heads != self.n_heads:
+            repeats = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale)
+
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.project(x, rope)
+        y = self.attend(q, k, v, mask)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    """The feed-forward sublayer ``(B, T, C) -> (B, T, C)``: SwiGLU, GeGLU (tanh GELU) or a GELU MLP."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.kind = config.mlp
+        self.gate_proj = nn.Linear(config.dim, config.ffn_dim, bias=config.mlp_bias) if self.gated else None
+        self.up_proj = nn.Linear(config.dim, config.ffn_dim, bias=config.mlp_bias)
+        self.down_proj = nn.Linear(config.ffn_dim, config.dim, bias=config.mlp_bias)
+
+    @property
+    def gated(self) -> bool:
+        return self.kind in ("swiglu", "geglu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "gelu":
+            return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+        gate = self.gate_proj(x)
+        gate = F.silu(gate) if self.kind == "swiglu" else F.gelu(gate, approximate="tanh")
+        return self.down_proj(gate * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """One layer: an attention sublayer and an MLP sublayer, each inside its own hyper-connection.
+
+    ``forward(x, rope, mask)``: streams ``x`` ``(B, T, n, C)`` -> ``(B, T, n, C)``. The attention connection
+    has ``layer_index = 2 · layer``, the MLP's ``2 · layer + 1``.
+    """
+
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__()
+        self.layer, self.local = layer, config.is_local_layer(layer)
+        self.attn_norm = make_norm(config)
+        self.attn = Attention(config, local=self.local)
+        self.attn_post_norm = make_norm(config) if config.post_norms else None
+        self.mlp_norm = make_norm(config)
+        self.mlp = MLP(config)
+        self.mlp_post_norm = make_norm(config) if config.post_norms else None
+        options = dict(mixer=config.mixer, **config.mixer_options)
+        self.attn_hc = HyperConnection(config.dim, config.n_streams, layer_index=2 * layer, **options)
+        self.mlp_hc = HyperConnection(config.dim, config.n_streams, layer_index=2 * layer + 1, **options)
+
+    def attention_branch(self, h: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
+        """Pre-norm, attention, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
+        y = self.attn(self.attn_norm(h), rope, mask)
+        return y if self.attn_post_norm is None else self.attn_post_norm(y)
+
+    def mlp_branch(self, h: torch.Tensor) -> torch.Tensor:
+        """Pre-norm, MLP, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
+        y = self.mlp(self.mlp_norm(h))
+        return y if self.mlp_post_norm is None else self.mlp_post_norm(y)
+
+    def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
+        x = self.attn_hc(x, self.attention_branch, rope, mask)
+        return self.mlp_hc(x, self.mlp_branch)
+
+
+# ---- the model -------------------------------------------------------------------------------------------
+
+
+class Transformer(nn.Module):
+    """Decoder-only language model built from a :class:`ModelConfig`.
+
+    ``forward(input_ids)``: LongTensor ``(B, T)`` with ``T <= config.max_seq_len`` -> logits ``(B, T, vocab_size)``
+    in the dtype of the parameters (or of autocast).
+    """
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.dim)
+        self.pos_embed = nn.Embedding(config.max_seq_len, config.dim) if config.pos == "learned" else None
+        self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
+        self.norm = make_norm(config)
+        self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Re-initialise every weight except the hyper-connections' (they keep DESIGN.md's initialisation).
+
+        Linear and embedding weights ~ N(0, init_std²); the residual output projections (attention ``o_proj``,
+        MLP ``down_proj``) ~ N(0, (init_std / sqrt(2 · n_layers))²) as in GPT-2; biases 0; norms to identity
+        (weight 1, or 0 for Gemma's ``1 + w`` RMSNorm; LayerNorm bias 0).
+        """
+        std = self.config.init_std
+        out_std = std / math.sqrt(2 * self.config.n_layers)
+
+        def linear(module: nn.Linear | None, sigma: float) -> None:
+            if module is None:
+                return
+            nn.init.normal_(module.weight, mean=0.0, std=sigma)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+
+        nn.init.normal_(self.embed.weight, mean=0.0, std=std)
+        if self.pos_embed is not None:
+            nn.init.normal_(self.pos_embed.weight, mean=0.0, std=std)
+        for block in self.blocks:
+            attn, mlp = block.attn, block.mlp
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
+                linear(proj, std)
+            linear(attn.o_proj, out_std)
+            linear(mlp.down_proj, out_std)
+            for norm in (block.attn_norm, block.attn_post_norm, block.mlp_norm, block.mlp_post_norm,
+                         attn.q_norm, attn.k_norm):  # fmt: skip
+                if norm is not None:
+                    norm.reset_parameters()
+        self.norm.reset_parameters()
+        if not self.config.tie_embeddings:
+            linear(self.lm_head, std)
+
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Number of parameters (shared ones counted once), hyper-connections included.
+
+        ``exclude_embeddings`` leaves out the token and learned-position embedding tables, and with them
+        a tied LM head; an untied LM head still counts.
+        """
+        total = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            total -= self.embed.weight.numel()
+            if self.pos_embed is not None:
+                total -= self.pos_embed.weight.numel()
+        return total
+
+    def aux_params(self) -> int:
+        """Number of parameters of the :class:`s2hc.HyperConnection` modules (0 for ``mixer="residual"``).
+
+        The parameters themselves: :meth:`hyper_connection_parameters`.
+        """
+        return sum(p.numel() for p in self.hyper_connection_parameters())
+
+    def hyper_connection_parameters(self) -> list[nn.Parameter]:
+        """The parameters of every :class:`s2hc.HyperConnection` (empty for ``mixer="residual"``), e.g. for
+        an optimiser group of their own; :meth:`init_weights` never touches them."""
+        return [p for module in self.modules() if isinstance(module, HyperConnection) for p in module.parameters()]
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
+            shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be an integer tensor of shape (batch, time), got {shape}")
+        T = input_ids.shape[1]
+        if T > self.config.max_seq_len:
+            raise ValueError(f"input_ids has {T} positions, more than max_seq_len={self.config.max_seq_len}")
+        config = self.config
+        positions = torch.arange(T, device=input_ids.device)
+        h = self.embed(input_ids)
+        if config.embed_scale:  # scale rounded to the embedding's dtype, as Gemma does
+            h = h * torch.tensor(config.dim**0.5, dtype=h.dtype, device=h.device)
+        if self.pos_embed is not None:
+            h = h + self.pos_embed(positions)
+
+        global_rope = local_rope = local_mask = None
+        if config.pos == "rope":
+            global_rope = rope_cos_sin(positions, config.head_dim, config.rope_theta)
+        if config.sliding_window is not None:
+            if config.pos == "rope":
+                local_rope = rope_cos_sin(positions, config.head_dim, config.local_rope_theta)
+            if config.sliding_window < T:  # otherwise the window covers everything: plain causal attention
+                local_mask = sliding_window_mask(positions, positions, config.sliding_window)
+
+        x = expand_streams(h, config.n_streams)
+        for block in self.blocks:
+            x = block(x, local_rope, local_mask) if block.local else block(x, global_rope, None)
+        return self.lm_head(self.norm(reduce_streams(x)))
+
+    def extra_repr(self) -> str:
+        c = self.config
+        return f"mixer={c.mixer!r}, n_streams={c.n_streams}, params={self.num_params() / 1e6:.2f}M"

@@ -1,0 +1,320 @@
+"""s2hc.models: presets and their sizes, the config's validation and serialisation, causality, the sliding
+window, training, and an initialisation that leaves the hyper-connections alone."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+import s2hc
+from s2hc.models import PRESETS, ModelConfig, Transformer, get_preset
+from s2hc.models.transformer import Attention, rope_cos_sin, sliding_window_mask
+from s2hc.params import count_aux_params
+
+# Each architecture family at test size, keeping its features (GQA, QK-norm, biases, Gemma's norms,
+# embedding scaling, window and local/global pattern, learned positions).
+MINI = dict(vocab_size=64, dim=32, n_heads=4, max_seq_len=32)
+FAMILIES = {
+    "tiny": get_preset("tiny", **MINI, n_layers=2, ffn_dim=64),
+    "gpt2": get_preset("gpt2-small", **MINI, n_layers=2, ffn_dim=128),
+    "qwen3": get_preset("qwen3-0.6b", **MINI, n_layers=2, n_kv_heads=2, head_dim=16, ffn_dim=64),
+    "qwen2.5": get_preset("qwen2.5-1.5b", **MINI, n_layers=2, n_kv_heads=2, head_dim=8, ffn_dim=64),
+    "gemma3": get_preset(
+        "gemma3-1b", **MINI, n_layers=3, n_kv_heads=1, head_dim=16, ffn_dim=64, sliding_window=4,
+        sliding_window_pattern=3, query_pre_attn_scalar=8.0,
+    ),
+}  # fmt: skip
+
+
+def with_mixer(config: ModelConfig, mixer: str, n_streams: int, **options) -> ModelConfig:
+    return ModelConfig.from_dict({**config.to_dict(), "mixer": mixer, "n_streams": n_streams, "mixer_options": options})
+
+
+def ids(batch=2, seq=16, vocab=64, seed=0) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def perturb_(params, seed=0, spread=0.3) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.add_(spread * torch.randn(p.shape, generator=generator))
+
+
+# ---- presets ---------------------------------------------------------------------------------------------
+
+# Reference sizes: nanoGPT's GPT-2 (124,439,808 with positions, tied), GPT-2 medium (355 M), Qwen3-0.6B
+# untied as in the s²HC paper (0.75 B), keras-hub's Gemma3 1B (999,885,952), Qwen2.5-1.5B's model card
+# (1.54 B, 1.31 B without embeddings).
+SIZES = {
+    "gpt2-small": 124_439_808,
+    "gpt2-medium": 354_823_168,
+    "qwen3-0.6b": 751_632_384,
+    "gemma3-1b": 999_885_952,
+    "qwen2.5-1.5b": 1_543_714_304,
+}
+
+
+@pytest.mark.parametrize("name", list(SIZES))
+def test_large_presets_have_the_published_sizes(name):
+    with torch.device("meta"):
+        model = Transformer(get_preset(name))
+    assert model.num_params() == SIZES[name]
+    assert model.aux_params() == 0 and model.hyper_connection_parameters() == []
+
+
+def test_qwen25_without_embeddings_and_gemma_layer_pattern():
+    with torch.device("meta"):
+        qwen = Transformer(get_preset("qwen2.5-1.5b"))
+    assert round(qwen.num_params(exclude_embeddings=True) / 1e9, 2) == 1.31
+    gemma = get_preset("gemma3-1b")
+    assert gemma.layer_types().count("global") == 4 and gemma.layer_types()[5] == "global"
+    assert gemma.layer_types()[:5] == ["local"] * 5
+
+
+def test_untied_qwen3_counts_its_lm_head():
+    with torch.device("meta"):
+        untied = Transformer(get_preset("qwen3-0.6b"))
+        tied = Transformer(get_preset("qwen3-0.6b", tie_embeddings=True))
+    assert untied.num_params() - tied.num_params() == 151936 * 1024
+    assert tied.lm_head.weight is tied.embed.weight and untied.lm_head.weight is not untied.embed.weight
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_cpu_presets_build_and_run(name):
+    model = Transformer(get_preset(name, mixer="s2hc", n_streams=4))
+    logits = model(ids(seq=8, vocab=4096))
+    assert logits.shape == (2, 8, 4096) and torch.isfinite(logits).all()
+
+
+def test_aux_params_match_the_parameter_table():
+    with torch.device("meta"):
+        model = Transformer(get_preset("qwen3-0.6b", mixer="s2hc", n_streams=4))
+        residual = Transformer(get_preset("qwen3-0.6b"))
+    aux = model.aux_params()
+    assert aux == sum(p.numel() for p in model.hyper_connection_parameters())
+    assert aux == count_aux_params("s2hc", layers=28, dim=1024, n_streams=4)
+    assert model.num_params() == residual.num_params() + aux
+
+
+# ---- config ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_config_round_trips_through_json_and_yaml(name):
+    config = get_preset(name, mixer="mhc", n_streams=4, mixer_options={"iterations": 10})
+    assert ModelConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert ModelConfig.from_dict(yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config
+
+
+def test_yaml_exponent_strings_are_numbers():
+    # PyYAML reads "1e6" (no dot) as a string
+    config = ModelConfig.from_dict(yaml.safe_load("rope_theta: 1e6\nnorm_eps: 1e-5\n"))
+    assert (config.rope_theta, config.norm_eps) == (1e6, 1e-5)
+
+
+def test_defaults_are_resolved():
+    config = ModelConfig(dim=96, n_heads=6, mlp="swiglu")
+    assert (config.n_kv_heads, config.head_dim, config.ffn_dim) == (6, 16, 256)
+    assert ModelConfig(dim=96, n_heads=6, mlp="gelu").ffn_dim == 384
+    assert ModelConfig(rope_theta=5e5).local_rope_theta == 5e5
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(dim=100, n_heads=3), r"dim must be a multiple of n_heads.*dim=100, n_heads=3"),
+        (dict(n_heads=4, n_kv_heads=3), r"n_heads must be a multiple of n_kv_heads.*n_kv_heads=3"),
+        (dict(mixer="nope"), r"mixer must be one of \[.*'residual'.*'s2hc'.*got 'nope'"),
+        (dict(mixer="residual", n_streams=4), r"n_streams must be 1 for mixer='residual', got n_streams=4"),
+        (dict(mixer="s2hc", n_streams=4, mixer_options={"iterations": 3}), r"unknown mixer_options \['iterations'\]"),
+        (dict(mixer_options={"eps": 1e-5}), r"mixer='residual' takes no mixer_options"),
+        (dict(norm="batchnorm"), r"norm must be one of \['rmsnorm', 'layernorm'\], got 'batchnorm'"),
+        (dict(mlp="relu"), r"mlp must be one of \['swiglu', 'geglu', 'gelu'\]"),
+        (dict(pos="alibi"), r"pos must be one of \['rope', 'learned'\]"),
+        (dict(vocab_size=0), r"vocab_size must be an integer >= 1, got 0"),
+        (dict(n_layers=2.0), r"n_layers must be an integer >= 1, got 2.0"),
+        (dict(tie_embeddings="yes"), r"tie_embeddings must be True or False, got 'yes'"),
+        (dict(rope_theta=-1.0), r"rope_theta must be a positive number, got -1.0"),
+        (dict(norm_eps="tiny"), r"norm_eps must be a positive number, got 'tiny'"),
+        (dict(head_dim=15), r"head_dim must be even for pos='rope', got head_dim=15"),
+        (dict(norm="layernorm", norm_unit_offset=True), r"norm_unit_offset=True needs norm='rmsnorm'"),
+        (dict(sliding_window=0), r"sliding_window must be an integer >= 1, got 0"),
+    ],
+)
+def test_bad_config_values_name_field_value_and_allowed(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ModelConfig(**changes)
+
+
+def test_unknown_keys_and_presets():
+    with pytest.raises(ValueError, match=r"unknown model config key\(s\) \['hidden'\]; allowed: \['vocab_size'"):
+        ModelConfig.from_dict({"hidden": 64})
+    with pytest.raises(ValueError, match=r"preset must be one of \['tiny', 'small', 'gpt2-small'.*got 'huge'"):
+        get_preset("huge")
+    with pytest.raises(ValueError, match=r"unknown model config key\(s\) \['layers'\]"):
+        get_preset("tiny", layers=3)
+    with pytest.raises(ValueError, match="mapping"):
+        ModelConfig.from_dict([("dim", 8)])
+
+
+def test_presets_default_to_the_plain_residual():
+    for name in PRESETS:
+        config = get_preset(name)
+        assert (config.mixer, config.n_streams, config.mixer_options) == ("residual", 1, {})
+
+
+# ---- forward ---------------------------------------------------------------------------------------------
+
+
+def test_bad_inputs():
+    model = Transformer(FAMILIES["tiny"])
+    with pytest.raises(ValueError, match=r"input_ids must be an integer tensor of shape \(batch, time\), got \(16,\)"):
+        model(ids()[0])
+    with pytest.raises(ValueError, match="integer tensor"):
+        model(ids().float())
+    with pytest.raises(ValueError, match="33 positions, more than max_seq_len=32"):
+        model(ids(seq=33))
+    with pytest.raises(ValueError, match="config must be a ModelConfig"):
+        Transformer({"dim": 32})
+
+
+@pytest.mark.parametrize("mixer, n", [("residual", 1), ("s2hc", 4)])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_causal_masking(family, mixer, n):
+    """Changing the token at position t changes no logit before t (and does change the ones from t on)."""
+    model = Transformer(with_mixer(FAMILIES[family], mixer, n)).eval()
+    perturb_([p for p in model.parameters()], spread=0.2)  # hyper-connections away from their identity-like init
+    x = ids(seq=16)
+    t = 9
+    y = x.clone()
+    y[:, t] = (x[:, t] + 1) % 64
+    with torch.no_grad():
+        before, after = model(x), model(y)
+    torch.testing.assert_close(after[:, :t], before[:, :t], rtol=0, atol=1e-5)
+    assert (after[:, t:] - before[:, t:]).abs().amax(dim=-1).min() > 1e-4
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_local_attention_ignores_keys_outside_the_window(n_kv_heads):
+    """A local layer's output at t depends on inputs t - W < s <= t only; a global layer's on all s <= t."""
+    config = ModelConfig(dim=32, n_heads=4, n_kv_heads=n_kv_heads, sliding_window=4, qk_norm=True)
+    torch.manual_seed(0)
+    local, full = Attention(config, local=True), Attention(config, local=False)
+    full.load_state_dict(local.state_dict())
+    T, W, t = 12, 4, 10
+    positions = torch.arange(T)
+    rope = rope_cos_sin(positions, config.head_dim, config.local_rope_theta)
+    mask = sliding_window_mask(positions, positions, W)
+    x = torch.randn(2, T, 32)
+    for s, inside in [(t - W, False), (t - W + 1, True), (0, False)]:
+        y = x.clone()
+        y[:, s] += 1.0
+        with torch.no_grad():
+            changed_local = (local(y, rope, mask)[:, t] - local(x, rope, mask)[:, t]).abs().max()
+            changed_full = (full(y, rope)[:, t] - full(x, rope)[:, t]).abs().max()
+        assert (changed_local > 1e-4) == inside, (s, changed_local)
+        assert changed_full > 1e-4
+
+
+@pytest.mark.parametrize("mixer, n", [("residual", 1), ("s2hc", 4)])
+def test_model_with_one_local_layer_sees_only_its_window(mixer, n):
+    base = FAMILIES["gemma3"].to_dict() | dict(n_layers=1, sliding_window=4, mixer=mixer, n_streams=n)
+    model = Transformer(ModelConfig.from_dict(base)).eval()
+    assert model.config.layer_types() == ["local"]
+    perturb_(model.parameters(), spread=0.2)
+    x, t = ids(seq=16), 12
+    with torch.no_grad():
+        reference = model(x)[:, t]
+        for s, inside in [(t - 4, False), (2, False), (t - 3, True)]:
+            y = x.clone()
+            y[:, s] = (x[:, s] + 1) % 64
+            change = (model(y)[:, t] - reference).abs().max()
+            assert (change > 1e-4) == inside, (s, change)
+
+
+def test_global_layers_see_past_the_window():
+    base = FAMILIES["gemma3"].to_dict() | dict(n_layers=1, sliding_window=4, sliding_window_pattern=1)
+    model = Transformer(ModelConfig.from_dict(base)).eval()
+    assert model.config.layer_types() == ["global"]
+    x, t = ids(seq=16), 12
+    y = x.clone()
+    y[:, 2] = (x[:, 2] + 1) % 64
+    with torch.no_grad():
+        assert (model(y)[:, t] - model(x)[:, t]).abs().max() > 1e-4
+
+
+# ---- training and initialisation -----------------------------------------------------------------------
+
+
+def train_losses(config: ModelConfig, steps: int = 12, lr: float = 3e-3) -> list[float]:
+    torch.manual_seed(0)
+    model = Transformer(config)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    batch = ids(batch=4, seq=17, vocab=config.vocab_size, seed=1)
+    losses = []
+    for _ in range(steps):
+        logits = model(batch[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert all(torch.isfinite(torch.tensor(losses)))
+    return losses
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_every_architecture_trains(family):
+    losses = train_losses(FAMILIES[family])
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+@pytest.mark.parametrize("mixer", [m for m in s2hc.methods() if m != "residual"])
+def test_every_mixing_family_trains(mixer):
+    losses = train_losses(with_mixer(FAMILIES["tiny"], mixer, 4))
+    assert losses[-1] < 0.8 * losses[0], losses
+
+
+def test_init_weights_leaves_hyper_connections_alone():
+    model = Transformer(with_mixer(FAMILIES["gemma3"], "s2hc", 4))
+    for block in model.blocks:  # DESIGN.md's initialisation: zero projection, α = 0.01
+        assert torch.count_nonzero(block.attn_hc.projection) == 0
+        assert block.mlp_hc.alpha_pre.item() == pytest.approx(0.01)
+    perturb_(model.parameters(), spread=0.5)
+    aux = {id(p) for p in model.hyper_connection_parameters()}
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    model.init_weights()
+    for name, p in model.named_parameters():
+        if id(p) in aux:
+            assert torch.equal(p, before[name]), f"init_weights changed {name}"
+        else:
+            assert not torch.equal(p, before[name]), f"init_weights did not reset {name}"
+
+
+def test_init_weights_statistics():
+    config = get_preset("small", n_layers=8, tie_embeddings=False)
+    model = Transformer(config)
+    out_std = 0.02 / (2 * 8) ** 0.5
+    o_proj = torch.cat([b.attn.o_proj.weight.flatten() for b in model.blocks])
+    q_proj = torch.cat([b.attn.q_proj.weight.flatten() for b in model.blocks])
+    assert abs(o_proj.std().item() - out_std) < 0.05 * out_std
+    assert abs(q_proj.std().item() - 0.02) < 0.001
+    assert abs(model.lm_head.weight.std().item() - 0.02) < 0.001
+    assert torch.equal(model.blocks[0].attn_norm.weight, torch.ones(config.dim))
+    gemma = Transformer(FAMILIES["gemma3"])
+    assert torch.count_nonzero(gemma.blocks[0].attn_post_norm.weight) == 0  # (1 + w) norms start at w = 0
+    gpt2 = Transformer(FAMILIES["gpt2"])
+    assert torch.count_nonzero(gpt2.blocks[0].mlp.up_proj.bias) == 0
+
+
+def test_bfloat16_forward_and_backward():
+    model = Transformer(with_mixer(FAMILIES["gemma3"], "s2hc", 4)).to(torch.bfloat16)
+    logits = model(ids())
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+    logits.float().logsumexp(-1).mean().backward()
+    assert all(p.grad is not None for p in model.parameters())

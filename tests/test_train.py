@@ -1,0 +1,271 @@
+"""The training harness: schedule, optimiser groups, checkpoints, exact resume (with real signals), faults."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from s2hc.cli import main
+from s2hc.train import (
+    TrainConfig,
+    TrainingError,
+    compare,
+    learning_rate,
+    load_checkpoint,
+    load_model,
+    read_metrics,
+    save_checkpoint,
+    train,
+)
+from s2hc.train.optim import parameter_groups
+
+SMALL_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64}
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory) -> Path:
+    """~150 kB of the embedded corpus as a user's text file: real text, quick to tokenise."""
+    from s2hc.data.corpus import load_corpus
+
+    path = tmp_path_factory.mktemp("corpus") / "text.txt"
+    path.write_text("\n\n".join(load_corpus("train"))[:150_000])
+    return path
+
+
+@pytest.fixture()
+def small(corpus_file, tmp_path) -> TrainConfig:
+    return TrainConfig(
+        preset="tiny", mixer="s2hc", n_streams=4, model_overrides=dict(SMALL_MODEL),
+        data=str(corpus_file), cache_dir=str(tmp_path / "cache"), seq_len=32, batch_size=4,
+        max_steps=12, warmup_steps=2, lr=3e-3, eval_every=4, eval_batches=2, checkpoint_every=2,
+        log_every=1, progress=False, out=str(tmp_path / "run"),
+    )
+
+
+def losses(run_dir) -> list[tuple[int, float]]:
+    return [(r["step"], r["loss"]) for r in read_metrics(run_dir) if "loss" in r]
+
+
+# ------------------------------------------------------------------------------------ schedule, optimiser
+
+
+def test_cosine_schedule_with_warmup_and_floor():
+    kw = dict(peak=1.0, warmup_steps=10, max_steps=110, min_ratio=0.1)
+    warm = [learning_rate(s, **kw) for s in range(10)]
+    assert warm == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert learning_rate(10, **kw) == pytest.approx(1.0)
+    assert learning_rate(60, **kw) == pytest.approx(0.55)  # halfway down the cosine
+    assert learning_rate(110, **kw) == pytest.approx(0.1) == learning_rate(500, **kw)
+    decay = [learning_rate(s, **kw) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(decay, decay[1:]))
+
+
+def test_weight_decay_only_on_matrices():
+    from s2hc.models import Transformer, get_preset
+
+    model = Transformer(get_preset("tiny", mixer="s2hc", n_streams=4, **SMALL_MODEL))
+    decay, no_decay = parameter_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    hc = next(m for m in model.modules() if m.__class__.__name__ == "HyperConnection")
+    assert any(p is hc.projection for p in decay["params"])
+    assert any(p is hc.alpha_pre for p in no_decay["params"])
+    assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == sum(p.numel() for p in model.parameters())
+
+
+# ------------------------------------------------------------------------------------------- checkpoints
+
+
+def test_checkpoint_roundtrip_and_foreign_files(tmp_path):
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, {"step": 3, "model": {"w": torch.ones(2)}})
+    assert load_checkpoint(path)["step"] == 3
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
+    (tmp_path / "junk.pt").write_bytes(os.urandom(100))
+    with pytest.raises(ValueError, match=r"junk.pt' is not an s2hc checkpoint"):
+        load_checkpoint(tmp_path / "junk.pt")
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"other.pt' is not an s2hc checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+    with pytest.raises(ValueError, match=r"checkpoint '.*missing.pt' does not exist"):
+        load_checkpoint(tmp_path / "missing.pt")
+    with pytest.raises(ValueError, match=r"holds no checkpoint"):
+        load_checkpoint(tmp_path)
+
+
+def test_training_writes_metrics_checkpoint_and_rebuilds_the_model(small):
+    result = train(small)
+    assert result.step == 12 and math.isfinite(result.train_loss) and result.val_loss is not None
+    records = read_metrics(small.out)
+    assert [r["step"] for r in records if "loss" in r] == list(range(1, 13))
+    assert [r["step"] for r in records if "val_loss" in r] == [4, 8, 12]
+    first, last = losses(small.out)[0][1], losses(small.out)[-1][1]
+    assert last < first  # it learns
+    model, config = load_model(small.out)
+    assert config == small and model.config.mixer == "s2hc"
+    x = torch.randint(0, model.config.vocab_size, (2, 16))
+    payload = load_checkpoint(small.out)
+    assert payload["step"] == 12
+    assert torch.equal(model(x), model(x))
+
+
+def test_resume_in_process_equals_uninterrupted(small, tmp_path):
+    train(small)
+    # "interrupted" at step 6: keep the step-6 checkpoint of a second run, then resume it
+    interrupted = small.replace(out=str(tmp_path / "interrupted"), max_steps=12)
+    _run_until(interrupted, stop_after=6)
+    assert load_checkpoint(interrupted.out)["step"] == 6
+    train(interrupted, resume=True)
+    assert losses(interrupted.out) == losses(small.out)
+
+
+def _run_until(config: TrainConfig, stop_after: int) -> None:
+    """Train, stopping right after the checkpoint of step ``stop_after`` (simulates a crash there)."""
+    import s2hc.train.loop as loop
+
+    original = loop.save_checkpoint
+
+    def save_then_crash(path, state):
+        original(path, state)
+        if state["step"] == stop_after:
+            raise KeyboardInterrupt
+
+    loop.save_checkpoint = save_then_crash
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(config)
+    finally:
+        loop.save_checkpoint = original
+
+
+def _cli_args(config: TrainConfig) -> list[str]:
+    return [
+        "--preset", config.preset, "--mixer", config.mixer, "--streams", str(config.n_streams),
+        "--set", "model_overrides=" + json.dumps(config.model_overrides),
+        "--data", config.data, "--cache-dir", config.cache_dir, "--seq-len", str(config.seq_len),
+        "--batch-size", str(config.batch_size), "--max-steps", str(config.max_steps),
+        "--warmup-steps", str(config.warmup_steps), "--lr", str(config.lr), "--eval-every", str(config.eval_every),
+        "--set", f"eval_batches={config.eval_batches}", "--checkpoint-every", str(config.checkpoint_every),
+        "--log-every", "1", "--no-progress", "--out", config.out,
+    ]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
+def test_killed_run_resumes_to_the_same_loss_curve(small, tmp_path, signum):
+    """A real signal mid-run; `--resume` then gives the uninterrupted run's loss curve, step for step."""
+    config = small.replace(max_steps=40, checkpoint_every=3, out=str(tmp_path / "killed"))
+    reference = config.replace(out=str(tmp_path / "reference"))
+    train(reference)  # also fills the token cache, so the subprocess starts training at once
+    command = [sys.executable, "-m", "s2hc", "train", *_cli_args(config)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = Path(config.out) / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and process.poll() is None:
+        if metrics.exists() and sum(1 for line in metrics.read_text().splitlines() if '"loss"' in line) >= 7:
+            break
+        time.sleep(0.05)
+    assert process.poll() is None, process.communicate()
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=120)
+    if signum == signal.SIGTERM:  # caught: a checkpoint at the step it stopped, exit 128 + 15
+        assert process.returncode == 143 and "resume with --resume" in err
+    else:
+        assert process.returncode == -signal.SIGKILL
+    stopped_at = load_checkpoint(config.out)["step"]
+    assert 1 <= stopped_at < 40
+    assert main(["train", *_cli_args(config), "--resume"]) == 0
+    assert losses(config.out) == losses(reference.out)
+    assert load_checkpoint(config.out)["step"] == 40
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(small, monkeypatch):
+    import s2hc.train.loop as loop
+
+    calls = {"n": 0}
+    real = loop.F.cross_entropy
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 5 else loss
+
+    monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
+    with pytest.raises(TrainingError, match=r"non-finite loss \(nan\) or gradient at step 5.*last good checkpoint \(step 4\)"):
+        train(small.replace(eval_every=0))
+    assert load_checkpoint(small.out)["step"] == 4
+    assert all(math.isfinite(r["loss"]) for r in read_metrics(small.out) if "loss" in r)
+
+
+# ------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--preset", "huge"], r"preset"),
+        (["--mixer", "sinkhorn"], r"mixer"),
+        (["--data", "/nonexistent/corpus.txt"], r"/nonexistent/corpus.txt"),
+        (["--set", "learning_rate=1"], r"unknown config key\(s\) \['learning_rate'\]"),
+        (["--config", "/nonexistent.yaml"], r"config file '/nonexistent.yaml' does not exist"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(args, message, small, capsys):
+    base = ["train", "--no-progress", "--out", small.out, "--cache-dir", small.cache_dir, "--max-steps", "1"]
+    assert main(base + args) == 2
+    assert __import__("re").search(message, capsys.readouterr().err)
+
+
+def test_too_small_corpus_for_the_sequence_length(small, tmp_path, capsys):
+    tiny = tmp_path / "tiny.txt"
+    tiny.write_text("To be, or not to be.")
+    assert main(["train", *_cli_args(small.replace(data=str(tiny), seq_len=256))]) == 2
+    assert "256" in capsys.readouterr().err
+
+
+def test_resume_with_another_model_shape_is_refused(small, capsys):
+    train(small.replace(max_steps=2))
+    other = small.replace(model_overrides={**SMALL_MODEL, "dim": 64}, max_steps=4)
+    assert main(["train", *_cli_args(other), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "different configuration" in err and "model_overrides" in err
+
+
+# ------------------------------------------------------------------------------------------- compare
+
+
+def test_compare_writes_the_report(small, tmp_path):
+    out = tmp_path / "compare"
+    base = small.replace(max_steps=4, eval_every=2, checkpoint_every=0)
+    report = compare(base, ["residual", "s2hc"], out=out)
+    text = report.read_text()
+    assert "| residual |" in text and "| s2hc |" in text and "loss_curves.png" in text
+    assert (out / "loss_curves.png").stat().st_size > 5_000
+    summary = json.loads((out / "summary.json").read_text())
+    rows = {row["mixer"]: row for row in summary["rows"]}
+    assert rows["residual"]["step_time_vs_residual"] == pytest.approx(1.0)
+    assert rows["residual"]["aux_params"] == 0 < rows["s2hc"]["aux_params"]
+    assert load_checkpoint(out / "s2hc")["model_config"]["n_streams"] == 4
+    assert load_checkpoint(out / "residual")["model_config"]["n_streams"] == 1
+
+
+def test_every_shipped_config_builds(tmp_path):
+    from s2hc.train.config import load_yaml_config
+
+    configs = sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
+    assert len(configs) >= 5
+    for path in configs:
+        config = TrainConfig.from_dict(load_yaml_config(path))
+        with torch.device("meta"):
+            from s2hc.models import Transformer
+
+            model = Transformer(config.model_config())
+        assert model.num_params() > 0, path
