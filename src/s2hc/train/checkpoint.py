@@ -29,6 +29,7 @@ def atomic_write_bytes(path: Path, write) -> None:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -38,6 +39,12 @@ def atomic_write_bytes(path: Path, write) -> None:
         os.fsync(directory)  # the rename itself survives a crash
     finally:
         os.close(directory)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: Path, text: str) -> None:

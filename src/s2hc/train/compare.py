@@ -37,6 +37,13 @@ def compare(base: TrainConfig, mixers: list[str], seeds: int = 1, out: str | Pat
     return write_report(out, base, results)
 
 
+def final_train_loss(run_dir: Path, fraction: float = 0.1) -> float:
+    """Mean train loss over the last ``fraction`` of a run's logged steps: one step's loss is too noisy."""
+    losses = [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
+    tail = losses[-max(1, int(len(losses) * fraction)):]
+    return sum(tail) / len(tail)
+
+
 def _mean_std(values: list[float]) -> str:
     if len(values) == 1:
         return f"{values[0]:.4f}"
@@ -53,7 +60,7 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
         rows.append({
             "mixer": mixer,
             "runs": [r.out.name for r in runs],
-            "train_loss": [r.train_loss for r in runs],
+            "train_loss": [final_train_loss(r.out) for r in runs],
             "val_loss": [r.val_loss for r in runs],
             "tokens_per_s": speed,
             "params": runs[0].params,
@@ -75,7 +82,8 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
         )
     lines += [
         "",
-        "Final train loss is the last logged step's; validation loss is on the held-out split after the last step. "
+        "Final train loss is the mean over the last 10 % of logged steps; validation loss is on the held-out split "
+        "after the last step. "
         "Tokens/s is from the median training step (evaluation and checkpoints excluded); the step-time ratio "
         "is residual's tokens/s over the family's, measured in this run on this machine.",
         "",
