@@ -651,3 +651,19 @@ def test_end_to_end_embedded_val(tmp_path):
     x, _ = next(loader)
     assert x.max() < 4096 and x.shape == (8, 64)
     assert len(list(eval_batches(val, 64, 8, max_batches=3))) == 3
+
+
+def test_resume_with_another_process_count_keeps_the_global_batches():
+    """Saved by 2 ranks of 4 sequences, resumed by 1 process of 8: the same windows, in the same order."""
+    tokens = np.arange(16 * 60 + 1)
+    ranks = [TokenBatches(tokens, seq_len=16, batch_size=4, seed=3, rank=r, world_size=2) for r in range(2)]
+    for _ in range(5):
+        for loader in ranks:
+            next(loader)
+    single = TokenBatches(tokens, seq_len=16, batch_size=8, seed=3)
+    single.load_state_dict(ranks[1].state_dict())
+    for _ in range(4):
+        expected = torch.cat([next(loader)[0] for loader in ranks])
+        assert torch.equal(next(single)[0], expected)
+    with pytest.raises(ValueError, match="global_batch: state 8, loader 4"):
+        TokenBatches(tokens, seq_len=16, batch_size=4, seed=3).load_state_dict(ranks[0].state_dict())

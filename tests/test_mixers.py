@@ -83,7 +83,7 @@ def test_guarantees_hold_at_saturated_inputs(name, n, value):
     mixer = build(name, n)
     with torch.no_grad():  # large scales so that |α · d| is in the hundreds, not 0.5
         for p in mixer.parameters():
-            if p.dim() == 0:
+            if p.numel() == 1:
                 p.fill_(5.0)
     check_guarantees(mixer(torch.full((3, mixer.num_inputs), value)), EXPECTED[name])
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Sequence
 
@@ -157,6 +158,7 @@ TRAINING_FLAGS = [
     ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (0: only at the end)"),
     ("--log-every", "log_every", positive_int, "steps between metrics lines"),
     ("--device", "device", str, "'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ("--parallel", "parallel", str, "'auto' (DDP with several processes), 'none', 'ddp' or 'fsdp' (FSDP2)"),
     ("--dtype", "dtype", str, "'auto' (bfloat16 autocast where supported, else float32), 'float32', 'bfloat16'"),
 ]
 
@@ -205,6 +207,9 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--streams", type=positive_int, default=None, help="streams n (default 1 for residual, else 4)")
     parser.add_argument("--out", default=None, help="run directory (default 'runs/train')")
     parser.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint if there is one")
+    parser.add_argument("--nproc", type=positive_int, default=None,
+                        help="launch N processes on this machine with torchrun (same as `torchrun "
+                        "--nproc_per_node=N -m s2hc train ...`); default: this one process")
     add_training_options(parser)
     parser.set_defaults(func=cmd_train, subparser=parser)
     return parser
@@ -228,9 +233,18 @@ def _run_training(args: argparse.Namespace, run) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from .train import train
 
+    if args.nproc is not None:
+        from .train.distributed import launch, launched_by_torchrun
+
+        if launched_by_torchrun():
+            args.subparser.error("--nproc was given inside a torchrun launch; drop it or launch s2hc directly")
+        return launch(args.nproc, _without_option(args.argv, "--nproc"))
+
     def run() -> int:
         config = training_config(args, mixer=args.mixer, n_streams=args.streams, out=args.out)
         result = train(config, resume=args.resume)
+        if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks for the job
+            return 0
         val = "n/a" if result.val_loss is None else f"{result.val_loss:.4f}"
         print(f"step {result.step}: train loss {result.train_loss:.4f}, validation loss {val}, "
               f"{result.tokens_per_s:,.0f} tokens/s; run in {result.out}")
@@ -286,11 +300,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _without_option(argv: list[str], option: str) -> list[str]:
+    """``argv`` less ``option VALUE`` / ``option=VALUE``."""
+    kept, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == option:
+            skip = True
+        elif not item.startswith(option + "="):
+            kept.append(item)
+    return kept
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``s2hc`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status (2 for bad input)."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
+        args.argv = argv
         return args.func(args)
     except SystemExit as exit_:  # argparse's errors, --help and --version: an exit status, not an exception
         if exit_.code is None:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import mixers
-from .mixers.base import coefficient_dtype
+from .mixers.base import coefficient_dtype, scale_parameter
 
 RESIDUAL = "residual"
 
@@ -91,8 +91,8 @@ class HyperConnection(nn.Module):
         n, width = n_streams, n_streams * dim
         self.norm_weight = nn.Parameter(torch.ones(width))
         self.projection = nn.Parameter(torch.zeros(width, 2 * n + self.mixer.num_inputs))
-        self.alpha_pre = nn.Parameter(torch.tensor(0.01))
-        self.alpha_post = nn.Parameter(torch.tensor(0.01))
+        self.alpha_pre = scale_parameter(0.01)
+        self.alpha_post = scale_parameter(0.01)
         if self.mixer.gate == "tanh":  # HC: read one stream, write to all
             b_pre, b_post = torch.zeros(n), torch.ones(n)
             b_pre[layer_index % n] = 1.0

@@ -124,14 +124,16 @@ class TokenBatches:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from ``state`` (from any rank of a run with the same data, seed, sizes and world size);
+        """Continue from ``state`` (from any rank of a run with the same data, seed, sequence length and
+        global batch ``batch_size × world_size``: a run saved with 2 processes of 4 resumes with 1 of 8);
         ``ValueError`` listing what differs otherwise."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
-        mine = self.state_dict()
+        mine = {**self.state_dict(), "global_batch": self.global_batch}
+        state = {**state, "global_batch": state.get("batch_size", 0) * state.get("world_size", 0)}
         diff = [
             f"{k}: state {state.get(k)!r}, loader {mine[k]!r}"
-            for k in ("seed", "seq_len", "batch_size", "world_size", "n_tokens")
+            for k in ("seed", "seq_len", "global_batch", "n_tokens")
             if state.get(k) != mine[k]
         ]
         if diff:

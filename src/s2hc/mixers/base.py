@@ -49,17 +49,27 @@ class Mixer(nn.Module):
         self.n_streams = n_streams
         self.num_inputs = 0
 
-    def forward(self, d_res: torch.Tensor) -> torch.Tensor:
-        """Map the raw dynamic projection ``d_res`` of shape ``(..., K)`` to ``H_res`` ``(..., n, n)``."""
+    def forward(self, d_res: torch.Tensor, fast: bool = False) -> torch.Tensor:
+        """Map the raw dynamic projection ``d_res`` of shape ``(..., K)`` to ``H_res`` ``(..., n, n)``.
+
+        ``fast=True`` runs :meth:`mix_fast`, the same map written without batched tiny matrix products
+        (``tests/test_fastpath.py`` checks it equals :meth:`mix`, values and gradients).
+        """
         if d_res.shape[-1:] != (self.num_inputs,):
             raise ValueError(
                 f"d_res must have last dimension K={self.num_inputs} for mixer {self.name!r} "
                 f"with n_streams={self.n_streams}, got shape {tuple(d_res.shape)}"
             )
-        return self.mix(d_res.to(coefficient_dtype(d_res.dtype)))
+        d_res = d_res.to(coefficient_dtype(d_res.dtype))
+        return self.mix_fast(d_res) if fast else self.mix(d_res)
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def mix_fast(self, d_res: torch.Tensor) -> torch.Tensor:
+        """The fast path of :meth:`mix` (same values); families whose reference uses tiny batched
+        matrix products override it. Default: :meth:`mix` itself."""
+        return self.mix(d_res)
 
     def register_constant(self, name: str, value: torch.Tensor) -> None:
         """A fixed, non-learnable tensor that keeps its exact dtype when the module is cast.
@@ -82,6 +92,23 @@ class Mixer(nn.Module):
         return f"n_streams={self.n_streams}, num_inputs={self.num_inputs}"
 
 
+def small_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for tiny matrices ``(..., p, q) @ (..., q, r)`` as q broadcast multiply-adds.
+
+    Millions of 3 × 3 or 4 × 4 products per step are slow as a batched GEMM on CPUs (one small call per
+    matrix, and a per-matrix loop in its backward); q elementwise passes over the batch are not, and
+    ``torch.compile`` fuses them into one loop.
+    """
+    out = a[..., :, 0, None] * b[..., None, 0, :]
+    for j in range(1, a.shape[-1]):
+        out = out + a[..., :, j, None] * b[..., None, j, :]
+    return out
+
+
 def scale_parameter(value: float = 0.01) -> nn.Parameter:
-    """A learnable scalar scale ``α`` (DESIGN.md: every α starts at 0.01)."""
-    return nn.Parameter(torch.tensor(float(value)))
+    """A learnable scale (``α``: DESIGN.md starts every one at 0.01), of shape ``(1,)``.
+
+    One element rather than a 0-d scalar: FSDP2's ``fully_shard`` refuses 0-d parameters; ``(1,)``
+    broadcasts the same way.
+    """
+    return nn.Parameter(torch.full((1,), float(value)))

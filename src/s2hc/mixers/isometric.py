@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Guarantees
+from .base import Guarantees, small_matmul
 from .s2hc import ZeroSumMixer
 
 
@@ -22,6 +22,6 @@ class IsometricMixer(ZeroSumMixer):
         super().__init__(n_streams, rotation, alpha)
         self.num_inputs = 2 * self.rotation_u.num_inputs
 
-    def deviation_core(self, d_res: torch.Tensor) -> torch.Tensor:
-        u, v, _ = self.rotations(d_res)
-        return u @ v.transpose(-1, -2)
+    def deviation_core(self, d_res: torch.Tensor, fast: bool = False) -> torch.Tensor:
+        u, v, _ = self.rotations(d_res, fast)
+        return (small_matmul if fast else torch.matmul)(u, v.transpose(-1, -2))

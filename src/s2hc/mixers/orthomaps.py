@@ -11,6 +11,8 @@ import math
 
 import torch
 
+from .base import scale_parameter
+
 
 def helmert_basis(n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Truncated Helmert basis ``U_Z`` of shape ``(n, n-1)`` of the zero-sum subspace of ``R^n``.
@@ -42,7 +44,7 @@ def _pfaffian4(a: torch.Tensor) -> torch.Tensor:
     return a[..., 0, 1] * a[..., 2, 3] - a[..., 0, 2] * a[..., 1, 3] + a[..., 0, 3] * a[..., 1, 2]
 
 
-def cayley(a: torch.Tensor) -> torch.Tensor:
+def cayley(a: torch.Tensor, fast: bool = False) -> torch.Tensor:
     """Cayley transform ``(I + A)⁻¹ (I − A)`` of skew-symmetric ``A`` ``(..., m, m)``: a rotation in SO(m).
 
     For m ≤ 4 the characteristic polynomial of a skew matrix is ``λ⁴ + pλ² + q²`` (padding with zeros),
@@ -50,23 +52,27 @@ def cayley(a: torch.Tensor) -> torch.Tensor:
     ``Q = [(1 + p − q²) I − 2(1 + p) A + 2A² − 2A³] / (1 + p + q²)``; for m ≤ 3 (q = 0, A³ = −pA) it
     reduces to ``Q = I + 2(A² − A) / (1 + p)``. Larger m use a batched linear solve.
     The chart cannot reach rotations with eigenvalue −1 (use :func:`matrix_exp_rotation` for those).
+    ``fast=True`` computes the powers of A with :func:`~s2hc.mixers.base.small_matmul` (same values).
     """
+    from .base import small_matmul
+
+    matmul = small_matmul if fast else torch.matmul
     m = a.shape[-1]
     eye = torch.eye(m, dtype=a.dtype, device=a.device)
     if m == 1:
         return eye.expand_as(a).clone()
-    a2 = a @ a
+    a2 = matmul(a, a)
     p = 0.5 * a.square().sum(dim=(-1, -2))[..., None, None]
     if m <= 3:
         return eye + 2.0 * (a2 - a) / (1.0 + p)
     if m == 4:
         q2 = _pfaffian4(a).square()[..., None, None]
-        a3 = a2 @ a
+        a3 = matmul(a2, a)
         return ((1.0 + p - q2) * eye - 2.0 * (1.0 + p) * a + 2.0 * a2 - 2.0 * a3) / (1.0 + p + q2)
     return torch.linalg.solve(eye + a, eye - a)
 
 
-def matrix_exp_rotation(a: torch.Tensor) -> torch.Tensor:
+def matrix_exp_rotation(a: torch.Tensor, fast: bool = False) -> torch.Tensor:
     """``exp(A)`` of skew-symmetric ``A`` ``(..., m, m)``: reaches all of SO(m), including eigenvalue −1."""
     return torch.linalg.matrix_exp(a)
 
@@ -95,15 +101,17 @@ class Rotation(torch.nn.Module):
         self.num_inputs = size * (size - 1) // 2
         self.chart_name = chart
         self.chart = rotation_map(chart)
-        self.alpha = torch.nn.Parameter(torch.tensor(float(alpha)))
+        self.alpha = scale_parameter(alpha)
         self.bias = torch.nn.Parameter(torch.zeros(self.num_inputs))
-        self.gamma = torch.nn.Parameter(torch.tensor(1.0))
+        self.gamma = scale_parameter(1.0)
 
-    def forward(self, d: torch.Tensor) -> torch.Tensor:
-        """``d`` ``(..., k)`` in the coefficient dtype -> rotation ``(..., m, m)`` in the same dtype."""
+    def forward(self, d: torch.Tensor, fast: bool = False) -> torch.Tensor:
+        """``d`` ``(..., k)`` in the coefficient dtype -> rotation ``(..., m, m)`` in the same dtype.
+
+        ``fast``: the chart's fast path (closed-form Cayley without batched tiny matrix products)."""
         alpha, bias, gamma = (p.to(d.dtype) for p in (self.alpha, self.bias, self.gamma))
         z = gamma * torch.tanh(alpha * d + bias)
-        return self.chart(skew_from_vector(z, self.size))
+        return self.chart(skew_from_vector(z, self.size), fast=fast)
 
     def extra_repr(self) -> str:
         return f"size={self.size}, chart={self.chart_name!r}"

@@ -11,6 +11,12 @@ A branch is everything between the connection's read and write: the pre-norm, th
 architecture of GPT-2, Qwen2.5, Qwen3 or Gemma3 (``tests/test_hf_parity.py`` checks the last three against
 Hugging Face ``transformers`` logit for logit).
 
+Incremental decoding: ``forward(ids, cache=KVCache())`` appends every layer's keys and values to the cache, so the
+next call needs only the new tokens. Hyper-connections mix streams per token, so attention is the only part of
+the model that looks at earlier positions and the cache is all the state decoding needs; cached logits equal
+the uncached ones (``tests/test_hf_export.py``). ``attention_mask`` / ``position_ids`` support left-padded
+batches.
+
 >>> import torch
 >>> from s2hc.models import Transformer, get_preset
 >>> model = Transformer(get_preset("tiny", n_layers=1, mixer="s2hc", n_streams=2))
@@ -29,7 +35,9 @@ from torch import nn
 from ..connection import HyperConnection, expand_streams, reduce_streams
 from .config import ModelConfig
 
-__all__ = ["Attention", "Block", "MLP", "RMSNorm", "Transformer", "apply_rope", "make_norm", "rope_cos_sin"]
+__all__ = [
+    "Attention", "Block", "KVCache", "MLP", "RMSNorm", "Transformer", "apply_rope", "make_norm", "rope_cos_sin",
+]  # fmt: skip
 
 
 # ---- norms ----------------------------------------------------------------------------------------------
@@ -74,20 +82,24 @@ def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
 
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos`` and ``sin`` of the rotary angles for integer ``positions`` ``(T,)``: each ``(T, head_dim)``, float32.
+    """``cos`` and ``sin`` of the rotary angles for integer ``positions`` ``(T,)``: each ``(T, head_dim)``, float32
+    (``(B, T, head_dim)`` for per-sequence positions ``(B, T)``).
 
     Rotate-half convention (as Hugging Face Llama / Qwen / Gemma): frequency ``j`` of ``head_dim / 2``
     is ``theta ** (-2j / head_dim)`` and is used by features ``j`` and ``j + head_dim / 2``.
     Computed in float32 on every call, so casting the model to bfloat16 does not coarsen the angles.
     """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
-    angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]
+    angles = positions.to(torch.float32)[..., None] * inv_freq
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate queries or keys ``x`` ``(B, H, T, D)`` by ``cos``, ``sin`` ``(T, D)``; returns x's shape and dtype."""
+    """Rotate queries or keys ``x`` ``(B, H, T, D)`` by ``cos``, ``sin`` ``(T, D)`` or ``(B, T, D)``; returns x's shape
+    and dtype."""
+    if cos.dim() == 3:  # per-sequence positions: broadcast over heads
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     x1, x2 = x.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
@@ -99,16 +111,61 @@ def sliding_window_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, wi
     return (distance >= 0) & (distance < window)
 
 
+# ---- KV cache --------------------------------------------------------------------------------------------
+
+
+class KVCache:
+    """Keys and values of every attention layer, for incremental decoding with :meth:`Transformer.forward`.
+
+    Each layer's keys and values are ``(B, H_kv, T_seen, head_dim)`` tensors (after QK-norm and RoPE) that
+    grow by the new positions on every call. The interface, ``get_seq_length()`` and ``update(key, value,
+    layer_idx) -> (keys, values)``, is the one of Hugging Face's ``DynamicCache``, which the model accepts too.
+    Sliding-window layers keep every key as well (the mask hides those outside the window), so every layer
+    sees the same positions.
+    """
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor | None] = []
+        self.values: list[torch.Tensor | None] = []
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Positions stored so far (0 for an empty cache)."""
+        if layer_idx >= len(self.keys) or self.keys[layer_idx] is None:
+            return 0
+        return self.keys[layer_idx].shape[-2]
+
+    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, cache_kwargs=None):
+        """Append ``key``, ``value`` ``(B, H_kv, T_new, D)`` to layer ``layer_idx``; returns all keys and values."""
+        while len(self.keys) <= layer_idx:
+            self.keys.append(None)
+            self.values.append(None)
+        if self.keys[layer_idx] is not None:
+            key = torch.cat((self.keys[layer_idx], key), dim=-2)
+            value = torch.cat((self.values[layer_idx], value), dim=-2)
+        self.keys[layer_idx], self.values[layer_idx] = key, value
+        return key, value
+
+    def select(self, index: torch.Tensor) -> None:
+        """Keep only the sequences ``index`` (LongTensor of batch positions), in that order."""
+        self.keys = [None if k is None else k.index_select(0, index) for k in self.keys]
+        self.values = [None if v is None else v.index_select(0, index) for v in self.values]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
 # ---- sublayers -------------------------------------------------------------------------------------------
 
 
 class Attention(nn.Module):
     """Causal multi-head attention with grouped-query heads, optional QK-norm, RoPE and a sliding window.
 
-    ``forward(x, rope, mask)``: ``x`` ``(B, T, C)``; ``rope`` ``(cos, sin)`` each ``(T, head_dim)`` or None
-    (learned positions); ``mask`` a boolean ``(T, T)`` (True = attend) or None for plain causal attention.
-    Returns ``(B, T, C)``. Projection, QK-norm and RoPE (:meth:`project`) are separate from the attention
-    itself (:meth:`attend`) so a KV cache can sit between them later.
+    ``forward(x, rope, mask, cache, layer)``: ``x`` ``(B, T, C)``; ``rope`` ``(cos, sin)`` each ``(T, head_dim)``
+    (or ``(B, T, head_dim)``) or None (learned positions); ``mask`` a boolean ``(T, T_keys)`` or
+    ``(B, 1, T, T_keys)`` (True = attend) or None for plain causal attention. With a ``cache`` (see
+    :class:`KVCache`) the new keys and values are appended to its layer ``layer`` and the queries attend over
+    all of them. Returns ``(B, T, C)``. Projection, QK-norm and RoPE (:meth:`project`) are separate from the
+    attention itself (:meth:`attend`); the cache sits between them.
     """
 
     def __init__(self, config: ModelConfig, local: bool = False):
@@ -154,10 +211,23 @@ class Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.scale)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None = None, mask: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        mask: torch.Tensor | None = None,
+        cache=None,
+        layer: int = 0,
     ) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.project(x, rope)
+        if cache is not None:
+            k, v = cache.update(k, v, layer)
+            expected = T if mask is None else mask.shape[-1]
+            if k.shape[-2] != expected:
+                raise ValueError(
+                    f"the cache returned {k.shape[-2]} keys for layer {layer} where {expected} were expected; s2hc "
+                    "models need a cache that keeps every position (s2hc.models.transformer.KVCache or a dynamic cache)"
+                )
         y = self.attend(q, k, v, mask)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
@@ -187,8 +257,8 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One layer: an attention sublayer and an MLP sublayer, each inside its own hyper-connection.
 
-    ``forward(x, rope, mask)``: streams ``x`` ``(B, T, n, C)`` -> ``(B, T, n, C)``. The attention connection
-    has ``layer_index = 2 · layer``, the MLP's ``2 · layer + 1``.
+    ``forward(x, rope, mask, cache)``: streams ``x`` ``(B, T, n, C)`` -> ``(B, T, n, C)``. The attention connection
+    has ``layer_index = 2 · layer``, the MLP's ``2 · layer + 1``; the attention uses layer ``layer`` of ``cache``.
     """
 
     def __init__(self, config: ModelConfig, layer: int):
@@ -204,9 +274,9 @@ class Block(nn.Module):
         self.attn_hc = HyperConnection(config.dim, config.n_streams, layer_index=2 * layer, **options)
         self.mlp_hc = HyperConnection(config.dim, config.n_streams, layer_index=2 * layer + 1, **options)
 
-    def attention_branch(self, h: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
+    def attention_branch(self, h: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
         """Pre-norm, attention, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
-        y = self.attn(self.attn_norm(h), rope, mask)
+        y = self.attn(self.attn_norm(h), rope, mask, cache, self.layer)
         return y if self.attn_post_norm is None else self.attn_post_norm(y)
 
     def mlp_branch(self, h: torch.Tensor) -> torch.Tensor:
@@ -214,8 +284,8 @@ class Block(nn.Module):
         y = self.mlp(self.mlp_norm(h))
         return y if self.mlp_post_norm is None else self.mlp_post_norm(y)
 
-    def forward(self, x: torch.Tensor, rope=None, mask=None) -> torch.Tensor:
-        x = self.attn_hc(x, self.attention_branch, rope, mask)
+    def forward(self, x: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
+        x = self.attn_hc(x, self.attention_branch, rope, mask, cache)
         return self.mlp_hc(x, self.mlp_branch)
 
 
@@ -227,6 +297,12 @@ class Transformer(nn.Module):
 
     ``forward(input_ids)``: LongTensor ``(B, T)`` with ``T <= config.max_seq_len`` -> logits ``(B, T, vocab_size)``
     in the dtype of the parameters (or of autocast).
+
+    Keyword-only, for decoding: ``cache`` (a :class:`KVCache`, or Hugging Face's ``DynamicCache``) holding the
+    ``P`` positions seen so far: ``input_ids`` are positions ``P .. P + T - 1`` and the cache grows by them;
+    ``attention_mask`` ``(B, P + T)``, 1 for real tokens and 0 for padding (keys at padding are never attended
+    to); ``position_ids`` ``(B, T)``, each token's position for RoPE or the learned table (default
+    ``P .. P + T - 1``; give ``cumsum(attention_mask) - 1`` for left-padded batches).
     """
 
     def __init__(self, config: ModelConfig):
@@ -303,20 +379,25 @@ class Transformer(nn.Module):
         an optimiser group of their own; :meth:`init_weights` never touches them."""
         return [p for module in self.modules() if isinstance(module, HyperConnection) for p in module.parameters()]
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        cache=None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
             shape = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
             raise ValueError(f"input_ids must be an integer tensor of shape (batch, time), got {shape}")
+        if cache is not None or attention_mask is not None or position_ids is not None:
+            return self._forward_incremental(input_ids, cache, attention_mask, position_ids)
         T = input_ids.shape[1]
         if T > self.config.max_seq_len:
             raise ValueError(f"input_ids has {T} positions, more than max_seq_len={self.config.max_seq_len}")
         config = self.config
         positions = torch.arange(T, device=input_ids.device)
-        h = self.embed(input_ids)
-        if config.embed_scale:  # scale rounded to the embedding's dtype, as Gemma does
-            h = h * torch.tensor(config.dim**0.5, dtype=h.dtype, device=h.device)
-        if self.pos_embed is not None:
-            h = h + self.pos_embed(positions)
+        h = self._embed(input_ids, positions)
 
         global_rope = local_rope = local_mask = None
         if config.pos == "rope":
@@ -330,6 +411,77 @@ class Transformer(nn.Module):
         x = expand_streams(h, config.n_streams)
         for block in self.blocks:
             x = block(x, local_rope, local_mask) if block.local else block(x, global_rope, None)
+        return self.lm_head(self.norm(reduce_streams(x)))
+
+    def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token embeddings (scaled for Gemma) plus learned positions ``(T,)`` or ``(B, T)``: ``(B, T, C)``."""
+        h = self.embed(input_ids)
+        if self.config.embed_scale:  # scale rounded to the embedding's dtype, as Gemma does
+            h = h * torch.tensor(self.config.dim**0.5, dtype=h.dtype, device=h.device)
+        if self.pos_embed is not None:
+            h = h + self.pos_embed(positions)
+        return h
+
+    def _forward_incremental(self, input_ids, cache, attention_mask, position_ids) -> torch.Tensor:
+        """``forward`` with a cache, a padding mask or explicit positions (see the class docstring)."""
+        config, device = self.config, input_ids.device
+        B, T = input_ids.shape
+        past = 0 if cache is None else int(cache.get_seq_length())
+        total = past + T
+        if total > config.max_seq_len:
+            raise ValueError(
+                f"{past} cached + {T} new positions = {total}, more than max_seq_len={config.max_seq_len}"
+            )
+        if attention_mask is not None:
+            if attention_mask.shape != (B, total):
+                raise ValueError(
+                    f"attention_mask must have shape (batch, cached + new positions) = {(B, total)}, "
+                    f"got {tuple(attention_mask.shape)}"
+                )
+            attention_mask = attention_mask.to(device=device, dtype=torch.bool)
+            if bool(attention_mask.all()):
+                attention_mask = None  # nothing padded: plain causal attention
+        slots = torch.arange(past, total, device=device)  # where the new tokens sit in the cache
+        if position_ids is None:
+            positions = slots
+        else:
+            if tuple(position_ids.shape) not in ((B, T), (1, T), (T,)):
+                raise ValueError(f"position_ids must have shape (batch, time) = {(B, T)}, got {tuple(position_ids.shape)}")
+            positions = position_ids.to(device=device, dtype=torch.long)
+            if positions.dim() == 2 and positions.shape[0] == 1:
+                positions = positions[0]
+        h = self._embed(input_ids, positions)
+
+        global_rope = local_rope = None
+        if config.pos == "rope":
+            global_rope = rope_cos_sin(positions, config.head_dim, config.rope_theta)
+            if config.sliding_window is not None:
+                local_rope = rope_cos_sin(positions, config.head_dim, config.local_rope_theta)
+        if past == 0 and attention_mask is None:  # the prompt of an empty cache: as without one
+            global_mask = None
+            local_mask = None
+            if config.sliding_window is not None and config.sliding_window < T:
+                local_mask = sliding_window_mask(slots, slots, config.sliding_window)
+        else:
+            keys = torch.arange(total, device=device)
+            global_mask = keys[None, :] <= slots[:, None]  # (T, P + T)
+            local_mask = None
+            if config.sliding_window is not None:
+                local_mask = sliding_window_mask(slots, keys, config.sliding_window)
+            if attention_mask is not None:
+                # padding keys are hidden; a padding query attends to itself only, so no row is empty (no NaN)
+                keep = attention_mask[:, None, None, :]
+                self_only = (keys[None, :] == slots[:, None])[None, None]
+                global_mask = (global_mask[None, None] & keep) | self_only
+                if local_mask is not None:
+                    local_mask = (local_mask[None, None] & keep) | self_only
+
+        x = expand_streams(h, config.n_streams)
+        for block in self.blocks:
+            if block.local:
+                x = block(x, local_rope, local_mask, cache)
+            else:
+                x = block(x, global_rope, global_mask, cache)
         return self.lm_head(self.norm(reduce_streams(x)))
 
     def extra_repr(self) -> str:

@@ -51,7 +51,8 @@ class TrainConfig:
     log_every: int = 10
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 autocast where the device supports it, float32 on CPU
-    compile: bool = False
+    compile: bool = False  # torch.compile each block (then shard / replicate, in torchtitan's order)
+    parallel: str = "auto"  # auto: DDP under torchrun with several processes; or none, ddp, fsdp (FSDP2)
     progress: bool = True
     out: str = "runs/train"
 
@@ -73,6 +74,8 @@ class TrainConfig:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise ValueError(f"grad_clip and weight_decay must be >= 0, got {self.grad_clip!r}, {self.weight_decay!r}")
+        if self.parallel not in ("auto", "none", "ddp", "fsdp"):
+            raise ValueError(f"parallel must be one of ['auto', 'none', 'ddp', 'fsdp'], got {self.parallel!r}")
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype must be one of ['auto', 'bfloat16', 'float32'], got {self.dtype!r}")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import signal
 import statistics
 import time
@@ -16,13 +17,27 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from .checkpoint import FILENAME, atomic_write_text, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from . import distributed
+from .checkpoint import (
+    FILENAME,
+    SHARDED,
+    atomic_write_text,
+    checkpoint_paths,
+    load_checkpoint,
+    load_sharded_into,
+    rng_state,
+    save_checkpoint,
+    save_sharded_checkpoint,
+    set_rng_state,
+)
 from .config import TrainConfig
 from .optim import learning_rate, make_optimizer
 
 METRICS = "metrics.jsonl"
 # Fields of a run's config that may change on --resume without changing what is computed.
-RESUMABLE_CHANGES = {"max_steps", "eval_every", "checkpoint_every", "log_every", "progress", "out", "compile", "device"}
+RESUMABLE_CHANGES = {
+    "max_steps", "eval_every", "checkpoint_every", "log_every", "progress", "out", "compile", "device", "parallel",
+}
 
 
 class TrainingError(RuntimeError):
@@ -116,13 +131,25 @@ def stop_on_signals():
             signal.signal(signum, old)
 
 
-def _check_resumable(saved: dict, config: TrainConfig) -> None:
-    changed = {k for k, v in config.to_dict().items() if saved.get(k) != v} - RESUMABLE_CHANGES
+def _check_resumable(saved: dict, config: TrainConfig, world_size: int) -> None:
+    """ValueError unless ``config`` computes what the checkpoint's run computed: the same settings, and the
+    same global batch (``batch_size × grad_accum × processes``) even when the process count changed."""
+    before = saved["config"]
+    changed = {k for k, v in config.to_dict().items() if before.get(k) != v} - RESUMABLE_CHANGES
+    changed -= {"batch_size", "grad_accum"}  # checked below, as the global batch
     if changed:
-        details = ", ".join(f"{k}: {saved.get(k)!r} -> {getattr(config, k)!r}" for k in sorted(changed))
+        details = ", ".join(f"{k}: {before.get(k)!r} -> {getattr(config, k)!r}" for k in sorted(changed))
         raise ValueError(
             f"the checkpoint in {config.out!r} was trained with a different configuration ({details}); "
             f"resume with the same settings or choose another --out"
+        )
+    old = before["batch_size"] * before["grad_accum"] * saved.get("world_size", 1)
+    new = config.batch_size * config.grad_accum * world_size
+    if old != new or before["batch_size"] * saved.get("world_size", 1) != config.batch_size * world_size:
+        raise ValueError(
+            f"the checkpoint in {config.out!r} was trained with {before['batch_size']} sequences x "
+            f"{before['grad_accum']} micro-steps x {saved.get('world_size', 1)} processes per step; keep "
+            f"batch_size x processes = {before['batch_size'] * saved.get('world_size', 1)} and the same grad_accum"
         )
 
 
@@ -142,27 +169,37 @@ def evaluate(model, batches, device, amp_dtype) -> float:
 
 
 def train(config: TrainConfig, resume: bool = False) -> RunResult:
-    """Train ``config``; with ``resume`` continue exactly from ``config.out``'s checkpoint if there is one.
+    """Train ``config``; with ``resume`` continue exactly from ``config.out``'s newest checkpoint if there is one.
 
-    Writes ``out/metrics.jsonl`` and ``out/checkpoint.pt`` (every ``checkpoint_every`` steps and at the end).
-    Raises ValueError for bad input, :class:`TrainingError` for a non-finite loss (the last good
-    checkpoint is kept), :class:`Interrupted` after saving on SIGINT/SIGTERM.
+    One process, or one of several started by torchrun (DDP or FSDP2, see :mod:`s2hc.train.distributed`).
+    Writes ``out/metrics.jsonl`` and a checkpoint (``out/checkpoint.pt``, or ``out/checkpoint.dcp/`` when
+    sharded) every ``checkpoint_every`` steps and at the end. Raises ValueError for bad input,
+    :class:`TrainingError` for a non-finite loss (the last good checkpoint is kept), :class:`Interrupted` after
+    saving on SIGINT/SIGTERM.
     """
+    ctx = distributed.setup(config.device, config.parallel)
+    try:
+        return _train(config, resume, ctx)
+    finally:
+        distributed.teardown()
+
+
+def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunResult:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
     from ..data.loader import TokenBatches, eval_batches
     from ..data.shards import prepare_tokens
     from ..data.tokenizer import get_tokenizer
     from ..models import Transformer
 
     out = Path(config.out).expanduser()
-    checkpoint_path = out / FILENAME
-    saved = load_checkpoint(checkpoint_path) if resume and checkpoint_path.exists() else None
+    found = checkpoint_paths(out) if resume and out.is_dir() else []
+    saved = load_checkpoint(out, with_model=False) if found else None
     if saved is not None:
-        _check_resumable(saved["config"], config)
+        _check_resumable(saved, config, ctx.world_size)
 
-    device = resolve_device(config.device)
+    device = ctx.device
     amp_dtype = autocast_dtype(config.dtype, device)
-    torch.manual_seed(config.seed)
-
     tokenizer = get_tokenizer(config.tokenizer)
     model_config = config.model_config()
     if "vocab_size" not in config.model_overrides:
@@ -172,50 +209,77 @@ def train(config: TrainConfig, resume: bool = False) -> RunResult:
             f"model_overrides.vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
             f"{tokenizer.vocab_size} tokens ({config.tokenizer!r})"
         )
-    train_tokens = prepare_tokens(config.data, tokenizer, config.cache_dir, "train", progress=config.progress)
-    val_tokens = prepare_tokens(config.data, tokenizer, config.cache_dir, "val", progress=config.progress)
-    loader = TokenBatches(train_tokens, config.seq_len, config.batch_size, seed=config.seed)
+    if saved is not None and saved["model_config"] != model_config.to_dict():
+        raise ValueError(f"the checkpoint in {str(out)!r} holds a model of another shape; choose another --out")
+
+    def tokens(split: str):
+        return prepare_tokens(config.data, tokenizer, config.cache_dir, split, progress=config.progress and ctx.is_main)
+
+    if not ctx.is_main:  # rank 0 tokenises once; the others map its shards
+        distributed.barrier(ctx)
+    train_tokens, val_tokens = tokens("train"), tokens("val")
+    if ctx.is_main:
+        distributed.barrier(ctx)
+    loader = TokenBatches(train_tokens, config.seq_len, config.batch_size, seed=config.seed,
+                          rank=ctx.rank, world_size=ctx.world_size)
     validation = list(eval_batches(val_tokens, config.seq_len, config.batch_size, config.eval_batches))
 
+    torch.manual_seed(config.seed)  # the same initial weights on every rank
     model = Transformer(model_config).to(device)
+    params, aux = model.num_params(), model.aux_params()
+    forward = distributed.wrap(model, ctx, config.compile, amp_dtype)
     optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
+    torch.manual_seed(config.seed + ctx.rank)  # per-rank streams from here on
+    sharded = ctx.distributed or ctx.parallel == "fsdp"
     step = 0
     if saved is not None:
-        if saved["model_config"] != model_config.to_dict():
-            raise ValueError(f"the checkpoint in {str(out)!r} holds a model of another shape; choose another --out")
-        model.load_state_dict(saved["model"])
-        optimizer.load_state_dict(saved["optimizer"])
+        if saved["path"].endswith(SHARDED):
+            state = dict(zip(("model", "optimizer"), get_state_dict(model, optimizer)))
+            load_sharded_into(Path(saved["path"]), state)
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        else:
+            full = load_checkpoint(saved["path"], device)
+            set_state_dict(model, optimizer, model_state_dict=full["model"], optim_state_dict=full["optimizer"],
+                           options=StateDictOptions(full_state_dict=True))
         loader.load_state_dict(saved["loader"])
-        set_rng_state(saved["rng"])
+        if saved.get("world_size", 1) == 1 and ctx.world_size == 1:
+            set_rng_state(saved["rng"])
         step = saved["step"]
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "config.yaml", _yaml(config.to_dict()))
-    metrics = MetricsLog(out / METRICS, keep_until_step=step if saved is not None else None)
-    forward = torch.compile(model) if config.compile else model
+    metrics = None
+    if ctx.is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "config.yaml", _yaml(config.to_dict()))
+        metrics = MetricsLog(out / METRICS, keep_until_step=step if saved is not None else None)
 
     def checkpoint() -> None:
-        save_checkpoint(
-            checkpoint_path,
-            {
-                "config": config.to_dict(),
-                "model_config": model_config.to_dict(),
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "loader": loader.state_dict(),
-                "rng": rng_state(),
-                "step": step,
-                "history": {"step_times": list(step_times), "train_loss": train_loss, "val_loss": val_loss},
-            },
-        )
+        extra = {
+            "config": config.to_dict(),
+            "model_config": model_config.to_dict(),
+            "loader": loader.state_dict(),
+            "rng": rng_state(),
+            "step": step,
+            "world_size": ctx.world_size,
+            "history": {"step_times": list(step_times), "train_loss": train_loss, "val_loss": val_loss},
+        }
+        if sharded:
+            state = dict(zip(("model", "optimizer"), get_state_dict(model, optimizer)))
+            save_sharded_checkpoint(out / SHARDED, state, extra, is_main=ctx.is_main,
+                                    barrier=lambda: distributed.barrier(ctx))
+        else:
+            model_state, optimizer_state = get_state_dict(model, optimizer)
+            save_checkpoint(out / FILENAME, {**extra, "model": model_state, "optimizer": optimizer_state})
+        if ctx.is_main:  # the other kind, if a run changed its process count, is older now
+            stale = out / (FILENAME if sharded else SHARDED)
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
 
-    tokens_per_step = config.batch_size * config.seq_len * config.grad_accum
-    params, aux = model.num_params(), model.aux_params()
+    tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world_size
     step_times: list[float] = []
     train_loss, val_loss = math.nan, None
     if saved is not None:  # a finished run resumed by `compare --resume` still reports its numbers
         step_times = list(saved["history"]["step_times"])
         train_loss, val_loss = saved["history"]["train_loss"], saved["history"]["val_loss"]
-    bar = tqdm(total=config.max_steps, initial=step, disable=not config.progress, desc=f"{config.mixer}", unit="step")
+    bar = tqdm(total=config.max_steps, initial=step, disable=not (config.progress and ctx.is_main),
+               desc=f"{config.mixer}", unit="step")
     model.train()
     with stop_on_signals() as received:
         while step < config.max_steps:
@@ -227,18 +291,20 @@ def train(config: TrainConfig, resume: bool = False) -> RunResult:
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_sum = 0.0
-            for _ in range(config.grad_accum):
+            for micro in range(config.grad_accum):
                 x, y = (t.to(device, non_blocking=True) for t in next(loader))
-                with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                    logits = forward(x)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                (loss / config.grad_accum).backward()
+                with distributed.gradient_sync(forward, ctx, enabled=micro == config.grad_accum - 1):
+                    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                        logits = forward(x)
+                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                    (loss / config.grad_accum).backward()
                 loss_sum += loss.item()
-            train_loss = loss_sum / config.grad_accum
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or float("inf")).item()
+            train_loss = distributed.mean_across_ranks(loss_sum / config.grad_accum, ctx)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or float("inf"))
+            grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
             if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
                 bar.close()
-                kept = f"the last good checkpoint (step {saved_step(checkpoint_path)}) is kept in {str(out)!r}"
+                kept = f"the last good checkpoint (step {saved_step(out)}) is kept in {str(out)!r}"
                 raise TrainingError(f"non-finite loss ({train_loss}) or gradient at step {step + 1}; stopped; {kept}")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -246,13 +312,14 @@ def train(config: TrainConfig, resume: bool = False) -> RunResult:
             step_time = time.perf_counter() - started
             step_times.append(step_time)
             bar.update(1)
-            if step % config.log_every == 0 or step == config.max_steps:
+            if metrics and (step % config.log_every == 0 or step == config.max_steps):
                 metrics.write(step=step, loss=train_loss, lr=lr, grad_norm=grad_norm, tokens=step * tokens_per_step,
                               step_time=step_time)
                 bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_step / step_time:.0f}")
             if (config.eval_every and step % config.eval_every == 0) or step == config.max_steps:
                 val_loss = evaluate(forward, validation, device, amp_dtype)
-                metrics.write(step=step, val_loss=val_loss)
+                if metrics:
+                    metrics.write(step=step, val_loss=val_loss)
             if (config.checkpoint_every and step % config.checkpoint_every == 0) or step == config.max_steps:
                 checkpoint()
             if received:
@@ -268,9 +335,9 @@ def train(config: TrainConfig, resume: bool = False) -> RunResult:
     )
 
 
-def saved_step(path: Path) -> int | None:
-    """The step of the checkpoint at ``path``, or None when there is none."""
-    return load_checkpoint(path)["step"] if path.exists() else None
+def saved_step(run_dir: Path) -> int | None:
+    """The step of a run directory's newest checkpoint, or None when there is none."""
+    return load_checkpoint(run_dir, with_model=False)["step"] if checkpoint_paths(run_dir) else None
 
 
 def _yaml(values: dict) -> str:

@@ -1,0 +1,327 @@
+"""Model-level collectors: what each hyper-connection of a model computes on real tokens, and gradient norms.
+
+:class:`Recorder` is a context manager that hooks every :class:`s2hc.HyperConnection` that mixes streams: on
+each call it takes the connection's input streams ``x`` ``(B, T, n, C)``, keeps a subsample of token positions,
+and computes ``matrices(x)`` on them (under ``no_grad``, in the autocast state the model runs in) and the
+cosine similarity of the streams. The model's output is unchanged: the hooks only read. :func:`collect` runs
+a model on token ids with a recorder and returns a :class:`Capture` (tensors stacked over depth);
+:meth:`Capture.summary` gives every measurement (:func:`s2hc.diagnostics.summary.summarize`).
+
+>>> import torch
+>>> from s2hc.models import Transformer, get_preset
+>>> model = Transformer(get_preset("tiny", n_layers=2, dim=32, n_heads=2, n_kv_heads=2, ffn_dim=64,
+...                                 vocab_size=64, mixer="s2hc", n_streams=4))
+>>> capture = collect(model, torch.randint(0, 64, (2, 16)), tokens=20)
+>>> capture.names, tuple(capture.res.shape)
+(['blocks.0.attn_hc', 'blocks.0.mlp_hc', 'blocks.1.attn_hc', 'blocks.1.mlp_hc'], (4, 20, 4, 4))
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..connection import HyperConnection
+from . import measures
+from .summary import summarize
+
+__all__ = [
+    "Capture",
+    "Recorder",
+    "collect",
+    "gradient_norms",
+    "mixing_connections",
+    "sample_positions",
+    "training_diagnostics",
+]
+
+#: Token positions a training-time diagnostics record measures (from the first validation batch).
+TRAINING_TOKENS = 256
+
+
+def mixing_connections(model: nn.Module) -> list[tuple[str, HyperConnection]]:
+    """``(name, module)`` of every :class:`~s2hc.HyperConnection` in ``model`` that mixes streams (not ``residual``),
+    in module order."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, HyperConnection) and not m.is_residual]
+
+
+def sample_positions(total: int, tokens: int | None, seed: int = 0) -> torch.Tensor | None:
+    """Sorted flat indices of ``tokens`` positions out of ``total``, uniformly without replacement; None for all.
+
+    Uses a private generator seeded with ``seed``, so the global RNG (and with it a training run) is untouched.
+    """
+    if tokens is None or tokens >= total:
+        return None
+    if tokens < 1:
+        raise ValueError(f"tokens must be an integer >= 1 or None, got {tokens!r}")
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randperm(total, generator=generator)[:tokens].sort().values
+
+
+@dataclass
+class Capture:
+    """What :class:`Recorder` saw, stacked over depth (connections in call order) and tokens.
+
+    ``res`` ``(L, N, n, n)``, ``pre`` / ``post`` ``(L, N, n)``: float32 (or the coefficient dtype) on the CPU.
+    ``similarity`` ``(L + 1, N, n, n)`` float64: the stream cosine similarity at each connection's input and at
+    the last one's output. ``streams`` ``(L + 1, N, n, C)`` only with ``keep_streams``.
+    """
+
+    names: list[str]
+    families: list[str]
+    res: torch.Tensor
+    pre: torch.Tensor
+    post: torch.Tensor
+    similarity: torch.Tensor
+    streams: torch.Tensor | None = None
+
+    @property
+    def mixer(self) -> str | None:
+        """The family of every connection, or None when they differ."""
+        return self.families[0] if len(set(self.families)) == 1 else None
+
+    def summary(self, **options: Any) -> dict[str, Any]:
+        """Every measurement per layer and across depth: :func:`~s2hc.diagnostics.summary.summarize`."""
+        return summarize(self.res, self.pre, self.post, self.similarity, names=self.names, mixer=self.mixer,
+                         similarity_names=self.names + ["output"], **options)
+
+
+@dataclass
+class _Record:
+    family: str
+    pre: list = field(default_factory=list)
+    post: list = field(default_factory=list)
+    res: list = field(default_factory=list)
+    sim_in: list = field(default_factory=list)
+    sim_out: list = field(default_factory=list)
+    x_in: list = field(default_factory=list)
+    x_out: list = field(default_factory=list)
+
+
+class Recorder(contextlib.AbstractContextManager):
+    """Hooks on every stream-mixing :class:`~s2hc.HyperConnection` of ``model`` while the ``with`` block runs.
+
+    ``positions``: flat indices into the ``B·T`` token positions of the next forward passes (set it before each
+    pass with different shapes), or None for every position. ``keep_streams`` keeps the sampled input and
+    output streams too (``(N, n, C)`` per connection per pass: memory grows with C).
+    Each connection is expected to run once per forward pass; several passes concatenate along tokens.
+
+    >>> import torch, s2hc
+    >>> hc = s2hc.HyperConnection(8, n_streams=2, mixer="mhc")
+    >>> x = torch.randn(1, 3, 2, 8)
+    >>> with Recorder(hc) as recorder:
+    ...     y = hc(x, torch.tanh)
+    >>> recorder.capture().res.shape
+    torch.Size([1, 3, 2, 2])
+    """
+
+    def __init__(self, model: nn.Module, positions: torch.Tensor | None = None, keep_streams: bool = False):
+        self.model = model
+        self.positions = positions
+        self.keep_streams = keep_streams
+        self.records: dict[str, _Record] = {}
+        self.order: list[str] = []
+        self._handles: list = []
+
+    def _sample(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.detach().flatten(0, 1)
+        if self.positions is not None:
+            flat = flat[self.positions.to(flat.device)]
+        return flat
+
+    def _hooks(self, name: str, module: HyperConnection):
+        def before(mod, args, kwargs):
+            x = args[0] if args else kwargs["x"]
+            with torch.no_grad():
+                sample = self._sample(x)
+                h = mod.matrices(sample.unsqueeze(0))
+                record = self.records.setdefault(name, _Record(mod.method))
+                if name not in self.order:
+                    self.order.append(name)
+                record.pre.append(h["pre"][0].cpu())
+                record.post.append(h["post"][0].cpu())
+                record.res.append(h["res"][0].cpu())
+                record.sim_in.append(measures.stream_similarity(sample).cpu())
+                if self.keep_streams:
+                    record.x_in.append(sample.cpu())
+
+        def after(mod, args, kwargs, output):
+            with torch.no_grad():
+                sample = self._sample(output)
+                record = self.records[name]
+                record.sim_out.append(measures.stream_similarity(sample).cpu())
+                if self.keep_streams:
+                    record.x_out.append(sample.cpu())
+
+        return before, after
+
+    def __enter__(self) -> "Recorder":
+        connections = mixing_connections(self.model)
+        for name, module in connections:
+            before, after = self._hooks(name, module)
+            self._handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
+            self._handles.append(module.register_forward_hook(after, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def capture(self) -> Capture:
+        """The recorded tensors stacked over depth; ValueError when no mixing connection ran."""
+        if not self.order:
+            raise ValueError("no hyper-connection that mixes streams ran (a residual model has nothing to measure)")
+        recs = [self.records[name] for name in self.order]
+        sizes = {r.res[0].shape[-1] for r in recs}
+        if len(sizes) != 1:
+            raise ValueError(f"the connections have different numbers of streams {sorted(sizes)}; measure them apart")
+        cat = lambda parts: torch.cat(parts, dim=0)  # noqa: E731 - concatenate the passes along tokens
+        sim = [cat(r.sim_in) for r in recs] + [cat(recs[-1].sim_out)]
+        streams = None
+        if self.keep_streams:
+            streams = torch.stack([cat(r.x_in) for r in recs] + [cat(recs[-1].x_out)])
+        return Capture(
+            names=list(self.order),
+            families=[r.family for r in recs],
+            res=torch.stack([cat(r.res) for r in recs]),
+            pre=torch.stack([cat(r.pre) for r in recs]),
+            post=torch.stack([cat(r.post) for r in recs]),
+            similarity=torch.stack(sim),
+            streams=streams,
+        )
+
+
+def _device(model: nn.Module) -> torch.device:
+    parameter = next(model.parameters(), None)
+    return parameter.device if parameter is not None else torch.device("cpu")
+
+
+def collect(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    tokens: int | None = None,
+    batch_size: int | None = None,
+    seed: int = 0,
+    autocast_dtype: torch.dtype | None = None,
+    keep_streams: bool = False,
+) -> Capture:
+    """Run ``model`` on ``input_ids`` ``(B, T)`` and capture every mixing connection on ``tokens`` positions.
+
+    The positions are drawn uniformly without replacement from all ``B·T`` (all of them when ``tokens`` is None
+    or at least ``B·T``) with a private generator seeded by ``seed``; the same positions are measured at every
+    layer, so products over depth are per token. ``batch_size`` rows run per forward pass (default all),
+    under ``no_grad`` and, with ``autocast_dtype``, autocast on the model's device. The model's mode
+    (train/eval) is restored afterwards. ValueError when the model has no connection that mixes streams.
+    """
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be a tensor (batch, time), got {getattr(input_ids, 'shape', input_ids)!r}")
+    if not mixing_connections(model):
+        raise ValueError("the model has no hyper-connection that mixes streams (residual): nothing to measure")
+    B, T = input_ids.shape
+    positions = sample_positions(B * T, tokens, seed)
+    rows = batch_size or B
+    device = _device(model)
+    was_training = model.training
+    model.eval()
+    recorder = Recorder(model, keep_streams=keep_streams)
+    try:
+        with recorder, torch.no_grad():
+            for start in range(0, B, rows):
+                stop = min(start + rows, B)
+                if positions is None:
+                    recorder.positions = None
+                else:
+                    inside = positions[(positions >= start * T) & (positions < stop * T)]
+                    if inside.numel() == 0:
+                        continue
+                    recorder.positions = inside - start * T
+                batch = input_ids[start:stop].to(device)
+                with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                    model(batch)
+    finally:
+        model.train(was_training)
+    return recorder.capture()
+
+
+def _group(name: str) -> str:
+    """``blocks.3.attn.q_proj.weight -> blocks.3``; ``embed.weight -> embed``: the layer a parameter belongs to."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
+def gradient_norms(model: nn.Module) -> dict[str, dict[str, float]]:
+    """L2 norms of the current gradients: ``{"layers": {group: norm}, "hyper_connections": {name: norm}}``.
+
+    A layer group is a parameter name up to its first integer component (``blocks.3``), else its first
+    component (``embed``, ``norm``, ``lm_head``); each stream-mixing connection is also reported on its own
+    (its parameters are in its layer's norm too). Parameters without a gradient are left out. Read before
+    the optimizer clears the gradients (and, for raw norms, before clipping).
+    """
+    squares: dict[str, list[torch.Tensor]] = {}
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            squares.setdefault(_group(name), []).append(p.grad.detach().float().square().sum())
+    connections: dict[str, list[torch.Tensor]] = {}
+    for name, module in mixing_connections(model):
+        grads = [p.grad.detach().float().square().sum() for p in module.parameters() if p.grad is not None]
+        if grads:
+            connections[name] = grads
+    keys = list(squares) + list(connections)
+    if not keys:
+        return {"layers": {}, "hyper_connections": {}}
+    values = torch.stack([torch.stack(v).sum() for v in (*squares.values(), *connections.values())]).sqrt().tolist()
+    found = dict(zip(keys, values))
+    return {"layers": {k: found[k] for k in squares}, "hyper_connections": {k: found[k] for k in connections}}
+
+
+def training_diagnostics(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    grad_norms: dict | None = None,
+    tokens: int = TRAINING_TOKENS,
+    seed: int = 0,
+    autocast_dtype: torch.dtype | None = None,
+) -> dict[str, Any]:
+    """A compact diagnostics record for ``metrics.jsonl``: cheap statistics on ``tokens`` positions of
+    ``input_ids`` ``(B, T)`` (a fixed batch, so records are comparable over steps) and ``grad_norms``
+    (:func:`gradient_norms`).
+
+    Keys (lists are per connection, in depth order): ``tokens``, ``layers``, ``row_sum_error_max``,
+    ``col_sum_error_max``, ``spectral_norm_max``, ``deviation_singular_values_mean``,
+    ``identity_distance_mean``, ``negative_share_mean``, ``stream_similarity_mean`` (mean off-diagonal cosine at
+    each connection's input, then the output), ``composite_spectral_norm_max``, ``composite_forward_amax_max``,
+    ``composite_backward_amax_max``, ``cumulative_column_sum_max``, ``cumulative_column_sum_min``; and
+    ``grad_norm``. A model without mixing connections gets only ``grad_norm``. Deterministic and free of the
+    global RNG, so a resumed run writes the same records.
+    """
+    record: dict[str, Any] = {}
+    if mixing_connections(model):
+        s = collect(model, input_ids, tokens=tokens, seed=seed, autocast_dtype=autocast_dtype).summary()
+        sim = s.get("stream_similarity") or {}
+        record.update(
+            tokens=s["tokens"],
+            layers=s["layers"],
+            row_sum_error_max=s["row_sum_error"]["max"],
+            col_sum_error_max=s["col_sum_error"]["max"],
+            spectral_norm_max=s["spectral_norm"]["max"],
+            deviation_singular_values_mean=s["deviation_singular_values"]["mean"],
+            identity_distance_mean=s["identity_distance"]["mean"],
+            negative_share_mean=s["negative_share"]["mean"],
+            stream_similarity_mean=sim["offdiagonal"]["mean"] if sim.get("offdiagonal") else None,
+            composite_spectral_norm_max=s["composite_spectral_norm"]["max"],
+            composite_forward_amax_max=s["composite_forward_amax"]["max"],
+            composite_backward_amax_max=s["composite_backward_amax"]["max"],
+            cumulative_column_sum_max=s["cumulative_column_sums"]["max"],
+            cumulative_column_sum_min=s["cumulative_column_sums"]["min"],
+        )
+    if grad_norms is not None:
+        record["grad_norm"] = grad_norms
+    return record

@@ -1,0 +1,180 @@
+"""One function per measurement of DESIGN.md section 2, on tensors.
+
+Every function takes residual matrices ``H`` of shape ``(..., n, n)`` (any leading batch dimensions: layers,
+tokens, ...) or a stack over depth ``Hs`` ``(L, ..., n, n)``, and computes in float64 (float32 matrices are
+promoted first, so the measurement itself adds no rounding worth speaking of). Results are float64 tensors
+whose shapes are given in each docstring. Conventions:
+
+- ``H`` acts on the streams from the left, as in the model: ``X' = H X`` with ``X ∈ R^{n×C}``. A row of ``H``
+  says what one output stream reads, a column where one input stream goes.
+- Over depth the composite after ``l + 1`` matrices is ``P_l = H_l ⋯ H_1 H_0`` (the residual path from the
+  first connection's input to the output of connection ``l``).
+
+>>> import torch
+>>> swap = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+>>> spectral_norm(swap).item(), identity_distance(swap).item() ** 2
+(1.0, 4.0)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ..mixers.orthomaps import helmert_basis
+
+__all__ = [
+    "AmaxGain",
+    "SumError",
+    "amax_gain",
+    "column_sums",
+    "composite_product",
+    "cumulative_column_sums",
+    "deviation_block",
+    "deviation_singular_values",
+    "identity_distance",
+    "negative_share",
+    "row_col_sum_error",
+    "row_sums",
+    "spectral_norm",
+    "stream_similarity",
+]
+
+
+def _matrices(H: torch.Tensor, name: str = "H") -> torch.Tensor:
+    if not isinstance(H, torch.Tensor) or H.dim() < 2 or H.shape[-1] != H.shape[-2]:
+        shape = tuple(H.shape) if isinstance(H, torch.Tensor) else type(H).__name__
+        raise ValueError(f"{name} must be a tensor of square matrices (..., n, n), got {shape}")
+    return H.detach().to(torch.promote_types(H.dtype, torch.float64))
+
+
+class SumError(NamedTuple):
+    """Largest deviation of a row sum (``row``) and of a column sum (``col``) from 1, each ``(...)``."""
+
+    row: torch.Tensor
+    col: torch.Tensor
+
+
+class AmaxGain(NamedTuple):
+    """mHC's gains of one matrix, each ``(...)``: ``forward`` = max_i |Σ_j H_ij|, ``backward`` = max_j |Σ_i H_ij|."""
+
+    forward: torch.Tensor
+    backward: torch.Tensor
+
+
+def row_sums(H: torch.Tensor) -> torch.Tensor:
+    """``H 1``: ``(..., n, n) -> (..., n)``. 1 everywhere means a feature shared by all streams passes unchanged."""
+    return _matrices(H).sum(dim=-1)
+
+
+def column_sums(H: torch.Tensor) -> torch.Tensor:
+    """``1ᵀ H``: ``(..., n, n) -> (..., n)``. 1 everywhere means the sum (mean) over streams is preserved."""
+    return _matrices(H).sum(dim=-2)
+
+
+def row_col_sum_error(H: torch.Tensor) -> SumError:
+    """``(max_i |Σ_j H_ij − 1|, max_j |Σ_i H_ij − 1|)`` per matrix: ``(..., n, n) -> ((...), (...))``.
+
+    Zero for a doubly stochastic matrix (both) or an mHC Sinkhorn output (rows only, after its last row
+    normalisation); for s²HC both are zero by construction.
+    """
+    H = _matrices(H)
+    return SumError((H.sum(-1) - 1).abs().amax(-1), (H.sum(-2) - 1).abs().amax(-1))
+
+
+def spectral_norm(H: torch.Tensor) -> torch.Tensor:
+    """Largest singular value ``‖H‖₂``: ``(..., n, n) -> (...)``. Above 1 means some direction is amplified."""
+    return torch.linalg.matrix_norm(_matrices(H), ord=2)
+
+
+def deviation_block(H: torch.Tensor) -> torch.Tensor:
+    """``U_Zᵀ H U_Z``: ``(..., n, n) -> (..., n−1, n−1)``, ``U_Z`` the truncated Helmert basis of the zero-sum subspace.
+
+    This is what ``H`` does to the differences between streams (the part orthogonal to their mean); for s²HC it
+    is the core ``U_core diag(s) V_coreᵀ``. For a matrix that does not preserve the mean it is still the
+    compression of ``H`` onto that subspace (the leak between mean and deviations is not in it).
+    """
+    H = _matrices(H)
+    basis = helmert_basis(H.shape[-1], H.dtype).to(H.device)
+    return basis.T @ H @ basis
+
+
+def deviation_singular_values(H: torch.Tensor) -> torch.Tensor:
+    """Singular values of :func:`deviation_block`, descending: ``(..., n, n) -> (..., n−1)``.
+
+    s²HC Fig. 5 plots these per layer (trained Qwen3: two near 1, the smallest ≈ 0.77). 1 keeps a direction
+    of difference between streams, below 1 attenuates it, 0 erases it (streams pulled to their mean).
+    """
+    block = deviation_block(H)
+    if block.shape[-1] == 0:
+        return block.new_zeros(block.shape[:-1])
+    return torch.linalg.svdvals(block)
+
+
+def identity_distance(H: torch.Tensor) -> torch.Tensor:
+    """Frobenius distance from the identity ``‖H − I‖_F``: ``(..., n, n) -> (...)``. 0 means no mixing at all."""
+    H = _matrices(H)
+    eye = torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
+    return torch.linalg.matrix_norm(H - eye, ord="fro")
+
+
+def negative_share(H: torch.Tensor, tol: float = 0.0) -> torch.Tensor:
+    """Fraction of the ``n²`` entries below ``−tol``: ``(..., n, n) -> (...)``, in ``[0, 1]``.
+
+    Always 0 for the doubly stochastic families (mhc, mhc-lite, kromhc); s²HC may subtract one stream from
+    another, so a positive share there is expected, not an error.
+    """
+    H = _matrices(H)
+    return (H < -tol).to(H.dtype).mean(dim=(-1, -2))
+
+
+def composite_product(Hs: torch.Tensor) -> torch.Tensor:
+    """Running products over depth: ``Hs`` ``(L, ..., n, n)`` -> ``P`` ``(L, ..., n, n)``, ``P_l = H_l ⋯ H_0``.
+
+    Per token (the leading dimensions after ``L`` are kept), so each token's own matrices are composed.
+    ``P_{L−1}`` is the whole residual path through the ``L`` connections.
+    """
+    Hs = _matrices(Hs, "Hs")
+    if Hs.dim() < 3:
+        raise ValueError(f"Hs must stack matrices over depth, shape (L, ..., n, n), got {tuple(Hs.shape)}")
+    products = [Hs[0]]
+    for H in Hs[1:]:
+        products.append(H @ products[-1])
+    return torch.stack(products)
+
+
+def amax_gain(H: torch.Tensor) -> AmaxGain:
+    """mHC's Amax gain magnitudes of each matrix: ``(..., n, n) -> AmaxGain((...), (...))``.
+
+    ``forward`` is the largest absolute row sum ``max_i |Σ_j H_ij|`` (the gain of a signal shared by all streams
+    going forward), ``backward`` the largest absolute column sum ``max_j |Σ_i H_ij|`` (the same for gradients
+    going back). These are absolute values of sums, as mHC defines them, not the ∞/1-norms ``Σ_j |H_ij|``; for
+    non-negative matrices the two coincide. Apply to :func:`composite_product` for mHC Fig. 3 (b)
+    (HC ≈ 3000 at 27 B, mHC ≈ 1.6).
+    """
+    H = _matrices(H)
+    return AmaxGain(H.sum(-1).abs().amax(-1), H.sum(-2).abs().amax(-1))
+
+
+def cumulative_column_sums(Hs: torch.Tensor) -> torch.Tensor:
+    """Column sums of the composite products: ``Hs`` ``(L, ..., n, n)`` -> ``(L, ..., n)``.
+
+    s²HC Fig. 7: after 20 Sinkhorn rounds mHC's single-layer column sums peak at 2.0 and its 28-layer
+    composite's at 3.6; exactly doubly stochastic families and s²HC stay at 1.
+    """
+    return composite_product(Hs).sum(dim=-2)
+
+
+def stream_similarity(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """Pairwise cosine similarity of the ``n`` streams: ``x`` ``(..., n, C)`` -> ``(..., n, n)``, float64.
+
+    Entry ``(i, j)`` is ``⟨x_i, x_j⟩ / (‖x_i‖ ‖x_j‖)`` (the diagonal is 1; a zero stream gives 0). Streams that
+    are copies (as after the embedding) give 1 everywhere; values near 1 deep in the network mean the streams
+    have collapsed into one.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise ValueError(f"x must be a tensor of streams (..., n, C), got {getattr(x, 'shape', type(x).__name__)}")
+    x = x.detach().to(torch.promote_types(x.dtype, torch.float64))
+    unit = x / x.norm(dim=-1, keepdim=True).clamp_min(eps)
+    return unit @ unit.transpose(-1, -2)

@@ -1,0 +1,146 @@
+"""Multi-process training on PyTorch's own engine: torchrun, DDP or FSDP2, NCCL on CUDA and Gloo on CPU.
+
+The layout follows torchtitan: the model is built whole on every rank (same seed, so the same weights),
+each block is compiled first (``nn.Module.compile``, which keeps parameter names), then wrapped —
+FSDP2 ``fully_shard`` on every block and then on the root, or one DDP around the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where this process sits: ``rank`` of ``world_size``, its device, and the wrapping in use."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    parallel: str = "none"
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def setup(device_name: str, parallel: str) -> Context:
+    """Join the process group torchrun describes (if any) and pick this rank's device.
+
+    ``parallel``: ``"auto"`` (DDP when there are several processes, else none), ``"none"``, ``"ddp"`` or
+    ``"fsdp"`` (FSDP2; also allowed with one process, for testing the sharded path).
+    """
+    from .loop import resolve_device
+
+    if parallel not in PARALLEL_MODES:
+        raise ValueError(f"parallel must be one of {list(PARALLEL_MODES)}, got {parallel!r}")
+    if not launched_by_torchrun():
+        if parallel == "ddp":
+            raise ValueError("parallel='ddp' needs several processes: launch with torchrun or `s2hc train --nproc N`")
+        device = resolve_device(device_name)
+        if parallel == "fsdp":
+            _init_group(device, rank=0, world_size=1)
+        return Context(device=device, parallel="fsdp" if parallel == "fsdp" else "none")
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = resolve_device(device_name)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    _init_group(device, rank, world_size)
+    mode = "ddp" if parallel == "auto" else parallel
+    if world_size == 1 and mode == "ddp":
+        mode = "none"
+    return Context(rank, world_size, local_rank, device, mode)
+
+
+def _init_group(device: torch.device, rank: int, world_size: int) -> None:
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if launched_by_torchrun():
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    else:  # a one-process group for FSDP without torchrun
+        store = dist.HashStore()
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap(model: nn.Module, ctx: Context, compile_blocks: bool, amp_dtype: torch.dtype | None) -> nn.Module:
+    """Compile each block (optionally), then shard (FSDP2) or replicate (DDP); returns what to call forward on.
+
+    The returned module's parameters are the training parameters (DTensors under FSDP2).
+    """
+    if compile_blocks:
+        for block in model.blocks:
+            block.compile()
+    if ctx.parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else MixedPrecisionPolicy()
+        for block in model.blocks:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        return model
+    if ctx.parallel == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+    return model
+
+
+@contextlib.contextmanager
+def gradient_sync(wrapped: nn.Module, ctx: Context, enabled: bool):
+    """Skip the gradient all-reduce on micro-steps that are not the last of an accumulation."""
+    if ctx.parallel == "ddp" and not enabled:
+        with wrapped.no_sync():
+            yield
+        return
+    if ctx.parallel == "fsdp":
+        wrapped.set_requires_gradient_sync(enabled)
+    yield
+
+
+def mean_across_ranks(value: float, ctx: Context) -> float:
+    """The mean of a Python float over all ranks (the global batch's loss); the value itself when alone."""
+    if not ctx.distributed:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64, device=ctx.device)
+    dist.all_reduce(tensor)
+    return tensor.item() / ctx.world_size
+
+
+def barrier(ctx: Context) -> None:
+    if ctx.distributed:
+        dist.barrier()
+
+
+def launch(nproc: int, argv: list[str]) -> int:
+    """Re-run ``s2hc <argv>`` under torchrun with ``nproc`` processes on this node; returns its exit code."""
+    import subprocess
+
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "s2hc", *argv]
+    return subprocess.call(command)
