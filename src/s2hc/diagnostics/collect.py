@@ -257,21 +257,28 @@ def _group(name: str) -> str:
     return parts[0]
 
 
+def _square_sum(grad: torch.Tensor) -> torch.Tensor:
+    """``Σ g²`` as a plain tensor; for a sharded (FSDP2 DTensor) gradient the sum over all shards (a collective)."""
+    total = grad.detach().float().square().sum()
+    return total.full_tensor() if hasattr(total, "full_tensor") else total
+
+
 def gradient_norms(model: nn.Module) -> dict[str, dict[str, float]]:
     """L2 norms of the current gradients: ``{"layers": {group: norm}, "hyper_connections": {name: norm}}``.
 
     A layer group is a parameter name up to its first integer component (``blocks.3``), else its first
     component (``embed``, ``norm``, ``lm_head``); each stream-mixing connection is also reported on its own
     (its parameters are in its layer's norm too). Parameters without a gradient are left out. Read before
-    the optimizer clears the gradients (and, for raw norms, before clipping).
+    the optimizer clears the gradients (and, for raw norms, before clipping). Under FSDP2 every rank must call
+    it (the shards' sums are reduced).
     """
     squares: dict[str, list[torch.Tensor]] = {}
     for name, p in model.named_parameters():
         if p.grad is not None:
-            squares.setdefault(_group(name), []).append(p.grad.detach().float().square().sum())
+            squares.setdefault(_group(name), []).append(_square_sum(p.grad))
     connections: dict[str, list[torch.Tensor]] = {}
     for name, module in mixing_connections(model):
-        grads = [p.grad.detach().float().square().sum() for p in module.parameters() if p.grad is not None]
+        grads = [_square_sum(p.grad) for p in module.parameters() if p.grad is not None]
         if grads:
             connections[name] = grads
     keys = list(squares) + list(connections)
@@ -300,11 +307,16 @@ def training_diagnostics(
     each connection's input, then the output), ``composite_spectral_norm_max``, ``composite_forward_amax_max``,
     ``composite_backward_amax_max``, ``cumulative_column_sum_max``, ``cumulative_column_sum_min``; and
     ``grad_norm``. A model without mixing connections gets only ``grad_norm``. Deterministic and free of the
-    global RNG, so a resumed run writes the same records.
+    global RNG, so a resumed run writes the same records. Compiled blocks run eagerly for this forward pass
+    (``torch.compiler.set_stance("force_eager")``); under FSDP2 every rank must call it (the forward gathers).
     """
     record: dict[str, Any] = {}
     if mixing_connections(model):
-        s = collect(model, input_ids, tokens=tokens, seed=seed, autocast_dtype=autocast_dtype).summary()
+        # Compiled blocks run eagerly here: hooks inside a compiled region would force recompilations.
+        stance = getattr(torch.compiler, "set_stance", None)
+        with stance("force_eager") if stance is not None else contextlib.nullcontext():
+            capture = collect(model, input_ids, tokens=tokens, seed=seed, autocast_dtype=autocast_dtype)
+        s = capture.summary()
         sim = s.get("stream_similarity") or {}
         record.update(
             tokens=s["tokens"],

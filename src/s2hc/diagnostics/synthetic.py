@@ -25,9 +25,12 @@ from typing import Any, Sequence
 import torch
 
 from .. import mixers
+from . import measures
 from .summary import summarize
 
-__all__ = ["DEFAULT_SWEEP", "scaled_mixer", "synthetic_matrices", "synthetic_summaries", "logit_scale_sweep"]
+__all__ = [
+    "DEFAULT_SWEEP", "headline_numbers", "logit_scale_sweep", "scaled_mixer", "synthetic_matrices", "synthetic_summaries",
+]
 
 DEFAULT_SWEEP = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
@@ -111,13 +114,29 @@ def logit_scale_sweep(
     (worst over tokens, after all ``layers``), ``composite_forward_amax`` and ``composite_backward_amax`` (worst
     over depth and tokens), ``spectral_norm`` (worst single layer).
     """
-    keys = ("col_sum_error", "column_sum_max", "spectral_norm", "cumulative_column_sum_max", "composite_col_sum_error",
-            "composite_spectral_norm_at_depth", "composite_forward_amax", "composite_backward_amax")
     out: dict[str, list[dict[str, float]]] = {}
-    for scale in scales:
-        summaries = synthetic_summaries(families, n_streams, layers, tokens, scale, seed)
-        for family, summary in summaries.items():
+    for family in families:
+        if family == "residual":
+            continue
+        for scale in scales:
             row = {"logit_scale": float(scale)}
-            row.update({k: summary["headline"][k] for k in keys})
+            row.update(headline_numbers(synthetic_matrices(family, n_streams, layers, tokens, scale, seed)))
             out.setdefault(family, []).append(row)
     return out
+
+
+def headline_numbers(res: torch.Tensor) -> dict[str, float]:
+    """The numbers of one :func:`logit_scale_sweep` entry for ``res`` ``(L, N, n, n)``, without the full summary."""
+    res = measures._matrices(res, "res")
+    composite = measures.composite_product(res)
+    gain = measures.amax_gain(composite)
+    return {
+        "col_sum_error": measures.row_col_sum_error(res).col.max().item(),
+        "column_sum_max": res.sum(-2).max().item(),
+        "spectral_norm": measures.spectral_norm(res).max().item(),
+        "cumulative_column_sum_max": composite.sum(-2).max().item(),
+        "composite_col_sum_error": measures.row_col_sum_error(composite).col.max().item(),
+        "composite_spectral_norm_at_depth": measures.spectral_norm(composite[-1]).max().item(),
+        "composite_forward_amax": gain.forward.max().item(),
+        "composite_backward_amax": gain.backward.max().item(),
+    }

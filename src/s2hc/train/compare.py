@@ -93,6 +93,9 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
         lines += [f"![loss curves]({figure.name})", ""]
     else:
         lines += ["(Loss curves need matplotlib: `pip install 's2hc[plot]'`.)", ""]
+    from ..diagnostics.report import compare_section  # each run's residual matrices, the families' figures
+
+    lines += compare_section(out, results, data=base.data, device=base.device)
     lines += ["Runs (config, metrics.jsonl, checkpoint): " + ", ".join(f"[`{n}`]({n}/)" for r in rows for n in r["runs"]), ""]
     report = out / "report.md"
     atomic_write_text(out / "summary.json", json.dumps({"config": base.to_dict(), "rows": rows}, indent=2))

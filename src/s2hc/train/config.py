@@ -49,6 +49,7 @@ class TrainConfig:
     eval_batches: int = 20
     checkpoint_every: int = 100
     log_every: int = 10
+    diagnostics_every: int = 0  # 0: off; N: every N steps a "diagnostics" record in metrics.jsonl (s2hc.diagnostics)
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 autocast where the device supports it, float32 on CPU
     compile: bool = False  # torch.compile each block (then shard / replicate, in torchtitan's order)
@@ -64,7 +65,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("eval_every", "checkpoint_every", "warmup_steps", "seed"):
+        for name in ("eval_every", "checkpoint_every", "warmup_steps", "seed", "diagnostics_every"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")

@@ -37,6 +37,7 @@ METRICS = "metrics.jsonl"
 # Fields of a run's config that may change on --resume without changing what is computed.
 RESUMABLE_CHANGES = {
     "max_steps", "eval_every", "checkpoint_every", "log_every", "progress", "out", "compile", "device", "parallel",
+    "diagnostics_every",
 }
 
 
@@ -190,6 +191,7 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
     from ..data.loader import TokenBatches, eval_batches
     from ..data.shards import prepare_tokens
     from ..data.tokenizer import get_tokenizer
+    from ..diagnostics.collect import gradient_norms, training_diagnostics
     from ..models import Transformer
 
     out = Path(config.out).expanduser()
@@ -300,6 +302,8 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
                     (loss / config.grad_accum).backward()
                 loss_sum += loss.item()
             train_loss = distributed.mean_across_ranks(loss_sum / config.grad_accum, ctx)
+            diagnose = bool(config.diagnostics_every) and (step + 1) % config.diagnostics_every == 0
+            layer_grads = gradient_norms(model) if diagnose else None  # before clipping; every rank (FSDP)
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or float("inf"))
             grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
             if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
@@ -316,6 +320,10 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
                 metrics.write(step=step, loss=train_loss, lr=lr, grad_norm=grad_norm, tokens=step * tokens_per_step,
                               step_time=step_time)
                 bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_step / step_time:.0f}")
+            if layer_grads is not None:  # a fixed batch, no RNG; every rank runs it (FSDP), the main one writes
+                record = training_diagnostics(model, validation[0][0], layer_grads, autocast_dtype=amp_dtype)
+                if metrics:
+                    metrics.write(step=step, diagnostics=record)
             if (config.eval_every and step % config.eval_every == 0) or step == config.max_steps:
                 val_loss = evaluate(forward, validation, device, amp_dtype)
                 if metrics:

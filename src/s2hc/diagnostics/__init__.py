@@ -1,0 +1,71 @@
+"""Diagnostics: what the residual matrices of a hyper-connection model do (DESIGN.md section 2).
+
+Three layers, each usable alone (see ``docs/diagnostics.md``):
+
+- :mod:`~s2hc.diagnostics.measures`: one function per measurement on tensors — :func:`row_col_sum_error`,
+  :func:`spectral_norm`, :func:`deviation_singular_values`, :func:`identity_distance`, :func:`negative_share`,
+  :func:`composite_product`, :func:`amax_gain`, :func:`cumulative_column_sums`, :func:`stream_similarity`.
+- :mod:`~s2hc.diagnostics.collect`: run a model on real tokens and capture every connection's streams and
+  matrices (:class:`Recorder`, :func:`collect`), gradient norms per layer, the compact training record;
+  :mod:`~s2hc.diagnostics.summary` turns the tensors into per-layer statistics (:func:`summarize`).
+- :mod:`~s2hc.diagnostics.report`: ``s2hc diagnose`` for a checkpoint (:func:`diagnose_checkpoint`) or for
+  synthetic matrices (:func:`diagnose_synthetic`), writing ``diagnostics.json``, figures and ``report.md``.
+
+>>> import torch
+>>> from s2hc.diagnostics import synthetic_matrices, composite_product, spectral_norm
+>>> Hs = synthetic_matrices("s2hc", n_streams=4, layers=28, tokens=64, logit_scale=8.0)
+>>> bool((spectral_norm(composite_product(Hs)[-1]) - 1).abs().max() < 1e-4)
+True
+"""
+
+from .collect import Capture, Recorder, collect, gradient_norms, mixing_connections, training_diagnostics
+from .measures import (
+    AmaxGain,
+    SumError,
+    amax_gain,
+    column_sums,
+    composite_product,
+    cumulative_column_sums,
+    deviation_block,
+    deviation_singular_values,
+    identity_distance,
+    negative_share,
+    row_col_sum_error,
+    row_sums,
+    spectral_norm,
+    stream_similarity,
+)
+from .report import diagnose_checkpoint, diagnose_synthetic
+from .summary import guarantee_checks, summarize
+from .synthetic import logit_scale_sweep, scaled_mixer, synthetic_matrices, synthetic_summaries
+
+__all__ = [
+    "AmaxGain",
+    "Capture",
+    "Recorder",
+    "SumError",
+    "amax_gain",
+    "collect",
+    "column_sums",
+    "composite_product",
+    "cumulative_column_sums",
+    "deviation_block",
+    "deviation_singular_values",
+    "diagnose_checkpoint",
+    "diagnose_synthetic",
+    "gradient_norms",
+    "guarantee_checks",
+    "identity_distance",
+    "logit_scale_sweep",
+    "mixing_connections",
+    "negative_share",
+    "row_col_sum_error",
+    "row_sums",
+    "scaled_mixer",
+    "spectral_norm",
+    "stream_similarity",
+    "summarize",
+    "synthetic_matrices",
+    "synthetic_summaries",
+    "training_diagnostics",
+]

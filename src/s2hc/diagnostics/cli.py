@@ -1,0 +1,136 @@
+"""``s2hc diagnose``: the measurements of DESIGN.md section 2 for a checkpoint, or for synthetic matrices.
+
+Registered in :func:`s2hc.cli.build_parser` through :func:`add_diagnose_parser`. Exit status: 0 on success and
+for a model without stream mixing (nothing to measure, said so); 2 for bad input (a missing, corrupt or
+foreign file, wrong arguments), with one error line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+from ..cli import parse_mixers, positive_int
+from .synthetic import DEFAULT_SWEEP
+
+DEFAULT_SYNTHETIC_OUT = "runs/diagnose-synthetic"
+CHECKPOINT_ONLY = ("data", "device", "cache_dir", "seq_len", "batch_size")
+SYNTHETIC_ONLY = ("mixers", "layers", "streams", "logit_scale", "sweep")
+
+
+def _scale(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _scales(text: str) -> list[float]:
+    return [_scale(part) for part in text.split(",") if part.strip()]
+
+
+def add_diagnose_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``s2hc diagnose`` on ``subparsers`` (an ``argparse`` sub-parser action); returns its parser."""
+    parser = subparsers.add_parser(
+        "diagnose",
+        help="measure what the residual matrices do (a checkpoint, or --synthetic)",
+        description=(
+            "Measure the residual matrices of a trained model on real tokens (CHECKPOINT: a run directory or a "
+            "checkpoint file), or with --synthetic each family's matrices from random inputs of logit scale S. "
+            "Writes OUT/diagnostics.json, PNG figures and OUT/report.md. See docs/diagnostics.md."
+        ),
+    )
+    parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT", help="run directory or checkpoint file")
+    parser.add_argument("--out", default=None,
+                        help=f"output directory (default: RUN/diagnostics for a checkpoint, {DEFAULT_SYNTHETIC_OUT} "
+                             "for --synthetic)")
+    parser.add_argument("--tokens", type=positive_int, default=1024, help="token positions measured (default 1024)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the token sample / random inputs (default 0)")
+    model = parser.add_argument_group("checkpoint")
+    model.add_argument("--data", default=None,
+                       help="text whose validation split is measured: 'embedded' (default), a .txt/.jsonl/.parquet "
+                            "file or directory, or hf:NAME[:CONFIG]; tokenised with the run's tokenizer")
+    model.add_argument("--cache-dir", default=None, help="token cache (default: the run's)")
+    model.add_argument("--seq-len", type=positive_int, default=None, help="window length (default: the run's)")
+    model.add_argument("--batch-size", type=positive_int, default=None, help="windows per forward pass (default: the run's)")
+    model.add_argument("--device", default=None, help="'auto' (default), 'cpu', 'cuda' or 'cuda:N'")
+    synthetic = parser.add_argument_group("synthetic")
+    synthetic.add_argument("--synthetic", action="store_true", help="no model: each family's matrices from random inputs")
+    synthetic.add_argument("--mixers", default=None, metavar="A,B,...",
+                           help="families (default mhc,mhc-lite,kromhc,s2hc,hc)")
+    synthetic.add_argument("--layers", type=positive_int, default=None, help="matrices composed per token (default 28)")
+    synthetic.add_argument("--streams", type=positive_int, default=None, help="streams n (default 4)")
+    synthetic.add_argument("--logit-scale", type=_scale, default=None, metavar="S",
+                           help="standard deviation of alpha*d_res: every scale alpha set to S, d_res ~ N(0, 1) "
+                                "(default 1)")
+    synthetic.add_argument("--sweep", type=_scales, default=None, metavar="S1,S2,...",
+                           help="logit scales for the sweep table and figure (default "
+                                f"{','.join(f'{s:g}' for s in DEFAULT_SWEEP)}; '' for none)")
+    parser.set_defaults(func=cmd_diagnose, subparser=parser)
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"s2hc diagnose: error: {message}", file=sys.stderr)
+    return 2
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    if args.synthetic == (args.checkpoint is not None):
+        args.subparser.error("give either CHECKPOINT or --synthetic (exactly one)")
+    wrong = SYNTHETIC_ONLY if not args.synthetic else CHECKPOINT_ONLY
+    given = [f"--{name.replace('_', '-')}" for name in wrong if getattr(args, name) is not None]
+    if given:
+        mode = "--synthetic" if args.synthetic else "a CHECKPOINT"
+        args.subparser.error(f"{', '.join(given)} do(es) not apply to {mode}")
+    return _synthetic(args) if args.synthetic else _checkpoint(args)
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    from .report import REPORT_NAME, default_out, diagnose_checkpoint, nothing_message
+
+    try:
+        out = Path(args.out) if args.out else default_out(args.checkpoint)
+        result = diagnose_checkpoint(
+            args.checkpoint, data=args.data or "embedded", tokens=args.tokens, out=out, seed=args.seed,
+            device=args.device or "auto", cache_dir=args.cache_dir, seq_len=args.seq_len, batch_size=args.batch_size,
+        )
+    except ValueError as error:
+        return _fail(str(error))
+    if result.get("nothing_to_measure"):
+        print(nothing_message(result))
+        print(f"Report: {out / REPORT_NAME}")
+        return 0
+    head = result["headline"]
+    print(f"{result['mixer']} (n = {result['n_streams']}), {result['depth']} connections, {result['tokens']} tokens: "
+          f"worst column-sum error {head['col_sum_error']:.3g}, worst ‖H‖₂ {head['spectral_norm']:.6g}, "
+          f"composite ‖P‖₂ {head['composite_spectral_norm_at_depth']:.6g}, "
+          f"composite Amax forward {head['composite_forward_amax']:.4g} / backward {head['composite_backward_amax']:.4g}")
+    failed = [c["property"] for c in result.get("guarantees", []) if not c["holds"]]
+    if failed:
+        print(f"claimed but not measured within tolerance: {'; '.join(failed)}")
+    print(f"Report: {out / REPORT_NAME}")
+    return 0
+
+
+def _synthetic(args: argparse.Namespace) -> int:
+    from .report import REPORT_NAME, diagnose_synthetic
+
+    out = Path(args.out or DEFAULT_SYNTHETIC_OUT)
+    try:
+        families = parse_mixers(args.mixers or "mhc,mhc-lite,kromhc,s2hc,hc")
+        diagnose_synthetic(
+            families, n_streams=args.streams or 4, layers=args.layers or 28, tokens=args.tokens,
+            logit_scale=1.0 if args.logit_scale is None else args.logit_scale, seed=args.seed,
+            sweep=DEFAULT_SWEEP if args.sweep is None else args.sweep, out=out,
+        )
+    except ValueError as error:
+        return _fail(str(error))
+    print((out / REPORT_NAME).read_text().split("## Guarantees")[0].rstrip())
+    print(f"\nReport: {out / REPORT_NAME}")
+    return 0

@@ -1,0 +1,502 @@
+"""What ``s2hc diagnose`` and ``s2hc compare`` write: ``diagnostics.json``, the figures and ``report.md``.
+
+- :func:`diagnose_checkpoint`: a trained model (run directory or checkpoint file) on real tokens.
+- :func:`diagnose_synthetic`: each family's matrices from random inputs of a chosen spread.
+- :func:`compare_section`: the Markdown section (and combined figures) ``s2hc compare`` adds to its report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from . import plots
+from .collect import collect, mixing_connections
+from .synthetic import DEFAULT_SWEEP, logit_scale_sweep, synthetic_summaries
+
+__all__ = ["compare_section", "default_out", "diagnose_checkpoint", "diagnose_synthetic", "write_json"]
+
+JSON_NAME = "diagnostics.json"
+REPORT_NAME = "report.md"
+DEFAULT_TOKENS = 1024  # as the s²HC paper's Fig. 7 (1024 samples)
+#: Keys of a summary that describe the sample rather than measure it.
+SHARED_KEYS = ("layers", "depth", "tokens", "n_streams")
+
+
+# --------------------------------------------------------------------------------------------- writing
+
+
+def _json_ready(value: Any) -> Any:
+    """Non-finite floats (an overflowed product) become null: strict JSON has no Infinity or NaN."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_ready(v) for v in value]
+    return value
+
+
+def write_json(path: Path, obj: dict[str, Any]) -> Path:
+    """``obj`` as indented strict JSON, written to a temporary file and renamed."""
+    from ..train.checkpoint import atomic_write_text
+
+    atomic_write_text(Path(path), json.dumps(_json_ready(obj), indent=1, allow_nan=False) + "\n")
+    return Path(path)
+
+
+def _write_text(path: Path, text: str) -> Path:
+    from ..train.checkpoint import atomic_write_text
+
+    atomic_write_text(Path(path), text)
+    return Path(path)
+
+
+def _fmt(value: Any) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "–" if value is None else str(value)
+    if isinstance(value, bool):
+        return "yes" if value else "**no**"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if value == 0:
+        return "0"
+    if 0 < value - 1 < 1e-4:  # a norm, gain or sum a rounding above 1: show by how much
+        return f"1 + {value - 1:.1e}"
+    if abs(value) >= 1e5 or abs(value) < 1e-3:
+        return f"{value:.2e}"
+    return f"{value:.4g}"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"
+    lines = ["| " + " | ".join(header) + " |", rule]
+    lines += ["| " + " | ".join(c if isinstance(c, str) else _fmt(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _figures(out: Path, summaries: dict[str, dict[str, Any]], with_streams: bool) -> dict[str, Path]:
+    """The per-family figures into ``out``; {} without matplotlib."""
+    if not plots.have_matplotlib():
+        return {}
+    path = {key: out / name for key, name in plots.FIGURES.items()}
+    found = {
+        "deviation_singular_values": plots.plot_deviation_singular_values(summaries, path["deviation_singular_values"]),
+        "amax_gain": plots.plot_amax_gain(summaries, path["amax_gain"]),
+        "column_sums": plots.plot_column_sums(summaries, path["column_sums"]),
+    }
+    if with_streams and any(s.get("stream_similarity", {}).get("offdiagonal") for s in summaries.values()):
+        found["stream_similarity"] = plots.plot_stream_similarity(summaries, path["stream_similarity"])
+    return found
+
+
+FIGURE_CAPTIONS = {
+    "deviation_singular_values": "Singular values of the deviation block U_Zᵀ H_res U_Z per layer "
+                                 "(as the s²HC paper's Fig. 5)",
+    "amax_gain": "Forward / backward Amax gain of each H_res and of the composite, and the composite's spectral "
+                 "norm, against depth (as mHC's Fig. 3)",
+    "column_sums": "Column sums of each H_res and of the composite against depth (as the s²HC paper's Fig. 7)",
+    "stream_similarity": "Cosine similarity between the streams at each connection's input",
+    "logit_scale_sweep": "Headline numbers against the logit scale S",
+    "training_history": "Diagnostics logged during training (diagnostics_every)",
+}
+
+
+def _figure_lines(figures: dict[str, Path], relative_to: Path) -> list[str]:
+    if not figures:
+        return ["(Figures need matplotlib: `pip install 's2hc[plot]'`.)", ""]
+    lines = []
+    for key, path in figures.items():
+        rel = Path(path).resolve().relative_to(relative_to.resolve()).as_posix()
+        lines += [f"**{FIGURE_CAPTIONS[key]}**", "", f"![{key}]({rel})", ""]
+    return lines
+
+
+def _guarantee_lines(summary: dict[str, Any]) -> list[str]:
+    checks = summary.get("guarantees")
+    if checks is None:
+        return []
+    if not checks:
+        return ["The family claims no guarantee on H_res (nothing to check).", ""]
+    rows = [[c["property"], c["measured"], c["tolerance"], c["holds"]] for c in checks]
+    return _table(["claimed property", "measured worst deviation", "tolerance", "holds"], rows) + [""]
+
+
+def _layer_lines(summary: dict[str, Any]) -> list[str]:
+    sim = summary.get("stream_similarity") or {}
+    off = sim.get("offdiagonal")
+    rows = []
+    for i, name in enumerate(summary["layers"]):
+        sv = summary["deviation_singular_values"]["mean"][i]
+        rows.append([
+            f"{i} `{name}`",
+            summary["row_sum_error"]["max"][i],
+            summary["col_sum_error"]["max"][i],
+            summary["col_sum_error"]["p99"][i],
+            summary["spectral_norm"]["max"][i],
+            ", ".join(_fmt(v) for v in sv) if sv else "–",
+            summary["identity_distance"]["mean"][i],
+            summary["negative_share"]["mean"][i],
+            summary["h_pre"]["sum"]["mean"][i] if "h_pre" in summary else None,
+            summary["h_post"]["sum"]["mean"][i] if "h_post" in summary else None,
+            off["mean"][i] if off else None,
+        ])
+    header = ["connection", "row-sum err max", "col-sum err max", "col-sum err p99", "‖H‖₂ max",
+              "deviation σ (mean)", "‖H − I‖_F mean", "negative share", "Σ H_pre mean", "Σ H_post mean",
+              "stream cosine mean"]
+    return _table(header, rows) + [""]
+
+
+def _depth_lines(summary: dict[str, Any]) -> list[str]:
+    rows = []
+    for i in range(summary["depth"]):
+        rows.append([
+            str(i + 1),
+            summary["composite_spectral_norm"]["max"][i],
+            summary["composite_forward_amax"]["max"][i],
+            summary["composite_backward_amax"]["max"][i],
+            summary["composite_col_sum_error"]["max"][i],
+            summary["cumulative_column_sums"]["min"][i],
+            summary["cumulative_column_sums"]["max"][i],
+        ])
+    header = ["connections composed", "‖P‖₂ max", "forward Amax max", "backward Amax max", "col-sum err max",
+              "column sum min", "column sum max"]
+    return _table(header, rows) + [""]
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+
+def default_out(checkpoint: str | Path) -> Path:
+    """Where ``s2hc diagnose CHECKPOINT`` writes without ``--out``: ``RUN/diagnostics``, RUN being the run
+    directory given or the one holding the checkpoint given (a file or a sharded ``checkpoint.dcp/``).
+    ValueError when there is no checkpoint there."""
+    from ..train.checkpoint import resolve_checkpoint
+
+    return resolve_checkpoint(checkpoint).parent / "diagnostics"
+
+
+def _validation_ids(data: str, config, cache_dir, tokens: int, seq_len: int, batch_size: int) -> torch.Tensor:
+    from ..data.loader import eval_batches
+    from ..data.shards import prepare_tokens
+
+    val = prepare_tokens(data, config.tokenizer, cache_dir, "val", progress=False)
+    windows = max(1, math.ceil(tokens / seq_len))
+    batches = eval_batches(val, seq_len, batch_size, max_batches=math.ceil(windows / batch_size))
+    ids = torch.cat([x for x, _ in batches])[:windows]
+    return ids
+
+
+def _nothing_to_measure(path: Path, model, config) -> dict[str, Any]:
+    from ..connection import HyperConnection
+
+    connections = [m for m in model.modules() if isinstance(m, HyperConnection)]
+    c = model.config
+    return {
+        "kind": "checkpoint",
+        "checkpoint": str(path),
+        "nothing_to_measure": True,
+        "reason": (f"mixer {c.mixer!r} with {c.n_streams} stream(s): none of its {len(connections)} connections "
+                   "mixes streams, so there is no H_res, H_pre or H_post to measure"),
+        "checked": {
+            "checkpoint_format": "s2hc checkpoint, read and model rebuilt",
+            "preset": config.preset,
+            "mixer": c.mixer,
+            "n_streams": c.n_streams,
+            "n_layers": c.n_layers,
+            "connections": len(connections),
+            "mixing_connections": 0,
+            "parameters": model.num_params(),
+        },
+    }
+
+
+def diagnose_checkpoint(
+    checkpoint: str | Path,
+    data: str = "embedded",
+    tokens: int = DEFAULT_TOKENS,
+    out: str | Path | None = None,
+    seed: int = 0,
+    device: str = "auto",
+    cache_dir: str | None = None,
+    seq_len: int | None = None,
+    batch_size: int | None = None,
+) -> dict[str, Any]:
+    """Measure a trained model on ``tokens`` positions of the validation split of ``data``.
+
+    ``checkpoint``: a run directory or a checkpoint file (:func:`s2hc.train.checkpoint.load_model`). The text is
+    tokenised with the run's tokenizer (cached in ``cache_dir``, default the run's); the model runs on
+    ``ceil(tokens / seq_len)`` windows of ``seq_len`` tokens (default the run's) spread over the split, and
+    ``tokens`` positions are drawn from them (``seed``). With ``out``, writes ``out/diagnostics.json``, the figures
+    and ``out/report.md``. Returns the JSON object: ``kind``, ``checkpoint``, ``mixer``, ``n_streams``, ``preset``,
+    ``data``, ``seed``, ``layers``, ``depth``, ``tokens``, and one key per measurement (see
+    :func:`s2hc.diagnostics.summary.summarize`); for a model without stream mixing (``residual``)
+    ``nothing_to_measure: true`` with what was ``checked``. ValueError for a missing, corrupt or foreign file.
+    """
+    from ..train.checkpoint import load_model, resolve_checkpoint
+    from ..train.loop import autocast_dtype, resolve_device
+
+    if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+        raise ValueError(f"tokens must be an integer >= 1, got {tokens!r}")
+    path = resolve_checkpoint(checkpoint)
+    model, config = load_model(path)
+    out = Path(out).expanduser() if out is not None else None
+    if not mixing_connections(model):
+        result = _nothing_to_measure(path, model, config)
+        if out is not None:
+            write_json(out / JSON_NAME, result)
+            _write_text(out / REPORT_NAME, _nothing_report(result))
+        return result
+    target = resolve_device(device)
+    model = model.to(target)
+    seq_len = seq_len or config.seq_len
+    batch_size = batch_size or config.batch_size
+    ids = _validation_ids(data, config, cache_dir if cache_dir is not None else config.cache_dir, tokens, seq_len,
+                          batch_size)
+    capture = collect(model, ids, tokens=tokens, batch_size=batch_size, seed=seed,
+                      autocast_dtype=autocast_dtype(config.dtype, target))
+    summary = capture.summary()
+    result = {
+        "kind": "checkpoint",
+        "checkpoint": str(path),
+        "mixer": model.config.mixer,
+        "n_streams": model.config.n_streams,
+        "mixer_options": dict(model.config.mixer_options),
+        "preset": config.preset,
+        "n_layers": model.config.n_layers,
+        "data": data,
+        "split": "val",
+        "seq_len": seq_len,
+        "seed": seed,
+        **summary,
+    }
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / JSON_NAME, result)
+        figures = _figures(out, {result["mixer"]: summary}, with_streams=True)
+        history = _history_figure(path.parent, out)
+        if history:
+            figures["training_history"] = history
+        _write_text(out / REPORT_NAME, _checkpoint_report(result, figures, out))
+    return result
+
+
+def _history_figure(run_dir: Path, out: Path) -> Path | None:
+    from ..train.loop import METRICS, read_metrics
+
+    if not (run_dir / METRICS).is_file() or not plots.have_matplotlib():
+        return None
+    try:
+        records = [r for r in read_metrics(run_dir) if "diagnostics" in r]
+    except (OSError, ValueError):
+        return None
+    if not records:
+        return None
+    return plots.plot_training_history(records, out / plots.FIGURES["training_history"])
+
+
+def _nothing_report(result: dict[str, Any]) -> str:
+    lines = [f"# s2hc diagnose: `{result['checkpoint']}`", "", f"Nothing to measure: {result['reason']}.", "",
+             "What was checked:", ""]
+    lines += [f"- {k}: {v}" for k, v in result["checked"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def nothing_message(result: dict[str, Any]) -> str:
+    """The short text ``s2hc diagnose`` prints for a model without stream mixing."""
+    checked = result["checked"]
+    return (f"nothing to measure in {result['checkpoint']}: {result['reason']}.\n"
+            f"checked: s2hc checkpoint read and model rebuilt (preset {checked['preset']!r}, {checked['n_layers']} "
+            f"layers, {checked['parameters']:,} parameters); {checked['connections']} connections, "
+            f"{checked['mixing_connections']} mixing streams")
+
+
+def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
+    head = result["headline"]
+    lines = [
+        f"# s2hc diagnose: `{result['checkpoint']}`",
+        "",
+        f"Family `{result['mixer']}`{_options(result.get('mixer_options'))}, n = {result['n_streams']} streams, preset "
+        f"`{result['preset']}` ({result['n_layers']} layers, {result['depth']} connections). Measured on "
+        f"{result['tokens']:,} token positions of the validation split of `{result['data']}` (windows of "
+        f"{result['seq_len']} tokens, seed {result['seed']}). The numbers: [`{JSON_NAME}`]({JSON_NAME}).",
+        "",
+        "## Summary",
+        "",
+    ]
+    lines += _table(["measurement", "worst over layers and tokens"], [
+        ["row-sum error of H_res", head["row_sum_error"]],
+        ["column-sum error of H_res", head["col_sum_error"]],
+        ["spectral norm of H_res", head["spectral_norm"]],
+        ["smallest deviation singular value (mean over tokens)", head["smallest_deviation_singular_value_mean"]],
+        [f"spectral norm of the composite of all {result['depth']}", head["composite_spectral_norm_at_depth"]],
+        ["composite forward Amax gain (any depth)", head["composite_forward_amax"]],
+        ["composite backward Amax gain (any depth)", head["composite_backward_amax"]],
+        ["cumulative column sum (largest)", head["cumulative_column_sum_max"]],
+        ["mean cosine between the output streams", head.get("stream_similarity_output_mean")],
+    ]) + [""]
+    lines += ["## Guarantees of the family, measured", ""] + _guarantee_lines(result)
+    lines += ["## Per connection", "", "Errors and norms are the worst over tokens unless marked mean.", ""]
+    lines += _layer_lines(result)
+    lines += ["## Across depth", "", "P = H_l ⋯ H_0: the residual path through the first l + 1 connections, per token.", ""]
+    lines += _depth_lines(result)
+    lines += ["## Figures", ""] + _figure_lines(figures, out)
+    return "\n".join(lines)
+
+
+def _options(options: dict | None) -> str:
+    return f" ({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else ""
+
+
+# ------------------------------------------------------------------------------------------- synthetic
+
+
+def _pivot(summaries: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``{family: {measurement: v}}`` -> ``{measurement: {family: v}}`` (shared keys once)."""
+    first = next(iter(summaries.values()))
+    out: dict[str, Any] = {key: first[key] for key in SHARED_KEYS}
+    for family, summary in summaries.items():
+        for key, value in summary.items():
+            if key not in SHARED_KEYS:
+                out.setdefault(key, {})[family] = value
+    return out
+
+
+def diagnose_synthetic(
+    families: Sequence[str],
+    n_streams: int = 4,
+    layers: int = 28,
+    tokens: int = DEFAULT_TOKENS,
+    logit_scale: float = 1.0,
+    seed: int = 0,
+    sweep: Sequence[float] = DEFAULT_SWEEP,
+    out: str | Path | None = None,
+) -> dict[str, Any]:
+    """Every measurement on each family's matrices from random inputs (:mod:`s2hc.diagnostics.synthetic`).
+
+    ``layers`` matrices are composed per token, ``tokens`` tokens, inputs of logit scale ``logit_scale``
+    (standard deviation of ``α·d_res``); ``sweep`` repeats the headline numbers at other scales (empty: none).
+    Returns (and with ``out`` writes as ``out/diagnostics.json``, beside the figures and ``out/report.md``) one
+    object: ``kind: "synthetic"``, ``settings``, ``families``, the shared ``layers``/``depth``/``tokens``/
+    ``n_streams``, one key per measurement mapping each family to its statistics, and ``logit_scale_sweep``.
+    """
+    families = [f for f in families if f != "residual"]
+    if not families:
+        raise ValueError("no family with a residual matrix to generate (residual has none)")
+    summaries = synthetic_summaries(families, n_streams, layers, tokens, logit_scale, seed)
+    scales = sorted(set(float(s) for s in sweep) | ({float(logit_scale)} if sweep else set()))
+    sweep_rows = logit_scale_sweep(families, scales, n_streams, layers, tokens, seed) if scales else {}
+    result = {
+        "kind": "synthetic",
+        "settings": {
+            "families": families, "n_streams": n_streams, "layers": layers, "tokens": tokens,
+            "logit_scale": float(logit_scale), "seed": seed, "sweep": scales,
+            "logit_scale_definition": "standard deviation of alpha * d_res: every scale alpha of the family is set "
+                                      "to S and d_res ~ N(0, 1); all other parameters at their initial values",
+        },
+        "families": families,
+        **_pivot(summaries),
+        "logit_scale_sweep": sweep_rows,
+    }
+    if out is not None:
+        out = Path(out).expanduser()
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / JSON_NAME, result)
+        figures = _figures(out, summaries, with_streams=False)
+        if sweep_rows and plots.have_matplotlib():
+            figures["logit_scale_sweep"] = plots.plot_logit_scale_sweep(sweep_rows, out / plots.FIGURES["logit_scale_sweep"])
+        _write_text(out / REPORT_NAME, _synthetic_report(result, summaries, figures, out))
+    return result
+
+
+def synthetic_table(summaries: dict[str, dict[str, Any]]) -> list[str]:
+    """The headline table of the synthetic mode, one row per family (Markdown lines)."""
+    rows = []
+    for family, s in summaries.items():
+        h = s["headline"]
+        rows.append([f"`{family}`", h["col_sum_error"], h["column_sum_max"], h["spectral_norm"],
+                     h["composite_spectral_norm_at_depth"], h["composite_forward_amax"], h["composite_backward_amax"],
+                     h["cumulative_column_sum_max"], h["composite_col_sum_error"], h["negative_share_mean"]])
+    header = ["family", "col-sum err (1 layer)", "column sum max (1 layer)", "‖H‖₂ max", "‖P_L‖₂ max",
+              "composite fwd Amax", "composite bwd Amax", "cumulative column sum max", "composite col-sum err",
+              "negative share"]
+    return _table(header, rows)
+
+
+def _synthetic_report(result: dict[str, Any], summaries: dict[str, dict[str, Any]], figures: dict[str, Path],
+                      out: Path) -> str:
+    st = result["settings"]
+    lines = [
+        "# s2hc diagnose --synthetic",
+        "",
+        f"{st['layers']} matrices per token composed over depth, {st['tokens']:,} tokens, n = {st['n_streams']} "
+        f"streams, logit scale S = {st['logit_scale']:g} (the standard deviation of α·d_res: each family's scales α "
+        f"set to S, d_res ~ N(0, 1), everything else at initialisation), seed {st['seed']}. "
+        f"Worst values over layers, depths and tokens; P_L is the product of all {st['layers']}.",
+        "",
+    ]
+    lines += synthetic_table(summaries) + [""]
+    lines += ["## Guarantees claimed, measured", ""]
+    for family, s in summaries.items():
+        lines += [f"`{family}`:", ""] + _guarantee_lines(s)
+    if result["logit_scale_sweep"]:
+        lines += ["## Against the logit scale", "",
+                  "Worst single-layer column-sum error / composite column-sum error / composite backward Amax gain:", ""]
+        scales = st["sweep"]
+        rows = []
+        for family, entries in result["logit_scale_sweep"].items():
+            rows.append([f"`{family}`"] + [
+                f"{_fmt(e['col_sum_error'])} / {_fmt(e['composite_col_sum_error'])} / {_fmt(e['composite_backward_amax'])}"
+                for e in entries
+            ])
+        lines += _table(["family"] + [f"S = {s:g}" for s in scales], rows) + [""]
+    lines += ["## Figures", ""] + _figure_lines(figures, out)
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------- compare
+
+
+def compare_section(out: Path, results: dict[str, list], data: str = "embedded", tokens: int = DEFAULT_TOKENS,
+                    device: str = "auto") -> list[str]:
+    """Markdown lines for ``s2hc compare``'s report: each run diagnosed into ``RUN/diagnostics/`` on the run's own
+    validation data, the first run of each family drawn together into ``out/diagnostics/*.png``.
+
+    ``results``: ``{family: [RunResult, ...]}`` as :func:`s2hc.train.compare.compare` collects them; ``data``: the
+    source the runs trained on (its validation split is measured). A run that cannot be diagnosed is reported
+    in the section (and on stderr), never raised: the comparison is kept.
+    """
+    summaries: dict[str, dict[str, Any]] = {}
+    links, notes = [], []
+    for family, runs in results.items():
+        for k, run in enumerate(runs):
+            run_dir = Path(run.out)
+            try:
+                result = diagnose_checkpoint(run_dir, data=data, tokens=tokens, out=run_dir / "diagnostics",
+                                             device=device)
+            except Exception as error:  # noqa: BLE001 - the report is kept whatever one run's diagnostics do
+                notes.append(f"- `{run_dir.name}`: diagnostics failed: {type(error).__name__}: {error}")
+                print(f"s2hc compare: diagnostics of {run_dir} failed: {error}", file=sys.stderr)
+                continue
+            if result.get("nothing_to_measure"):
+                notes.append(f"- `{run_dir.name}`: nothing to measure ({result['reason']}).")
+                continue
+            links.append(f"[`{run_dir.name}`]({run_dir.relative_to(out).as_posix()}/diagnostics/{REPORT_NAME})"
+                         if run_dir.is_relative_to(out) else f"`{run_dir}/diagnostics/{REPORT_NAME}`")
+            if k == 0:
+                summaries[family] = {key: result[key] for key in result if key not in ("kind", "checkpoint")}
+    lines = ["## Residual matrices after training (`s2hc diagnose`)", ""]
+    if summaries:
+        lines += [f"Each family's first run measured on {tokens:,} validation tokens; worst over layers and tokens.", ""]
+        lines += synthetic_table(summaries) + [""]
+        figures = _figures(out / "diagnostics", summaries, with_streams=True)
+        lines += _figure_lines(figures, out)
+    if links:
+        lines += ["Per-run reports: " + ", ".join(links), ""]
+    lines += notes + ([""] if notes else [])
+    return lines
