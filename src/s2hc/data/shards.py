@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..io import atomic_write_json
 from .sources import EMBEDDED, identity_hash, iter_documents, source_identity
 from .tokenizer import Tokenizer, get_tokenizer
 
@@ -51,20 +52,6 @@ def shard_key(source, tokenizer: Tokenizer, *, max_tokens: int | None = None, **
         "max_tokens": max_tokens,
     }
     return identity_hash(identity)[:20], identity
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _read_meta(path: Path) -> dict | None:
@@ -199,7 +186,7 @@ def prepare_tokens(
         "seconds": round(time.perf_counter() - t0, 3),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    _write_json_atomic(directory / "meta.json", meta)
+    atomic_write_json(directory / "meta.json", meta)
     return np.memmap(directory / f"{split}.bin", dtype=dtype, mode="r", shape=(n_tokens,))
 
 

@@ -44,14 +44,14 @@ def _json_ready(value: Any) -> Any:
 
 def write_json(path: Path, obj: dict[str, Any]) -> Path:
     """``obj`` as indented strict JSON, written to a temporary file and renamed."""
-    from ..train.checkpoint import atomic_write_text
+    from ..io import atomic_write_text
 
     atomic_write_text(Path(path), json.dumps(_json_ready(obj), indent=1, allow_nan=False) + "\n")
     return Path(path)
 
 
 def _write_text(path: Path, text: str) -> Path:
-    from ..train.checkpoint import atomic_write_text
+    from ..io import atomic_write_text
 
     atomic_write_text(Path(path), text)
     return Path(path)

@@ -4,53 +4,19 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..io import atomic_write_bytes, atomic_write_text
+
 FORMAT = "s2hc-checkpoint"
 VERSION = 1
 FILENAME = "checkpoint.pt"  # one process: a single file
 SHARDED = "checkpoint.dcp"  # several processes or FSDP: a torch.distributed.checkpoint directory
 EXTRA = "extra.pt"  # inside SHARDED: configs, step, data position, RNG
-
-
-def atomic_write_bytes(path: Path, write) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
-
-    A reader (or a run killed mid-write) sees either the old file or the new one, never half of one.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    directory = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(directory)  # the rename itself survives a crash
-    finally:
-        os.close(directory)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write_bytes(path, lambda handle: handle.write(text.encode()))
 
 
 def rng_state() -> dict[str, Any]:

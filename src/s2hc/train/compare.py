@@ -6,7 +6,7 @@ import json
 import statistics
 from pathlib import Path
 
-from .checkpoint import atomic_write_text
+from ..io import atomic_write_text
 from .config import DEFAULT_STREAMS, TrainConfig
 from .loop import RunResult, read_metrics, train
 

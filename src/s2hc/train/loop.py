@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..io import atomic_write_text
 from . import distributed
 from .checkpoint import (
     FILENAME,
     SHARDED,
-    atomic_write_text,
     checkpoint_paths,
     load_checkpoint,
     load_sharded_into,
