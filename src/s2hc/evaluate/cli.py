@@ -1,0 +1,232 @@
+"""The ``s2hc eval``, ``s2hc generate`` and ``s2hc export`` subcommands (registered by :func:`s2hc.cli.build_parser`).
+
+Exit status: 0 on success, 2 for bad input (a checkpoint path that does not exist or is not an s2hc
+checkpoint, an unknown task, a bad option, a missing extra), 3 when a task's data cannot be had (offline).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _positive_int(text: str) -> int:
+    from ..cli import positive_int
+
+    return positive_int(text)
+
+
+def _nonnegative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value}")
+    return value
+
+
+def _limit(text: str) -> float | int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a count >= 1 or a fraction in (0, 1), got {text!r}") from None
+    if value <= 0 or (value >= 1 and value != int(value)):
+        raise argparse.ArgumentTypeError(f"must be a count >= 1 or a fraction in (0, 1), got {text!r}")
+    return int(value) if value >= 1 else value
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file")
+    parser.add_argument("--device", default="auto", help="'auto' (CUDA if available, else CPU), 'cpu', 'cuda', 'cuda:N'")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="cast the model (default: as saved, float32)")
+
+
+# ------------------------------------------------------------------------------------------------------ eval
+
+
+def add_eval_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "eval", help="perplexity and lm-evaluation-harness benchmarks of a checkpoint",
+        description="Evaluate a checkpoint: --perplexity on a token source (default: the embedded corpus's "
+        "held-out split), and/or --tasks through lm-evaluation-harness (lm-eval tasks, groups and tags; the "
+        "offline tasks s2hc_nextline, s2hc_ppl, s2hc_offline shipped with s2hc; 'paper8', the s2HC paper's "
+        "eight benchmarks, which need the Hugging Face Hub). Without --tasks, computes the perplexity.",
+    )
+    _add_model_options(parser)
+    parser.add_argument("--perplexity", action="store_true", help="compute the perplexity (the default without --tasks)")
+    parser.add_argument("--tasks", default=None, metavar="A,B,...", help="lm-eval tasks, s2hc_offline, paper8, ...")
+    parser.add_argument("--batch-size", type=_positive_int, default=8, help="sequences per forward pass (default 8)")
+    group = parser.add_argument_group("perplexity")
+    group.add_argument("--data", default="embedded", help="token source (as `s2hc train --data`; default 'embedded')")
+    group.add_argument("--split", default="val", choices=["val", "train"], help="split of the source (default 'val')")
+    group.add_argument("--seq-len", type=_positive_int, default=None, help="window length (default: the run's seq_len)")
+    group.add_argument("--max-batches", type=_positive_int, default=None,
+                       help="score only this many batches, spread over the split (default: all)")
+    group.add_argument("--cache-dir", default=None, help="token shard cache (default: the run's)")
+    group = parser.add_argument_group("lm-eval tasks")
+    group.add_argument("--limit", type=_limit, default=None, help="examples per task (a count, or a fraction < 1)")
+    group.add_argument("--num-fewshot", type=int, default=None,
+                       help="shots for the tasks outside paper8 (default: the task's)")
+    group.add_argument("--bootstrap-iters", type=int, default=1000, help="bootstrap resamples for stderr (default 1000)")
+    group.add_argument("--seed", type=int, default=1234, help="seed of few-shot sampling and lm-eval (default 1234)")
+    parser.add_argument("--output", default=None, metavar="DIR",
+                        help="also write DIR/results.json and DIR/results.md (DIR/perplexity.json for --perplexity)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
+    parser.set_defaults(func=cmd_eval, subparser=parser)
+    return parser
+
+
+def _row_label(model) -> str:
+    c = model.config
+    return "residual" if c.mixer == "residual" else f"{c.mixer} (n={c.n_streams})"
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .loading import load_for_eval
+
+    parser = args.subparser
+    do_perplexity = args.perplexity or args.tasks is None
+    try:
+        model, tokenizer, train_config = load_for_eval(args.checkpoint, device=args.device, dtype=args.dtype)
+    except ValueError as error:
+        parser.error(str(error))
+    out = Path(args.output).expanduser() if args.output else None
+    if out is not None and out.exists() and not out.is_dir():
+        parser.error(f"--output {str(out)!r} exists and is not a directory")
+
+    if do_perplexity:
+        from ..data.shards import prepare_tokens
+        from .perplexity import perplexity
+
+        try:
+            cache = train_config.cache_dir if args.cache_dir is None else args.cache_dir
+            tokens = prepare_tokens(args.data, tokenizer, cache, args.split, progress=args.progress)
+            result = perplexity(
+                model, tokens, args.seq_len or min(train_config.seq_len, model.config.max_seq_len),
+                batch_size=args.batch_size, max_batches=args.max_batches, progress=args.progress,
+                source=args.data, split=args.split,
+            )  # fmt: skip
+        except ValueError as error:
+            parser.error(str(error))
+        print(result)
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "perplexity.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+
+    if args.tasks is not None:
+        try:
+            from .harness import S2HCLM
+            from .suites import PAPER8_NAME, HubUnavailable, format_paper8_table, format_results_table, parse_tasks, run_tasks
+        except ImportError as error:
+            parser.error(f"--tasks needs lm-eval ({error.name or error} is missing): pip install 's2hc[eval]'")
+        try:
+            names = parse_tasks(args.tasks)
+            lm = S2HCLM(model=model, tokenizer=tokenizer, batch_size=args.batch_size, progress=args.progress)
+            lm.checkpoint = str(args.checkpoint)
+            results = run_tasks(
+                lm, names, num_fewshot=args.num_fewshot, limit=args.limit, bootstrap_iters=args.bootstrap_iters,
+                seed=args.seed, verbosity="INFO" if args.progress else "WARNING",
+            )  # fmt: skip
+        except HubUnavailable as error:
+            print(f"s2hc eval: error: {error}", file=sys.stderr)
+            return 3
+        except ValueError as error:
+            parser.error(str(error))
+        table = format_results_table(results)
+        if PAPER8_NAME in names:
+            table += "\n" + format_paper8_table({_row_label(model): results}) + "\n"
+        print(table)
+        if out is not None:
+            from lm_eval.utils import handle_non_serializable
+
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "results.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
+            (out / "results.md").write_text(table)
+    return 0
+
+
+# -------------------------------------------------------------------------------------------------- generate
+
+
+def add_generate_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "generate", help="sample continuations of a prompt from a checkpoint",
+        description="Continue each --prompt with the checkpoint's model (KV-cached decoding); prints the prompt "
+        "and its continuation. Temperature 0 decodes greedily.",
+    )
+    _add_model_options(parser)
+    parser.add_argument("--prompt", action="append", required=True, help="text to continue (repeatable)")
+    parser.add_argument("--max-new-tokens", type=_positive_int, default=100, help="tokens to generate (default 100)")
+    parser.add_argument("--temperature", type=_nonnegative_float, default=0.8, help="0 for greedy (default 0.8)")
+    parser.add_argument("--top-k", type=_positive_int, default=50, help="sample among the k likeliest tokens (default 50)")
+    parser.add_argument("--num-samples", type=_positive_int, default=1, help="continuations per prompt (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--no-cache", dest="use_cache", action="store_false",
+                        help="recompute every position at every step (slower; the same tokens)")
+    parser.set_defaults(func=cmd_generate, subparser=parser)
+    return parser
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from .generation import generate_tokens
+    from .loading import load_for_eval
+
+    parser = args.subparser
+    try:
+        model, tokenizer, _ = load_for_eval(args.checkpoint, device=args.device, dtype=args.dtype)
+        generator = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
+        prompts = [p for p in args.prompt for _ in range(args.num_samples)]
+        encoded = [tokenizer.encode(p) or [tokenizer.eot_id] for p in prompts]
+        outputs = generate_tokens(
+            model, encoded, args.max_new_tokens, eot_id=tokenizer.eot_id, temperature=args.temperature,
+            top_k=args.top_k, generator=generator, use_cache=args.use_cache,
+        )  # fmt: skip
+    except ValueError as error:
+        parser.error(str(error))
+    for k, (prompt, tokens) in enumerate(zip(prompts, outputs)):
+        if len(prompts) > 1:
+            print(f"--- sample {k + 1} ---")
+        text = tokenizer.decode([t for t in tokens if t != tokenizer.eot_id])
+        print(prompt + text)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------- export
+
+
+def add_export_parser(subparsers) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "export", help="write a checkpoint as a Hugging Face transformers model directory",
+        description="Write OUT_DIR from CHECKPOINT: config.json, model.safetensors, the tokenizer and two loader "
+        "modules, so that AutoModelForCausalLM.from_pretrained(OUT_DIR) (after `import s2hc.hf`, or with "
+        "trust_remote_code=True) and AutoTokenizer.from_pretrained(OUT_DIR) load it; generate() uses a KV cache. "
+        "Needs the hf extra (transformers).",
+    )
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file")
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (created; existing files are replaced)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="weights' dtype (default: as saved, float32)")
+    parser.set_defaults(func=cmd_export, subparser=parser)
+    return parser
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    parser = args.subparser
+    try:
+        from ..hf import export  # s2hc.hf imports transformers: only here, not when the CLI starts
+    except ImportError:
+        parser.error("export needs transformers: pip install 's2hc[hf]'")
+    try:
+        out = export(args.checkpoint, args.out_dir, dtype=args.dtype)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"exported {args.checkpoint} to {out}")
+    print(f"load it with: import s2hc.hf; AutoModelForCausalLM.from_pretrained({str(out)!r}) "
+          "(or trust_remote_code=True without the import)")
+    return 0

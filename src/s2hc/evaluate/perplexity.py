@@ -1,0 +1,117 @@
+"""Perplexity of a model on a token source: the embedded corpus's held-out split by default.
+
+The tokens are cut into the same non-overlapping windows as the training loop's validation loss
+(:func:`s2hc.data.loader.eval_batches`: window ``i`` is tokens ``i·L .. i·L + L``, predicting the last ``L``
+from the first ``L``; every token but the first is predicted once, with the context since its window's
+start), so ``perplexity = exp(mean cross-entropy per predicted token)`` is comparable with the run's
+``val_loss``. ``max_batches`` spreads a capped evaluation evenly over the whole split.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+
+@dataclass
+class PerplexityResult:
+    """``loss``: mean cross-entropy in nats per predicted token; ``perplexity = exp(loss)``; ``bits_per_token``;
+    ``tokens``: predicted tokens; ``windows``: sequences of ``seq_len`` scored; ``source`` / ``split``."""
+
+    loss: float
+    perplexity: float
+    bits_per_token: float
+    tokens: int
+    windows: int
+    seq_len: int
+    source: str
+    split: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"perplexity {self.perplexity:.3f} (loss {self.loss:.4f} nats/token, {self.bits_per_token:.4f} bits/token) "
+            f"over {self.tokens:,} tokens of {self.source}:{self.split} in {self.windows:,} windows of {self.seq_len}"
+        )
+
+
+@torch.no_grad()
+def perplexity(
+    model,
+    tokens,
+    seq_len: int,
+    *,
+    batch_size: int = 8,
+    max_batches: int | None = None,
+    progress: bool = True,
+    source: str = "tokens",
+    split: str = "-",
+) -> PerplexityResult:
+    """Perplexity of ``model`` (an s2hc :class:`~s2hc.models.Transformer`, or any module mapping ids ``(B, T)``
+    to logits ``(B, T, V)``) on ``tokens`` (a 1-D array of ids) in windows of ``seq_len``."""
+    from ..data.loader import eval_batches
+
+    max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
+    if max_len is not None and seq_len > max_len:
+        raise ValueError(f"seq_len={seq_len} is longer than the model's max_seq_len={max_len}")
+    batches = eval_batches(tokens, seq_len, batch_size, max_batches)
+    n_windows = (len(tokens) - 1) // seq_len
+    n_used = n_windows if max_batches is None else min(n_windows, max_batches * batch_size)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count, windows = 0.0, 0, 0
+    bar = tqdm(total=n_used, disable=not progress, desc="perplexity", unit="seq")
+    try:
+        for x, y in batches:
+            logits = model(x.to(device))
+            total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
+            count += y.numel()
+            windows += x.shape[0]
+            bar.update(x.shape[0])
+            bar.set_postfix(ppl=f"{math.exp(total / count):.2f}")
+    finally:
+        bar.close()
+        model.train(was_training)
+    loss = total / count
+    return PerplexityResult(
+        loss=loss, perplexity=math.exp(loss), bits_per_token=loss / math.log(2), tokens=count, windows=windows,
+        seq_len=seq_len, source=source, split=split,
+    )  # fmt: skip
+
+
+def checkpoint_perplexity(
+    checkpoint: str | os.PathLike,
+    *,
+    data: str | None = None,
+    split: str = "val",
+    seq_len: int | None = None,
+    batch_size: int = 8,
+    max_batches: int | None = None,
+    cache_dir: str | None = None,
+    device: str = "auto",
+    dtype: str | None = None,
+    progress: bool = True,
+) -> PerplexityResult:
+    """Perplexity of a checkpoint on ``split`` (``"val"`` or ``"train"``) of ``data`` (any source
+    :func:`s2hc.data.prepare_tokens` reads; default ``"embedded"``), tokenised with the checkpoint's tokenizer.
+    ``seq_len`` defaults to the run's training ``seq_len``."""
+    from ..data.shards import prepare_tokens
+    from .loading import load_for_eval
+
+    model, tokenizer, train_config = load_for_eval(checkpoint, device=device, dtype=dtype)
+    data = "embedded" if data is None else data
+    seq_len = train_config.seq_len if seq_len is None else seq_len
+    cache = train_config.cache_dir if cache_dir is None else cache_dir
+    tokens = prepare_tokens(data, tokenizer, cache, split, progress=progress)
+    return perplexity(
+        model, tokens, seq_len, batch_size=batch_size, max_batches=max_batches, progress=progress,
+        source=str(data), split=split,
+    )  # fmt: skip

