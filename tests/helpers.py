@@ -28,3 +28,22 @@ def randomize_(module: torch.nn.Module, generator: torch.Generator, spread: floa
     with torch.no_grad():
         for p in module.parameters():
             p.add_(spread * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+
+
+# A model small enough that a few training steps take a second on 2 CPU cores.
+SMALL_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64}
+# What the Hub and datasets see in the tests that need them offline.
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def small_config(corpus_file, root, **changes):
+    """A ``TrainConfig`` of the ``tiny`` preset shrunk to ``SMALL_MODEL``, s2hc with n = 4, on ``corpus_file``."""
+    from s2hc.train import TrainConfig
+
+    values = dict(
+        preset="tiny", mixer="s2hc", n_streams=4, model_overrides=dict(SMALL_MODEL), seq_len=32, batch_size=4,
+        max_steps=3, warmup_steps=1, eval_batches=2, data=str(corpus_file), cache_dir=str(root / "cache"),
+        progress=False, out=str(root / "run"),
+    )
+    values.update(changes)
+    return TrainConfig(**values)

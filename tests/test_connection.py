@@ -37,7 +37,7 @@ class Scale(nn.Module):
 
 def reference_forward(hc: HyperConnection, x: torch.Tensor, branch) -> torch.Tensor:
     """DESIGN.md's equations written out in float64, sharing only the constraint map with the module."""
-    n, c = hc.n_streams, hc.dim
+    n = hc.n_streams
     flat = x.double().flatten(-2)
     normed = flat / flat.pow(2).mean(-1, keepdim=True).add(hc.eps).sqrt() * hc.norm_weight.double()
     d = normed @ hc.projection.double()

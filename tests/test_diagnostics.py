@@ -40,11 +40,10 @@ from s2hc.diagnostics import (
 )
 from s2hc.diagnostics.synthetic import logit_scale_sweep, scaled_mixer
 from s2hc.mixers.orthomaps import helmert_basis
-from s2hc.train import TrainConfig, compare, load_checkpoint, read_metrics, train
+from s2hc.train import compare, load_checkpoint, read_metrics, train
 
-from helpers import randomize_
+from helpers import SMALL_MODEL, randomize_, small_config
 
-SMALL_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64}
 MEASUREMENT_KEYS = {
     "row_sum_error", "col_sum_error", "spectral_norm", "deviation_singular_values", "identity_distance",
     "negative_share", "forward_amax", "backward_amax", "column_sums", "composite_spectral_norm",
@@ -348,25 +347,6 @@ def test_gradient_norms_per_layer():
 
 
 # ------------------------------------------------------------------------------- the command, on checkpoints
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory) -> Path:
-    from s2hc.data.corpus import load_corpus
-
-    path = tmp_path_factory.mktemp("corpus") / "text.txt"
-    path.write_text("\n\n".join(load_corpus("train"))[:150_000])
-    return path
-
-
-def small_config(corpus_file, tmp_path, **changes) -> TrainConfig:
-    values = dict(
-        preset="tiny", mixer="s2hc", n_streams=4, model_overrides=dict(SMALL_MODEL), seq_len=32, batch_size=4,
-        max_steps=2, warmup_steps=1, eval_batches=2, data=str(corpus_file), cache_dir=str(tmp_path / "cache"),
-        progress=False, out=str(tmp_path / "run"),
-    )
-    values.update(changes)
-    return TrainConfig(**values)
 
 
 @pytest.fixture(scope="module")

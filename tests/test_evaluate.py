@@ -22,31 +22,19 @@ from s2hc.evaluate import checkpoint_perplexity, generate_tokens, perplexity, ta
 from s2hc.evaluate.offline import DATA_FILES, build, read_jsonl_gz
 from s2hc.models import Transformer, get_preset
 from s2hc.models.transformer import KVCache
-from s2hc.train import TrainConfig, load_model, train
+from s2hc.train import load_model
 
 lm_eval = pytest.importorskip("lm_eval")
 
 from s2hc.evaluate.harness import S2HCLM  # noqa: E402
 from s2hc.evaluate.suites import PAPER8, format_paper8_table, run_tasks  # noqa: E402
-
-SMALL_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64}
-OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+from helpers import OFFLINE_ENV  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    """A real s2hc (n = 4) checkpoint: 3 training steps on ~100 kB of the embedded corpus."""
-    from s2hc.data.corpus import load_corpus
-
-    root = tmp_path_factory.mktemp("tiny")
-    text = root / "text.txt"
-    text.write_text("\n\n".join(load_corpus("train"))[:100_000])
-    config = TrainConfig(
-        preset="tiny", mixer="s2hc", n_streams=4, model_overrides=dict(SMALL_MODEL), seq_len=32, batch_size=4,
-        max_steps=3, data=str(text), cache_dir=str(root / "cache"), progress=False, out=str(root / "run"),
-    )  # fmt: skip
-    train(config)
-    return root / "run"
+def tiny(tiny_checkpoint) -> Path:
+    """The shared 3-step s2hc (n = 4) checkpoint (tests/conftest.py)."""
+    return tiny_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -28,17 +28,7 @@ from s2hc.train import (
 )
 from s2hc.train.optim import parameter_groups
 
-SMALL_MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64}
-
-
-@pytest.fixture(scope="module")
-def corpus_file(tmp_path_factory) -> Path:
-    """~150 kB of the embedded corpus as a user's text file: real text, quick to tokenise."""
-    from s2hc.data.corpus import load_corpus
-
-    path = tmp_path_factory.mktemp("corpus") / "text.txt"
-    path.write_text("\n\n".join(load_corpus("train"))[:150_000])
-    return path
+from helpers import SMALL_MODEL
 
 
 @pytest.fixture()

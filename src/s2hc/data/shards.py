@@ -19,7 +19,6 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..io import atomic_write_bytes, atomic_write_text
+from ..io import atomic_write_bytes
 
 FORMAT = "s2hc-checkpoint"
 VERSION = 1
