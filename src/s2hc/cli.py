@@ -4,6 +4,11 @@ Subcommands:
   params   parameter counts of the hyper-connections of a model shape, per mixing family.
   train    pretrain a language model with one residual family (resumable).
   compare  train the same model with several families and write a report.
+  eval     perplexity and lm-evaluation-harness benchmarks of a checkpoint.
+  generate sample continuations of a prompt from a checkpoint.
+  export   write a checkpoint as a Hugging Face transformers model directory.
+  diagnose measure the residual matrices of a checkpoint, or of synthetic inputs.
+  bench    step time, peak memory and coefficient-path cost per family, as ratios to residual.
 
 Each subcommand is one ``add_<name>_parser`` function that registers its arguments and one
 ``cmd_<name>(args) -> int`` that runs it; :func:`build_parser` wires them together.
@@ -157,6 +162,7 @@ TRAINING_FLAGS = [
     ("--eval-every", "eval_every", int, "steps between validation losses (0: only at the end)"),
     ("--checkpoint-every", "checkpoint_every", int, "steps between checkpoints (0: only at the end)"),
     ("--log-every", "log_every", positive_int, "steps between metrics lines"),
+    ("--diagnostics-every", "diagnostics_every", int, "steps between hyper-connection diagnostics in metrics.jsonl (0: off)"),
     ("--device", "device", str, "'auto', 'cpu', 'cuda' or 'cuda:N'"),
     ("--parallel", "parallel", str, "'auto' (DDP with several processes), 'none', 'ddp' or 'fsdp' (FSDP2)"),
     ("--dtype", "dtype", str, "'auto' (bfloat16 autocast where supported, else float32), 'float32', 'bfloat16'"),
@@ -297,6 +303,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_params_parser(subparsers)
     add_train_parser(subparsers)
     add_compare_parser(subparsers)
+    # Each of these modules imports helpers from this one, so they are imported here, not at the top.
+    from .bench.cli import add_bench_parser
+    from .diagnostics.cli import add_diagnose_parser
+    from .evaluate.cli import add_eval_parser, add_export_parser, add_generate_parser
+
+    add_eval_parser(subparsers)
+    add_generate_parser(subparsers)
+    add_export_parser(subparsers)
+    add_diagnose_parser(subparsers)
+    add_bench_parser(subparsers)
     return parser
 
 

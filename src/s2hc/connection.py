@@ -8,6 +8,15 @@ Per token, with streams ``X ∈ R^{n×C}`` (DESIGN.md section 1)::
 
 The coefficient path (norm, projection, gates, constraint map) runs in at least float32 whatever the
 model's dtype; the three matrices are cast back to the stream dtype for the mixing itself.
+
+Two implementations of the same equations (``tests/test_fastpath.py`` checks they agree, values and
+gradients): the reference (``fused=False``: ``F.rms_norm``, a projection of the normed features, the
+family's :meth:`~s2hc.mixers.Mixer.mix`, einsum read and write) and the fast path (``fused=True``, the
+default): the RMSNorm weight folded into the projection (``d = r · X (diag(w) W)``, ``r = 1/rms(X)``, so
+no normed n·C-wide copy is written or stored), under ``torch.compile`` the family's ``mix_fast`` (no
+batched tiny matrix products, so inductor fuses the constraint map), and the read ``H_pre X`` and mixing ``H_res X`` in one autograd function that stores only
+``X`` and the matrices (eager), or as broadcast multiply-adds that ``torch.compile`` fuses into one
+pass over ``X`` (compiled). Measurements: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from . import mixers
 from .mixers.base import coefficient_dtype, scale_parameter
@@ -38,6 +48,86 @@ def expand_streams(h: torch.Tensor, n_streams: int) -> torch.Tensor:
     return h.unsqueeze(-2).expand(*h.shape[:-1], n_streams, h.shape[-1]).contiguous()
 
 
+class _NormProject(torch.autograd.Function):
+    """``d = RMSNorm(x) W`` with the norm's weight folded into ``weight`` ``(D, K)``: ``d = r · (x @ weight)``.
+
+    Eager fast path of the coefficient projection. ``r = 1/rms(x)`` comes from one reduction pass; the
+    backward is one GEMM and one in-place multiply-add over ``x`` (``dx = r dd Wᵀ − (r³/D)(dd · xW) x``),
+    where autograd through the unfused form writes several D-wide temporaries. Saves ``x`` (a view of
+    the streams, alive anyway), ``r`` and ``x @ weight`` (K per token).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, eps):
+        inv_rms = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + eps)
+        raw = x @ weight
+        ctx.save_for_backward(x, weight, inv_rms, raw)
+        return raw * inv_rms
+
+    @staticmethod
+    def backward(ctx, grad_d):
+        x, weight, inv_rms, raw = ctx.saved_tensors
+        grad_raw = grad_d * inv_rms  # (..., K)
+        grad_x = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            coeff = -(grad_d * raw).sum(-1, keepdim=True) * inv_rms.pow(3) / x.shape[-1]
+            grad_x = torch.addcmul(grad_raw @ weight.T, coeff, x)
+        if ctx.needs_input_grad[1]:
+            grad_weight = x.reshape(-1, x.shape[-1]).T @ grad_raw.reshape(-1, grad_raw.shape[-1])
+        return grad_x, grad_weight, None
+
+
+def norm_project(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``RMSNorm(x) @ W`` for ``x`` ``(..., D)`` and ``weight = diag(norm weight) W`` ``(D, K)``: ``(..., K)``.
+
+    Eager: :class:`_NormProject`; under ``torch.compile`` the plain formula, which inductor fuses.
+    """
+    if torch.compiler.is_compiling():
+        return (x @ weight) * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+    return _NormProject.apply(x, weight, eps)
+
+
+class _ReadMix(torch.autograd.Function):
+    """``(H_pre X, H_res X)`` for streams ``x`` ``(..., n, C)`` and ``pre`` ``(..., n)``, ``res`` ``(..., n, n)``.
+
+    Eager fast path of the read and the mixing. Autograd through einsum would save permuted copies
+    and run per-matrix GEMMs in backward; this saves only ``x`` (kept alive by the previous layer
+    anyway) and the small matrices, and its backward is two batched products:
+    ``dX = H_resᵀ dM + H_preᵀ dh`` and ``[dH_pre; dH_res] = [dh; dM] Xᵀ``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, pre, res):
+        ctx.save_for_backward(x, pre, res)
+        h = torch.matmul(pre.unsqueeze(-2), x).squeeze(-2)
+        return h, torch.matmul(res, x)
+
+    @staticmethod
+    def backward(ctx, grad_h, grad_m):
+        x, pre, res = ctx.saved_tensors
+        rows = torch.cat((pre.unsqueeze(-2), res), dim=-2)  # (..., n+1, n)
+        grads = torch.cat((grad_h.unsqueeze(-2), grad_m), dim=-2)  # (..., n+1, C)
+        grad_x = torch.matmul(rows.transpose(-1, -2).contiguous(), grads) if ctx.needs_input_grad[0] else None
+        grad_rows = torch.matmul(grads, x.transpose(-1, -2)) if any(ctx.needs_input_grad[1:]) else None
+        if grad_rows is None:
+            return grad_x, None, None
+        return grad_x, grad_rows[..., 0, :], grad_rows[..., 1:, :]
+
+
+def read_and_mix(x: torch.Tensor, pre: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fast path's ``(H_pre X (..., C), H_res X (..., n, C))`` for ``x`` ``(..., n, C)``, in x's dtype.
+
+    Eager: :class:`_ReadMix`. Under ``torch.compile``: n broadcast multiply-adds over C per output,
+    which inductor fuses into one loop over ``x`` (a batched GEMM would stay an opaque library call).
+    """
+    pre, res = pre.to(x.dtype), res.to(x.dtype)
+    if torch.compiler.is_compiling():
+        h = (pre.unsqueeze(-1) * x).sum(-2)
+        mixed = (res.unsqueeze(-1) * x.unsqueeze(-3)).sum(-2)
+        return h, mixed
+    return _ReadMix.apply(x, pre, res)
+
+
 def reduce_streams(x: torch.Tensor) -> torch.Tensor:
     """Sum streams ``x`` ``(B, T, n, C)`` into ``(B, T, C)`` (before the final norm)."""
     if x.dim() != 4:
@@ -55,6 +145,11 @@ class HyperConnection(nn.Module):
         layer_index: index of the wrapped sublayer; the read/write gates start favouring stream
             ``layer_index mod n``.
         eps: epsilon of the RMSNorm over all n·C features.
+        fused: the fast path (default) or, with False, the reference implementation; both compute the
+            same function (see the module docstring).
+        recompute: recompute the coefficient path (norm, projection, gates, constraint map) in backward
+            instead of storing its intermediates (``torch.utils.checkpoint``, non-reentrant). Costs one
+            more coefficient pass; see ``docs/benchmarks.md`` for what it saves.
         **mixer_options: passed to the family (e.g. ``iterations`` for ``mhc``, ``rotation`` for ``s2hc``).
 
     ``forward(x, branch, *args, **kwargs)``: ``x`` ``(B, T, n, C)``, ``branch`` any callable
@@ -68,6 +163,8 @@ class HyperConnection(nn.Module):
         mixer: str = "s2hc",
         layer_index: int = 0,
         eps: float = 1e-6,
+        fused: bool = True,
+        recompute: bool = False,
         **mixer_options: Any,
     ):
         super().__init__()
@@ -79,7 +176,11 @@ class HyperConnection(nn.Module):
             raise ValueError(f"layer_index must be an integer >= 0, got {layer_index!r}")
         if mixer not in methods():
             raise ValueError(f"mixer must be one of {methods()}, got {mixer!r}")
+        for name, value in (("fused", fused), ("recompute", recompute)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
         self.dim, self.n_streams, self.method, self.layer_index, self.eps = dim, n_streams, mixer, layer_index, eps
+        self.fused, self.recompute = fused, recompute
         if mixer == RESIDUAL:
             if n_streams != 1:
                 raise ValueError(f"n_streams must be 1 for mixer='residual', got {n_streams}")
@@ -122,19 +223,30 @@ class HyperConnection(nn.Module):
             raise ValueError(f"branch must return the shape it was given, {tuple(h.shape)}, got {tuple(out.shape)}")
         return out
 
-    def matrices(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    def matrices(self, x: torch.Tensor, fused: bool | None = None) -> dict[str, torch.Tensor]:
         """The per-token matrices for streams ``x`` ``(B, T, n, C)``, in at least float32.
 
         Returns ``pre`` ``(B, T, n)``, ``post`` ``(B, T, n)`` and ``res`` ``(B, T, n, n)``.
+        ``fused`` (default: the module's setting) picks the fast or the reference implementation.
         """
         self._check_streams(x)
         dtype = coefficient_dtype(x.dtype)
         if self.is_residual:
             ones = torch.ones(*x.shape[:2], 1, dtype=dtype, device=x.device)
             return {"pre": ones, "post": ones, "res": ones.unsqueeze(-1)}
+        fused = self.fused if fused is None else fused
+        pre, post, res = self._coefficients(x, fused)
+        return {"pre": pre, "post": post, "res": res}
+
+    def _coefficients(self, x: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        dtype = coefficient_dtype(x.dtype)
         flat = x.flatten(-2).to(dtype)
-        normed = F.rms_norm(flat, (flat.shape[-1],), self.norm_weight.to(dtype), self.eps)
-        d = normed @ self.projection.to(dtype)
+        if fused:  # RMSNorm(X) W = r · X (diag(w) W): the normed features are never materialised
+            weight = self.norm_weight.to(dtype).unsqueeze(-1) * self.projection.to(dtype)
+            d = norm_project(flat, weight, self.eps)
+        else:
+            normed = F.rms_norm(flat, (flat.shape[-1],), self.norm_weight.to(dtype), self.eps)
+            d = normed @ self.projection.to(dtype)
         n = self.n_streams
         d_pre, d_post, d_res = d.split([n, n, self.mixer.num_inputs], dim=-1)
         alpha_pre, alpha_post = self.alpha_pre.to(dtype), self.alpha_post.to(dtype)
@@ -145,14 +257,25 @@ class HyperConnection(nn.Module):
         else:
             pre = torch.sigmoid(alpha_pre * d_pre + bias_pre)
             post = 2.0 * torch.sigmoid(alpha_post * d_post + bias_post)
-        return {"pre": pre, "post": post, "res": self.mixer(d_res)}
+        # The families' broadcast forms (mix_fast) fuse under torch.compile (s2hc n = 4: 4.0 ms against
+        # 18.9 ms compiled from the batched-GEMM form, 2 048 tokens); in eager the batched GEMMs are faster
+        # on one thread (7.6 ms against 21 ms), so eager keeps them (docs/benchmarks.md).
+        return pre, post, self.mixer(d_res, fast=fused and torch.compiler.is_compiling())
 
     def forward(self, x: torch.Tensor, branch: Callable[..., torch.Tensor], *args, **kwargs) -> torch.Tensor:
         self._check_streams(x)
         if self.is_residual:
             return x + self._call_branch(branch, x.squeeze(-2), args, kwargs).unsqueeze(-2)
-        h = self.matrices(x)
-        return self.write(x, h, self._call_branch(branch, self.read(x, h), args, kwargs))
+        if self.recompute and torch.is_grad_enabled():
+            pre, post, res = checkpoint(self._coefficients, x, self.fused, use_reentrant=False)
+        else:
+            pre, post, res = self._coefficients(x, self.fused)
+        if not self.fused:
+            h = {"pre": pre, "post": post, "res": res}
+            return self.write(x, h, self._call_branch(branch, self.read(x, h), args, kwargs))
+        branch_in, mixed = read_and_mix(x, pre, res)
+        branch_out = self._call_branch(branch, branch_in, args, kwargs)
+        return torch.addcmul(mixed, post.to(x.dtype).unsqueeze(-1), branch_out.unsqueeze(-2))
 
     @staticmethod
     def read(x: torch.Tensor, h: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -166,4 +289,7 @@ class HyperConnection(nn.Module):
         return torch.einsum("btij,btjc->btic", res, x) + post.unsqueeze(-1) * branch_out.unsqueeze(-2)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, n_streams={self.n_streams}, mixer={self.method!r}, layer_index={self.layer_index}"
+        text = f"dim={self.dim}, n_streams={self.n_streams}, mixer={self.method!r}, layer_index={self.layer_index}"
+        if not self.is_residual:
+            text += f", fused={self.fused}" + (", recompute=True" if self.recompute else "")
+        return text

@@ -1,0 +1,98 @@
+"""``s2hc bench``: training-step time and peak memory per family as ratios to residual, the coefficient
+path alone, the ``hyper-connections`` package's mHC as a peer, and the parameter table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_bench_parser(subparsers) -> argparse.ArgumentParser:
+    from ..cli import positive_int
+    from ..connection import methods
+    from .core import PEER
+
+    parser = subparsers.add_parser(
+        "bench",
+        help="step time, peak memory and coefficient-path cost per family, as ratios to residual",
+        description=(
+            "Time training steps (forward, cross-entropy, backward, AdamW) of a preset with each family, "
+            "interleaved with residual in every repetition, and report ratios (median and spread), tokens/s "
+            "and peak tensor memory; then the coefficient path alone per token, and the parameter table. "
+            f"The hyper-connections package's mHC ({PEER}) runs as a peer at n = 4 when it is importable. "
+            "A family may carry options: s2hc:recompute=True, s2hc:fused=False. Never fails on a time."
+        ),
+    )
+    parser.add_argument("--preset", default="small", help="model preset (default 'small')")
+    parser.add_argument("--streams", type=positive_int, default=4, help="streams n of the non-residual families (default 4)")
+    parser.add_argument(
+        "--mixers", default="s2hc,mhc", metavar="A,B,...",
+        help=f"families, optionally NAME:KEY=VALUE (default 's2hc,mhc'; residual is always added; allowed: "
+        f"{','.join(methods())},{PEER})",
+    )  # fmt: skip
+    parser.add_argument("--compile", action="store_true", help="torch.compile every model")
+    parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved repetitions (default 3)")
+    parser.add_argument("--steps", type=positive_int, default=2, help="timed steps per variant and repetition (default 2)")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step (default 8)")
+    parser.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence (default 256)")
+    parser.add_argument("--layers", type=positive_int, default=None, help="override the preset's layer count")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch threads (default: torch's choice; 1 gives stable ratios on a shared machine)")
+    parser.add_argument("--no-peer", action="store_true", help=f"leave out {PEER}")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
+    parser.add_argument("--no-coefficients", action="store_true", help="skip the coefficient-path table")
+    parser.add_argument("--json", action="store_true", help="print a JSON object of lists instead of tables")
+    parser.set_defaults(func=cmd_bench, subparser=parser)
+    return parser
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ..cli import format_params_table
+    from ..models import get_preset
+    from ..params import param_table
+    from . import core
+
+    try:
+        variants = [core.parse_variant(t, args.streams) for t in args.mixers.split(",") if t.strip()]
+        overrides = {} if args.layers is None else {"n_layers": args.layers}
+        config = get_preset(args.preset, **overrides)
+    except ValueError as error:
+        args.subparser.error(str(error))
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    peer_note = None
+    if not args.no_peer and not any(v.mixer == core.PEER for v in variants):
+        if core.peer_available():
+            variants.append(core.Variant(core.PEER, 4))
+        else:
+            peer_note = f"{core.PEER}: absent (pip install hyper-connections to run the peer)"
+    log = (lambda text: print(text, file=sys.stderr, flush=True)) if not args.json else (lambda text: None)
+    log(f"machine: {core.machine_description()}")
+    try:
+        steps = core.benchmark_steps(
+            args.preset, variants, batch_size=args.batch_size, seq_len=args.seq_len, compile=args.compile,
+            repeats=args.repeats, steps=args.steps, memory=not args.no_memory, overrides=overrides, log=log,
+        )  # fmt: skip
+    except ValueError as error:
+        args.subparser.error(str(error))
+    families = list(dict.fromkeys(v.mixer for v in variants if v.mixer not in ("residual", core.PEER)))
+    if "mhc" not in families:
+        families.append("mhc")
+    coefficients = [] if args.no_coefficients else core.benchmark_coefficients(
+        families, n_streams=args.streams, dim=config.dim, repeats=max(3, args.repeats), log=log)  # fmt: skip
+    params = param_table(["residual", *families], layers=config.n_layers, dim=config.dim, n_streams=args.streams)
+    if args.json:
+        print(json.dumps({"machine": core.machine_description(), "steps": steps, "coefficients": coefficients,
+                          "params": params, "peer": peer_note or "present"}, indent=2))  # fmt: skip
+        return 0
+    print(f"Machine: {core.machine_description()}\n")
+    print(core.format_step_table(steps, peer_note))
+    if coefficients:
+        print()
+        print(core.format_coefficient_table(coefficients))
+    print()
+    print(format_params_table(params))
+    return 0

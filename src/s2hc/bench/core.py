@@ -1,0 +1,435 @@
+"""Training-step and coefficient-path benchmarks of the residual families, as ratios to ``residual``.
+
+Everything here is measured, not modelled: wall-clock time of whole training steps (forward,
+cross-entropy, backward, AdamW, zero_grad) with the variants interleaved within every repetition, so
+a slow phase of a shared machine hits all of them alike, and the ratio to ``residual`` is taken per
+repetition before the median. Peak memory is the largest amount of tensor memory live during one
+step, read from the allocator's own allocation and free events (``torch.profiler`` with
+``profile_memory=True``) on top of what was live before the step (parameters, optimizer state), so it
+is the same number on CPUs and GPUs, eager or compiled, and does not depend on the C allocator's
+caching.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..connection import RESIDUAL, HyperConnection, methods
+from ..models import Transformer, get_preset
+
+PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the same model
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One model to time: a family (or :data:`PEER`), its stream count and HyperConnection options."""
+
+    mixer: str
+    n_streams: int
+    options: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        extra = "".join(f":{k}={v}" for k, v in sorted(self.options.items()))
+        return f"{self.mixer}{extra}"
+
+
+def parse_variant(text: str, n_streams: int) -> Variant:
+    """``"s2hc"``, ``"s2hc:recompute=True"``, ``"mhc:iterations=10"`` or :data:`PEER` -> :class:`Variant`.
+
+    Values are Python literals (``True``, ``10``, ``'expm'``) or bare words. ValueError naming
+    ``--mixers`` for an unknown family.
+    """
+    name, *assignments = [part.strip() for part in text.split(":")]
+    if name == "hyper-connections":
+        name, assignments = PEER, [a for a in assignments if a != "mhc"]
+    if name not in (*methods(), PEER):
+        raise ValueError(f"argument --mixers: unknown mixer {name!r}; allowed: {','.join((*methods(), PEER))}")
+    options = {}
+    for assignment in assignments:
+        if "=" not in assignment:
+            raise ValueError(f"argument --mixers: option {assignment!r} of {name!r} must be KEY=VALUE")
+        key, value = assignment.split("=", 1)
+        try:
+            options[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            options[key.strip()] = value.strip()
+    return Variant(name, 1 if name == RESIDUAL else n_streams, options)
+
+
+def peer_available() -> bool:
+    """Whether the ``hyper-connections`` package (the peer) can be imported."""
+    try:
+        import hyper_connections  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------- models
+
+
+class _PeerConnection(nn.Module):
+    """The ``hyper-connections`` package's mHC behind s2hc's ``hc(x, branch, *args)`` call."""
+
+    def __init__(self, dim: int, n_streams: int, layer_index: int, **options: Any):
+        super().__init__()
+        from hyper_connections import ManifoldConstrainedHyperConnections
+
+        self.inner = ManifoldConstrainedHyperConnections(n_streams, dim=dim, layer_index=layer_index, **options)
+
+    def forward(self, x, branch, *args, **kwargs):
+        branch_in, add_residual = self.inner(x)
+        return add_residual(branch(branch_in, *args, **kwargs))
+
+
+class PeerTransformer(Transformer):
+    """s2hc's :class:`~s2hc.models.Transformer` with every connection replaced by the package's mHC.
+
+    The streams stay in the package's layout ``(batch · n, T, C)`` from the embedding to the reduction,
+    so no transposition is added on either side; branches, norms and the head are s2hc's.
+    """
+
+    def __init__(self, config, n_streams: int, **options: Any):
+        super().__init__(config)
+        self.peer_streams = n_streams
+        for block in self.blocks:
+            block.attn_hc = _PeerConnection(config.dim, n_streams, 2 * block.layer, **options)
+            block.mlp_hc = _PeerConnection(config.dim, n_streams, 2 * block.layer + 1, **options)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        config, n = self.config, self.peer_streams
+        T = input_ids.shape[1]
+        positions = torch.arange(T, device=input_ids.device)
+        h = self.embed(input_ids)
+        if self.pos_embed is not None:
+            h = h + self.pos_embed(positions)
+        rope = None
+        if config.pos == "rope":
+            from ..models.transformer import rope_cos_sin
+
+            rope = rope_cos_sin(positions, config.head_dim, config.rope_theta)
+        x = h.repeat_interleave(n, dim=0)  # (b s) t d, the package's expand
+        for block in self.blocks:
+            x = block(x, rope, None)
+        x = x.view(-1, n, *x.shape[1:]).sum(1)
+        return self.lm_head(self.norm(x))
+
+
+def build_model(preset: str, variant: Variant, overrides: dict | None = None) -> nn.Module:
+    """The preset's model for ``variant`` (seeded, float32)."""
+    torch.manual_seed(0)
+    overrides = dict(overrides or {})
+    if variant.mixer == PEER:
+        config = get_preset(preset, **overrides)
+        if config.sliding_window is not None or config.embed_scale:
+            raise ValueError(f"the {PEER} peer supports presets without sliding windows or embedding scaling")
+        return PeerTransformer(config, variant.n_streams, **variant.options)
+    config = get_preset(preset, mixer=variant.mixer, n_streams=variant.n_streams, **overrides)
+    model = Transformer(config)
+    for module in model.modules():  # connection options (fused, recompute) are not ModelConfig fields
+        if isinstance(module, HyperConnection) and not module.is_residual:
+            for key, value in variant.options.items():
+                if key not in ("fused", "recompute"):
+                    raise ValueError(f"option {key!r} of {variant.label!r}: only fused= and recompute= here")
+                setattr(module, key, value)
+    return model
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
+
+def live_tensor_bytes(*objects: Any) -> int:
+    """Bytes of the distinct storages of the tensors in ``objects`` (modules, optimizers, tensors)."""
+    seen, total = set(), 0
+
+    def visit(t: torch.Tensor) -> None:
+        nonlocal total
+        storage = t.untyped_storage()
+        key = (storage.data_ptr(), t.device)
+        if key not in seen and storage.nbytes():
+            seen.add(key)
+            total += storage.nbytes()
+
+    for obj in objects:
+        if isinstance(obj, nn.Module):
+            for t in (*obj.parameters(), *obj.buffers()):
+                visit(t)
+                if getattr(t, "grad", None) is not None:
+                    visit(t.grad)
+        elif isinstance(obj, torch.optim.Optimizer):
+            for state in obj.state.values():
+                for value in state.values():
+                    if isinstance(value, torch.Tensor):
+                        visit(value)
+        elif isinstance(obj, torch.Tensor):
+            visit(obj)
+    return total
+
+
+def peak_step_bytes(step: Callable[[], Any], *baseline: Any) -> int:
+    """Peak tensor memory of one call of ``step``: the bytes live before it (``baseline`` objects) plus
+    the highest running sum of the allocator's allocation (+) and free (−) events during it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    before = live_tensor_bytes(*baseline)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    running = peak = 0
+    for event in events:
+        running += event.nbytes()
+        peak = max(peak, running)
+    return before + peak
+
+
+@dataclass
+class StepRunner:
+    """A model, its AdamW and one fixed batch; :meth:`step` is one training step."""
+
+    variant: Variant
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    forward: Callable[[torch.Tensor], torch.Tensor]
+
+    def step(self) -> None:
+        logits = self.forward(self.inputs)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def make_runner(
+    preset: str, variant: Variant, *, batch_size: int, seq_len: int, compile: bool, overrides: dict | None = None
+) -> StepRunner:
+    model = build_model(preset, variant, overrides)
+    vocab = model.config.vocab_size
+    ids = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
+    forward = torch.compile(model) if compile else model
+    return StepRunner(variant, model, optimizer, ids[:, :-1], ids[:, 1:], forward)
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    return statistics.median(values), min(values), max(values)
+
+
+def benchmark_steps(
+    preset: str,
+    variants: list[Variant],
+    *,
+    batch_size: int = 8,
+    seq_len: int = 256,
+    compile: bool = False,
+    repeats: int = 3,
+    steps: int = 2,
+    warmup: int = 1,
+    memory: bool = True,
+    overrides: dict | None = None,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Time training steps of every variant, interleaved, and return one row per variant.
+
+    ``residual`` is added first if absent. Each of ``repeats`` repetitions runs ``steps`` timed steps of
+    every variant in turn; a variant's time in a repetition is the median of its steps, and its ratio to
+    residual is taken within the repetition. Rows: ``mixer``, ``label``, ``n_streams``, ``compiled``,
+    ``step_s`` (median), ``step_ratio_vs_residual`` with ``step_ratio_min`` / ``step_ratio_max``,
+    ``tokens_per_s``, ``peak_mem_bytes``, ``peak_mem_ratio_vs_residual`` (None when ``memory`` is False),
+    ``params``, ``batch_size``, ``seq_len``, ``preset``.
+    """
+    log = log or (lambda _: None)
+    if not any(v.mixer == RESIDUAL for v in variants):
+        variants = [Variant(RESIDUAL, 1), *variants]
+    runners = []
+    for variant in variants:
+        log(f"building {variant.label} (n={variant.n_streams}{', compiling' if compile else ''})")
+        runner = make_runner(preset, variant, batch_size=batch_size, seq_len=seq_len, compile=compile,
+                             overrides=overrides)  # fmt: skip
+        for _ in range(max(warmup, 2 if compile else 1)):  # compiles forward and backward on the first step
+            runner.step()
+        runners.append(runner)
+    times: dict[int, list[float]] = {i: [] for i in range(len(runners))}
+    for rep in range(repeats):
+        for i, runner in enumerate(runners):
+            samples = []
+            for _ in range(steps):
+                start = time.perf_counter()
+                runner.step()
+                samples.append(time.perf_counter() - start)
+            times[i].append(statistics.median(samples))
+        log(f"repetition {rep + 1}/{repeats}: " + ", ".join(f"{r.variant.label} {times[i][-1]:.3f}s" for i, r in enumerate(runners)))
+    base = next(i for i, r in enumerate(runners) if r.variant.mixer == RESIDUAL)
+    peaks = {}
+    if memory:
+        for i, runner in enumerate(runners):
+            peaks[i] = peak_step_bytes(runner.step, runner.model, runner.optimizer)
+    rows = []
+    for i, runner in enumerate(runners):
+        ratios = [t / b for t, b in zip(times[i], times[base])]
+        ratio, low, high = _spread(ratios)
+        step_s = statistics.median(times[i])
+        rows.append({
+            "preset": preset, "mixer": runner.variant.mixer, "label": runner.variant.label,
+            "n_streams": runner.variant.n_streams, "compiled": compile, "batch_size": batch_size, "seq_len": seq_len,
+            "step_s": step_s, "step_ratio_vs_residual": ratio, "step_ratio_min": low, "step_ratio_max": high,
+            "tokens_per_s": batch_size * seq_len / step_s,
+            "peak_mem_bytes": peaks.get(i), "peak_mem_ratio_vs_residual": peaks[i] / peaks[base] if memory else None,
+            "params": sum(p.numel() for p in runner.model.parameters()),
+        })  # fmt: skip
+    return rows
+
+
+# ------------------------------------------------------------------------------- the coefficient path
+
+
+def benchmark_coefficients(
+    mixers: list[str],
+    *,
+    n_streams: int,
+    dim: int,
+    tokens: int = 2048,
+    repeats: int = 5,
+    fused_options: tuple[bool, ...] = (True, False),
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Forward + backward time of the coefficient path alone (norm, projection, gates, constraint map) per
+    token, for each family and implementation (``fused`` True: fast path, False: reference).
+
+    Interleaved like :func:`benchmark_steps`; ``ratio_vs_mhc`` compares with ``mhc``'s time of the same
+    implementation in the same repetition (None without ``mhc``). Rows: ``mixer``, ``fused``,
+    ``n_streams``, ``dim``, ``ns_per_token``, ``ns_min``, ``ns_max``, ``ratio_vs_mhc``.
+    """
+    log = log or (lambda _: None)
+    names = [m for m in mixers if m not in (RESIDUAL, PEER)]
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(tokens, 1, n_streams, dim, generator=generator).requires_grad_()
+    cases = []
+    for name in names:
+        options = {"allow_large": True} if name in ("mhc-lite", "kromhc") and n_streams > 6 else {}
+        torch.manual_seed(0)
+        hc = HyperConnection(dim, n_streams, mixer=name, **options)
+        with torch.no_grad():  # away from the zero initialisation, so no path is trivially skipped
+            hc.projection.normal_(0, 0.1, generator=generator)
+        for fused in fused_options:
+            cases.append((name, fused, hc))
+
+    def run(hc: HyperConnection, fused: bool) -> None:
+        pre, post, res = hc._coefficients(x, fused)
+        (pre.sum() + post.sum() + res.square().sum()).backward()
+
+    for name, fused, hc in cases:
+        run(hc, fused)
+    times: dict[int, list[float]] = {i: [] for i in range(len(cases))}
+    for _ in range(repeats):
+        for i, (name, fused, hc) in enumerate(cases):
+            start = time.perf_counter()
+            run(hc, fused)
+            times[i].append((time.perf_counter() - start) / tokens * 1e9)
+    rows = []
+    for i, (name, fused, hc) in enumerate(cases):
+        reference = next((j for j, (m, f, _) in enumerate(cases) if m == "mhc" and f == fused), None)
+        ratio = None
+        if reference is not None:
+            ratio = statistics.median(t / r for t, r in zip(times[i], times[reference]))
+        median, low, high = _spread(times[i])
+        rows.append({"mixer": name, "fused": fused, "n_streams": n_streams, "dim": dim, "ns_per_token": median,
+                     "ns_min": low, "ns_max": high, "ratio_vs_mhc": ratio})  # fmt: skip
+    log("coefficient path: " + ", ".join(f"{r['mixer']}{'' if r['fused'] else '(ref)'} {r['ns_per_token']:.0f} ns" for r in rows))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------- formatting
+
+
+def machine_description() -> str:
+    """One line: CPU model (or GPU), threads, torch version."""
+    import platform
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        if names:
+            cpu = names[0]
+    except OSError:
+        pass
+    gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {torch.get_num_threads()} torch threads{gpu}; torch {torch.__version__}"
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**20:,.0f} MiB"
+
+
+def format_step_table(rows: list[dict[str, Any]], peer_note: str | None = None) -> str:
+    first = rows[0]
+    mode = "compiled" if first["compiled"] else "eager"
+    lines = [
+        f"Training step (forward, backward, AdamW), preset {first['preset']}, batch {first['batch_size']} x "
+        f"sequence {first['seq_len']}, {mode}; ratios to residual within each repetition: median [min, max]",
+        "",
+        "| mixer | n | step | vs residual | tokens/s | peak memory | vs residual |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        mem_ratio = "-" if row["peak_mem_ratio_vs_residual"] is None else f"{row['peak_mem_ratio_vs_residual']:.2f}x"
+        lines.append(
+            f"| {row['label']} | {row['n_streams']} | {row['step_s'] * 1e3:,.0f} ms | "
+            f"{row['step_ratio_vs_residual']:.2f}x [{row['step_ratio_min']:.2f}, {row['step_ratio_max']:.2f}] | "
+            f"{row['tokens_per_s']:,.0f} | {_mib(row['peak_mem_bytes'])} | {mem_ratio} |"
+        )
+    if peer_note:
+        lines += ["", peer_note]
+    return "\n".join(lines)
+
+
+def format_coefficient_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "Coefficient path: no family to time."
+    first = rows[0]
+    lines = [
+        f"Coefficient path alone (RMSNorm + projection + gates + constraint map, forward + backward), "
+        f"n = {first['n_streams']}, C = {first['dim']}: time per token, median [min, max]",
+        "",
+        "| mixer | implementation | ns / token | vs mhc (same implementation) |",
+        "|---|---|---:|---:|",
+    ]
+    for row in rows:
+        ratio = "-" if row["ratio_vs_mhc"] is None else f"{row['ratio_vs_mhc']:.2f}x"
+        impl = "fast" if row["fused"] else "reference"
+        lines.append(f"| {row['mixer']} | {impl} | {row['ns_per_token']:,.0f} [{row['ns_min']:,.0f}, "
+                     f"{row['ns_max']:,.0f}] | {ratio} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+__all__ = [
+    "PEER",
+    "PeerTransformer",
+    "StepRunner",
+    "Variant",
+    "benchmark_coefficients",
+    "benchmark_steps",
+    "build_model",
+    "format_coefficient_table",
+    "format_step_table",
+    "live_tensor_bytes",
+    "machine_description",
+    "make_runner",
+    "parse_variant",
+    "peak_step_bytes",
+    "peer_available",
+]
