@@ -47,3 +47,16 @@ def small_config(corpus_file, root, **changes):
     )
     values.update(changes)
     return TrainConfig(**values)
+
+
+def random_model(mixer="s2hc", n_streams=4, seed=0, **overrides):
+    """A small model with every parameter moved far from its initialisation, so decoding is not trivial."""
+    from s2hc.models import Transformer, get_preset
+
+    config = dict(vocab_size=1024, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=64)
+    config.update(overrides)
+    preset = config.pop("preset", "tiny")
+    torch.manual_seed(seed)
+    model = Transformer(get_preset(preset, mixer=mixer, n_streams=n_streams, **config)).eval()
+    randomize_(model, torch.Generator().manual_seed(seed), 0.5)
+    return model

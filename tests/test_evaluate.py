@@ -20,7 +20,6 @@ from s2hc.cli import main
 from s2hc.data import get_tokenizer
 from s2hc.evaluate import checkpoint_perplexity, generate_tokens, perplexity, tasks_dir
 from s2hc.evaluate.offline import DATA_FILES, build, read_jsonl_gz
-from s2hc.models import Transformer, get_preset
 from s2hc.models.transformer import KVCache
 from s2hc.train import load_model
 
@@ -28,7 +27,7 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from s2hc.evaluate.harness import S2HCLM  # noqa: E402
 from s2hc.evaluate.suites import PAPER8, format_paper8_table, run_tasks  # noqa: E402
-from helpers import OFFLINE_ENV  # noqa: E402
+from helpers import OFFLINE_ENV, random_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +41,6 @@ def lm(tiny) -> S2HCLM:
     return S2HCLM(checkpoint=str(tiny), batch_size=8, progress=False)
 
 
-def random_model(mixer="s2hc", n_streams=4, seed=0, **overrides) -> Transformer:
-    """A small model with every parameter moved far from its initialisation, so decoding is not trivial."""
-    config = dict(vocab_size=1024, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=64)
-    config.update(overrides)
-    preset = config.pop("preset", "tiny")
-    torch.manual_seed(seed)
-    model = Transformer(get_preset(preset, mixer=mixer, n_streams=n_streams, **config)).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.5 * torch.randn(p.shape, generator=generator))
-    return model
 
 
 def request(kind: str, *args):

@@ -26,6 +26,7 @@ from s2hc.hf import S2HCConfig, S2HCForCausalLM, from_s2hc  # noqa: E402
 from s2hc.hf.export import hf_tokenizer  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
+import helpers  # noqa: E402
 from helpers import OFFLINE_ENV  # noqa: E402
 
 TEXTS = [
@@ -48,17 +49,9 @@ def exported(tiny, tmp_path_factory) -> Path:
     return out
 
 
-def random_model(mixer="s2hc", n_streams=4, seed=0, **overrides) -> Transformer:
-    config = dict(vocab_size=4096, dim=32, n_layers=2, n_heads=2, ffn_dim=64, max_seq_len=64)
-    config.update(overrides)
-    preset = config.pop("preset", "tiny")
-    torch.manual_seed(seed)
-    model = Transformer(get_preset(preset, mixer=mixer, n_streams=n_streams, **config)).eval()
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.5 * torch.randn(p.shape, generator=generator))
-    return model
+def random_model(*args, **kwargs) -> Transformer:
+    """helpers.random_model with the shipped tokenizer's 4 096-token vocabulary."""
+    return helpers.random_model(*args, **{"vocab_size": 4096, **kwargs})
 
 
 # ---- export -> from_pretrained -------------------------------------------------------------------------
