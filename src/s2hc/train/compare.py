@@ -85,7 +85,8 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
         "Final train loss is the mean over the last 10 % of logged steps; validation loss is on the held-out split "
         "after the last step. "
         "Tokens/s is from the median training step (evaluation and checkpoints excluded); the step-time ratio "
-        "is residual's tokens/s over the family's, measured in this run on this machine.",
+        "is residual's tokens/s over the family's, measured in this run on this machine. The runs are sequential, so "
+        "other load on the machine skews it; `s2hc bench` interleaves the families for speed comparisons.",
         "",
     ]
     figure = plot_loss_curves(out, results)
