@@ -35,14 +35,10 @@ import torch
 from torch import nn
 
 from . import mixers
+from .checks import check_int
 from .connection import HyperConnection
 
 __all__ = ["CompatHyperConnection", "ExpandStreams", "ReduceStreams", "get_init_and_expand_reduce_stream_functions"]
-
-
-def _check_streams(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def _split_leading(residual: torch.Tensor, n_streams: int) -> int:
@@ -206,7 +202,7 @@ def get_init_and_expand_reduce_stream_functions(
     a random stream instead. ``expand_stream`` maps ``(b, ..., d) -> (b*s, ..., d)`` (copies, streams
     inner) and ``reduce_stream`` ``(b*s, ..., d) -> (b, ..., d)`` (sum over streams).
     """
-    _check_streams("num_streams", num_streams)
+    check_int("num_streams", num_streams)
     if num_fracs != 1:
         raise ValueError(f"num_fracs must be 1 (the default; frac-connections are not supported), got {num_fracs!r}")
     if add_stream_embed:

@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import mixers
+from .checks import check_int
 from .mixers.base import coefficient_dtype, scale_parameter
 
 RESIDUAL = "residual"
@@ -41,8 +42,7 @@ def methods() -> list[str]:
 
 def expand_streams(h: torch.Tensor, n_streams: int) -> torch.Tensor:
     """Copy hidden states ``h`` ``(B, T, C)`` into ``n_streams`` streams ``(B, T, n, C)`` (after the embedding)."""
-    if not isinstance(n_streams, int) or isinstance(n_streams, bool) or n_streams < 1:
-        raise ValueError(f"n_streams must be an integer >= 1, got {n_streams!r}")
+    check_int("n_streams", n_streams)
     if h.dim() != 3:
         raise ValueError(f"h must have shape (batch, time, dim), got shape {tuple(h.shape)}")
     return h.unsqueeze(-2).expand(*h.shape[:-1], n_streams, h.shape[-1]).contiguous()
@@ -168,12 +168,9 @@ class HyperConnection(nn.Module):
         **mixer_options: Any,
     ):
         super().__init__()
-        if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
-            raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
-        if not isinstance(n_streams, int) or isinstance(n_streams, bool) or n_streams < 1:
-            raise ValueError(f"n_streams must be an integer >= 1, got {n_streams!r}")
-        if not isinstance(layer_index, int) or layer_index < 0:
-            raise ValueError(f"layer_index must be an integer >= 0, got {layer_index!r}")
+        check_int("dim", dim)
+        check_int("n_streams", n_streams)
+        check_int("layer_index", layer_index, minimum=0)
         if mixer not in methods():
             raise ValueError(f"mixer must be one of {methods()}, got {mixer!r}")
         for name, value in (("fused", fused), ("recompute", recompute)):

@@ -18,14 +18,10 @@ from typing import Any, Iterable
 import torch
 
 from . import mixers
+from .checks import check_int
 from .connection import RESIDUAL, HyperConnection, methods
 
 __all__ = ["build_options", "count_aux_params", "param_table"]
-
-
-def _check_positive_int(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def _check_mixer(mixer: Any) -> None:
@@ -58,7 +54,7 @@ def _count(
         ("n_streams", n_streams),
         ("sublayers_per_layer", sublayers_per_layer),
     ):
-        _check_positive_int(name, value)
+        check_int(name, value)
     if mixer == RESIDUAL:
         n_streams = 1  # a plain residual stream is one stream, whatever n the others use
     options = build_options(mixer, **mixer_options)

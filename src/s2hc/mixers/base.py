@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..checks import check_int
+
 
 @dataclass(frozen=True)
 class Guarantees:
@@ -44,8 +46,7 @@ class Mixer(nn.Module):
 
     def __init__(self, n_streams: int):
         super().__init__()
-        if not isinstance(n_streams, int) or isinstance(n_streams, bool) or n_streams < 1:
-            raise ValueError(f"n_streams must be an integer >= 1, got {n_streams!r}")
+        check_int("n_streams", n_streams)
         self.n_streams = n_streams
         self.num_inputs = 0
 

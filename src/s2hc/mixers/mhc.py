@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..checks import check_int
 from .base import Guarantees, Mixer, scale_parameter
 
 OFF_DIAGONAL_BIAS = -8.0
@@ -38,9 +39,7 @@ class MHCMixer(Mixer):
 
     def __init__(self, n_streams: int, iterations: int = 20, alpha: float = 0.01):
         super().__init__(n_streams)
-        if not isinstance(iterations, int) or isinstance(iterations, bool) or iterations < 1:
-            raise ValueError(f"iterations must be an integer >= 1, got {iterations!r}")
-        self.iterations = iterations
+        self.iterations = check_int("iterations", iterations)
         self.num_inputs = n_streams * n_streams
         self.alpha = scale_parameter(alpha)
         bias = torch.full((n_streams, n_streams), OFF_DIAGONAL_BIAS)

@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from ..checks import check_int
+
 DEFAULT_STREAMS = 4  # what `--mixer s2hc` means without `--streams`: the papers' n
 
 
@@ -62,13 +64,9 @@ class TrainConfig:
             self.n_streams = 1 if self.mixer == "residual" else DEFAULT_STREAMS
         positive = ("seq_len", "batch_size", "grad_accum", "max_steps", "eval_batches", "log_every", "n_streams")
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+            check_int(name, getattr(self, name))
         for name in ("eval_every", "checkpoint_every", "warmup_steps", "seed", "diagnostics_every"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+            check_int(name, getattr(self, name), minimum=0)
         if not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
         if not 0 <= self.min_lr_ratio <= 1:
