@@ -16,11 +16,14 @@ default): the RMSNorm weight folded into the projection (``d = r · X (diag(w) W
 no normed n·C-wide copy is written or stored), under ``torch.compile`` the family's ``mix_fast`` (no
 batched tiny matrix products, so inductor fuses the constraint map), and the read ``H_pre X`` and mixing ``H_res X`` in one autograd function that stores only
 ``X`` and the matrices (eager), or as broadcast multiply-adds that ``torch.compile`` fuses into one
-pass over ``X`` (compiled). Measurements: ``docs/benchmarks.md``.
+pass over ``X`` (compiled). ``kernels="triton"`` runs the fast path's three n-wide passes (norm and
+projection, read and mix, write) as Triton kernels (:mod:`s2hc.triton_kernels`) on CUDA, or on CPU under
+``TRITON_INTERPRET=1``. Measurements: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, Callable
 
 import torch
@@ -33,6 +36,8 @@ from .checks import check_int
 from .mixers.base import coefficient_dtype, scale_parameter
 
 RESIDUAL = "residual"
+KERNELS = ("torch", "triton")
+COMPUTE_OPTIONS = ("fused", "recompute", "kernels")  # how a connection computes, not what: HyperConnection.set_options
 
 
 def methods() -> list[str]:
@@ -150,6 +155,9 @@ class HyperConnection(nn.Module):
         recompute: recompute the coefficient path (norm, projection, gates, constraint map) in backward
             instead of storing its intermediates (``torch.utils.checkpoint``, non-reentrant). Costs one
             more coefficient pass; see ``docs/benchmarks.md`` for what it saves.
+        kernels: ``"torch"`` (default) or ``"triton"``: the fast path's n-wide passes as Triton kernels
+            (needs ``fused=True`` and the ``triton`` package; CUDA tensors, or CPU under
+            ``TRITON_INTERPRET=1``). Under ``torch.compile`` the PyTorch forms run, which inductor fuses.
         **mixer_options: passed to the family (e.g. ``iterations`` for ``mhc``, ``rotation`` for ``s2hc``).
 
     ``forward(x, branch, *args, **kwargs)``: ``x`` ``(B, T, n, C)``, ``branch`` any callable
@@ -165,6 +173,7 @@ class HyperConnection(nn.Module):
         eps: float = 1e-6,
         fused: bool = True,
         recompute: bool = False,
+        kernels: str = "torch",
         **mixer_options: Any,
     ):
         super().__init__()
@@ -173,11 +182,9 @@ class HyperConnection(nn.Module):
         check_int("layer_index", layer_index, minimum=0)
         if mixer not in methods():
             raise ValueError(f"mixer must be one of {methods()}, got {mixer!r}")
-        for name, value in (("fused", fused), ("recompute", recompute)):
-            if not isinstance(value, bool):
-                raise ValueError(f"{name} must be True or False, got {value!r}")
         self.dim, self.n_streams, self.method, self.layer_index, self.eps = dim, n_streams, mixer, layer_index, eps
-        self.fused, self.recompute = fused, recompute
+        self.fused, self.recompute, self.kernels = True, False, "torch"
+        self.set_options(fused=fused, recompute=recompute, kernels=kernels)
         if mixer == RESIDUAL:
             if n_streams != 1:
                 raise ValueError(f"n_streams must be 1 for mixer='residual', got {n_streams}")
@@ -204,6 +211,38 @@ class HyperConnection(nn.Module):
     @property
     def is_residual(self) -> bool:
         return self.mixer is None
+
+    def set_options(self, fused: bool | None = None, recompute: bool | None = None, kernels: str | None = None):
+        """Change how the connection computes (not what): ``fused``, ``recompute``, ``kernels`` as in the
+        constructor; ``None`` keeps the current value. Checked together, so a bad combination changes nothing."""
+        fused = self.fused if fused is None else fused
+        recompute = self.recompute if recompute is None else recompute
+        kernels = self.kernels if kernels is None else kernels
+        for name, value in (("fused", fused), ("recompute", recompute)):
+            if not isinstance(value, bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        if kernels not in KERNELS:
+            raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
+        if kernels == "triton" and self.method != RESIDUAL:
+            if not fused:
+                raise ValueError("kernels='triton' implements the fast path; it needs fused=True, got fused=False")
+            if importlib.util.find_spec("triton") is None:
+                raise ImportError("kernels='triton' needs the triton package (pip install 's2hc[triton]')")
+        self.fused, self.recompute, self.kernels = fused, recompute, kernels
+        return self
+
+    def _triton(self, x: torch.Tensor):
+        """The kernels module when this call runs the Triton path, else None."""
+        if self.kernels != "triton" or torch.compiler.is_compiling():
+            return None
+        from . import triton_kernels
+
+        if x.device.type != "cuda" and not triton_kernels.interpreted():
+            raise ValueError(
+                f"kernels='triton' runs on CUDA tensors, or on CPU with TRITON_INTERPRET=1 set before triton is "
+                f"imported; got x on device {x.device.type!r}"
+            )
+        return triton_kernels
 
     def _check_streams(self, x: torch.Tensor) -> None:
         if x.dim() != 4:
@@ -237,10 +276,11 @@ class HyperConnection(nn.Module):
 
     def _coefficients(self, x: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dtype = coefficient_dtype(x.dtype)
-        flat = x.flatten(-2).to(dtype)
+        kernels = self._triton(x) if fused else None
+        flat = x.flatten(-2) if kernels is not None else x.flatten(-2).to(dtype)  # the kernel reads any dtype
         if fused:  # RMSNorm(X) W = r · X (diag(w) W): the normed features are never materialised
             weight = self.norm_weight.to(dtype).unsqueeze(-1) * self.projection.to(dtype)
-            d = norm_project(flat, weight, self.eps)
+            d = (kernels.norm_project if kernels is not None else norm_project)(flat, weight, self.eps)
         else:
             normed = F.rms_norm(flat, (flat.shape[-1],), self.norm_weight.to(dtype), self.eps)
             d = normed @ self.projection.to(dtype)
@@ -270,6 +310,10 @@ class HyperConnection(nn.Module):
         if not self.fused:
             h = {"pre": pre, "post": post, "res": res}
             return self.write(x, h, self._call_branch(branch, self.read(x, h), args, kwargs))
+        kernels = self._triton(x)
+        if kernels is not None:
+            branch_in, mixed = kernels.read_mix(x, pre, res)
+            return kernels.write(mixed, post, self._call_branch(branch, branch_in, args, kwargs))
         branch_in, mixed = read_and_mix(x, pre, res)
         branch_out = self._call_branch(branch, branch_in, args, kwargs)
         return torch.addcmul(mixed, post.to(x.dtype).unsqueeze(-1), branch_out.unsqueeze(-2))
@@ -289,4 +333,5 @@ class HyperConnection(nn.Module):
         text = f"dim={self.dim}, n_streams={self.n_streams}, mixer={self.method!r}, layer_index={self.layer_index}"
         if not self.is_residual:
             text += f", fused={self.fused}" + (", recompute=True" if self.recompute else "")
+            text += ", kernels='triton'" if self.kernels == "triton" else ""
         return text

@@ -21,7 +21,7 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
             "interleaved with residual in every repetition, and report ratios (median and spread), tokens/s "
             "and peak tensor memory; then the coefficient path alone per token, and the parameter table. "
             f"The hyper-connections package's mHC ({PEER}) runs as a peer at n = 4 when it is importable. "
-            "A family may carry options: s2hc:recompute=True, s2hc:fused=False. Never fails on a time."
+            "A family may carry options: s2hc:recompute=True, s2hc:fused=False, s2hc:kernels=triton (CUDA). Never fails on a time."
         ),
     )
     parser.add_argument("--preset", default="small", help="model preset (default 'small')")

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..connection import RESIDUAL, HyperConnection, methods
+from ..connection import COMPUTE_OPTIONS, RESIDUAL, HyperConnection, methods
 from ..models import Transformer, get_preset
 
 PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the same model
@@ -137,12 +137,12 @@ def build_model(preset: str, variant: Variant, overrides: dict | None = None) ->
         return PeerTransformer(config, variant.n_streams, **variant.options)
     config = get_preset(preset, mixer=variant.mixer, n_streams=variant.n_streams, **overrides)
     model = Transformer(config)
-    for module in model.modules():  # connection options (fused, recompute) are not ModelConfig fields
+    unknown = sorted(set(variant.options) - set(COMPUTE_OPTIONS))
+    if unknown:
+        raise ValueError(f"options {unknown} of {variant.label!r}: allowed here are {list(COMPUTE_OPTIONS)}")
+    for module in model.modules():  # how connections compute is not a ModelConfig field
         if isinstance(module, HyperConnection) and not module.is_residual:
-            for key, value in variant.options.items():
-                if key not in ("fused", "recompute"):
-                    raise ValueError(f"option {key!r} of {variant.label!r}: only fused= and recompute= here")
-                setattr(module, key, value)
+            module.set_options(**variant.options)
     return model
 
 
