@@ -223,3 +223,18 @@ def test_expand_and_reduce_bad_input():
         expand_streams(torch.zeros(2, 4), 2)
     with pytest.raises(ValueError, match=r"x must have shape \(batch, time, n_streams, dim\)"):
         reduce_streams(torch.zeros(2, 4, 8))
+
+
+def test_set_connection_options_on_a_whole_model():
+    from s2hc.connection import set_connection_options
+
+    from helpers import random_model
+
+    model = random_model("s2hc", 2)
+    assert set_connection_options(model, recompute=True) is model
+    connections = [m for m in model.modules() if isinstance(m, HyperConnection)]
+    assert connections and all(m.recompute and m.fused for m in connections)
+    with pytest.raises(ValueError, match=r"unknown connection options \['kernel'\]; allowed: \['fused', 'recompute', 'kernels'\]"):
+        set_connection_options(model, kernel="triton")
+    with pytest.raises(ValueError, match="recompute must be True or False, got 'yes'"):
+        set_connection_options(model, recompute="yes")

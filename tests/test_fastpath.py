@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -213,12 +214,18 @@ def test_bad_flags():
         HyperConnection(8, 4, recompute=1)
 
 
+TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("mixer", ["s2hc", "mhc"])
-def test_compiled_fused_connection_with_fullgraph_equals_eager(mixer):
-    """fullgraph=True: no graph break in the fused connection (the compiled read/mix formulation included)."""
+@pytest.mark.parametrize(
+    "mixer,kernels", [("s2hc", "torch"), ("mhc", "torch"), pytest.param("s2hc", "triton", marks=TRITON)]
+)
+def test_compiled_fused_connection_with_fullgraph_equals_eager(mixer, kernels):
+    """fullgraph=True: no graph break in the fused connection (the compiled read/mix formulation included).
+    With kernels="triton", eager runs the kernels and the compiled graph the PyTorch forms inductor fuses."""
     torch._dynamo.reset()
-    hc = HyperConnection(16, 4, mixer=mixer, fused=True)
+    hc = HyperConnection(16, 4, mixer=mixer, fused=True, kernels=kernels)
     randomize_(hc, torch.Generator().manual_seed(4), 0.5)
     branch = Branch(16)
     x = torch.randn(2, 5, 4, 16, generator=torch.Generator().manual_seed(5)).requires_grad_()

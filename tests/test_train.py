@@ -214,6 +214,20 @@ def test_bad_input_exits_2_with_a_clear_message(args, message, small, capsys):
     assert __import__("re").search(message, capsys.readouterr().err)
 
 
+def test_connection_options_reach_every_connection(small, monkeypatch):
+    """``connection`` in the config is applied to the model's connections: with recompute, every connection
+    of every step goes through torch.utils.checkpoint. Unknown keys are refused when the config is made."""
+    import s2hc.connection as connection
+
+    calls = []
+    real = connection.checkpoint
+    monkeypatch.setattr(connection, "checkpoint", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    train(small.replace(max_steps=1, connection={"recompute": True}))
+    assert len(calls) == SMALL_MODEL["n_layers"] * 2  # one training step; evaluation runs without gradients
+    with pytest.raises(ValueError, match=r"connection must be a dict with keys from \['fused', 'recompute', 'kernels'\]"):
+        small.replace(connection={"recompute": True, "kernel": "triton"})
+
+
 def test_too_small_corpus_for_the_sequence_length(small, tmp_path, capsys):
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("To be, or not to be.")

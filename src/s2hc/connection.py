@@ -133,6 +133,19 @@ def read_and_mix(x: torch.Tensor, pre: torch.Tensor, res: torch.Tensor) -> tuple
     return _ReadMix.apply(x, pre, res)
 
 
+def set_connection_options(model: nn.Module, **options: Any) -> nn.Module:
+    """:meth:`HyperConnection.set_options` (``fused``, ``recompute``, ``kernels``) on every mixing connection
+    of ``model``; returns ``model``. How the connections compute is not part of a model's configuration:
+    a checkpoint trained with ``kernels="triton"`` on a GPU loads and runs anywhere."""
+    unknown = sorted(set(options) - set(COMPUTE_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown connection options {unknown}; allowed: {list(COMPUTE_OPTIONS)}")
+    for module in model.modules():
+        if isinstance(module, HyperConnection) and not module.is_residual:
+            module.set_options(**options)
+    return model
+
+
 def reduce_streams(x: torch.Tensor) -> torch.Tensor:
     """Sum streams ``x`` ``(B, T, n, C)`` into ``(B, T, C)`` (before the final norm)."""
     if x.dim() != 4:

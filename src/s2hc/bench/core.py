@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..connection import COMPUTE_OPTIONS, RESIDUAL, HyperConnection, methods
+from ..connection import COMPUTE_OPTIONS, RESIDUAL, HyperConnection, methods, set_connection_options
 from ..models import Transformer, get_preset
 
 PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the same model
@@ -140,10 +140,7 @@ def build_model(preset: str, variant: Variant, overrides: dict | None = None) ->
     unknown = sorted(set(variant.options) - set(COMPUTE_OPTIONS))
     if unknown:
         raise ValueError(f"options {unknown} of {variant.label!r}: allowed here are {list(COMPUTE_OPTIONS)}")
-    for module in model.modules():  # how connections compute is not a ModelConfig field
-        if isinstance(module, HyperConnection) and not module.is_residual:
-            module.set_options(**variant.options)
-    return model
+    return set_connection_options(model, **variant.options)  # how connections compute: not a ModelConfig field
 
 
 # ------------------------------------------------------------------------------------------ measuring

@@ -10,6 +10,7 @@ from typing import Any
 import yaml
 
 from ..checks import check_int
+from ..connection import COMPUTE_OPTIONS
 
 DEFAULT_STREAMS = 4  # what `--mixer s2hc` means without `--streams`: the papers' n
 
@@ -55,6 +56,7 @@ class TrainConfig:
     device: str = "auto"  # auto: cuda when available, else cpu
     dtype: str = "auto"  # auto: bfloat16 autocast where the device supports it, float32 on CPU
     compile: bool = False  # torch.compile each block (then shard / replicate, in torchtitan's order)
+    connection: dict = field(default_factory=dict)  # how connections compute, e.g. {recompute: true, kernels: triton}
     parallel: str = "auto"  # auto: DDP under torchrun with several processes; or none, ddp, fsdp (FSDP2)
     progress: bool = True
     out: str = "runs/train"
@@ -75,6 +77,11 @@ class TrainConfig:
             raise ValueError(f"grad_clip and weight_decay must be >= 0, got {self.grad_clip!r}, {self.weight_decay!r}")
         if self.parallel not in ("auto", "none", "ddp", "fsdp"):
             raise ValueError(f"parallel must be one of ['auto', 'none', 'ddp', 'fsdp'], got {self.parallel!r}")
+        unknown = sorted(set(self.connection) - set(COMPUTE_OPTIONS)) if isinstance(self.connection, dict) else None
+        if unknown != []:
+            raise ValueError(
+                f"connection must be a dict with keys from {list(COMPUTE_OPTIONS)}, got {self.connection!r}"
+            )
         if self.dtype not in ("auto", "float32", "bfloat16"):
             raise ValueError(f"dtype must be one of ['auto', 'bfloat16', 'float32'], got {self.dtype!r}")
 

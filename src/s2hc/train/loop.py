@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..connection import set_connection_options
 from ..io import atomic_write_text
 from . import distributed
 from .checkpoint import (
@@ -37,7 +38,7 @@ METRICS = "metrics.jsonl"
 # Fields of a run's config that may change on --resume without changing what is computed.
 RESUMABLE_CHANGES = {
     "max_steps", "eval_every", "checkpoint_every", "log_every", "progress", "out", "compile", "device", "parallel",
-    "diagnostics_every",
+    "diagnostics_every", "connection",
 }
 
 
@@ -227,7 +228,7 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
     validation = list(eval_batches(val_tokens, config.seq_len, config.batch_size, config.eval_batches))
 
     torch.manual_seed(config.seed)  # the same initial weights on every rank
-    model = Transformer(model_config).to(device)
+    model = set_connection_options(Transformer(model_config).to(device), **config.connection)
     params, aux = model.num_params(), model.aux_params()
     forward = distributed.wrap(model, ctx, config.compile, amp_dtype)
     optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
