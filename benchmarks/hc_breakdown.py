@@ -1,21 +1,36 @@
 """Where one HyperConnection's time goes: coefficient path, read + mix + write, per implementation.
 
-    python benchmarks/hc_breakdown.py [--mixers s2hc,mhc] [--streams 4] [--dim 256] [--tokens 2048] [--repeats 7]
+    python benchmarks/hc_breakdown.py [--mixers s2hc,mhc] [--streams 4] [--dim 256] [--tokens 2048]
+                                      [--repeats 7] [--device auto|cpu|cuda]
 
-Each piece runs forward + backward on random streams of the ``small`` preset's shape (8 x 256 tokens,
-C = 256) with an identity branch, interleaved over repetitions; prints the median in ms.
+Each piece runs forward + backward on random streams ``(tokens, 1, n, C)`` of the ``small`` preset's
+shape (8 x 256 tokens, C = 256) with an identity branch, interleaved over repetitions; prints the median
+and minimum in ms. Implementations: ``reference`` (``fused=False``), ``fast`` (the default), and
+``triton`` (``kernels="triton"``) when triton is installed and the device is CUDA or the kernels run
+under Triton's interpreter (``TRITON_INTERPRET=1``, slow: for checking, not timing). ``--device auto``
+picks CUDA when available; on CUDA every timing is synchronised.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
-import time
 
 import torch
 
 from s2hc import HyperConnection
+from s2hc.bench.core import DEVICES, resolve_device, timed
 from s2hc.connection import read_and_mix
+
+
+def triton_kernels_for(device: torch.device):
+    """:mod:`s2hc.triton_kernels` when its kernels can run on ``device``, else None."""
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from s2hc import triton_kernels
+
+    return triton_kernels if device.type == "cuda" or triton_kernels.interpreted() else None
 
 
 def main() -> None:
@@ -25,26 +40,41 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when available, else cpu")
     args = parser.parse_args()
+    try:
+        device = resolve_device(args.device)
+    except ValueError as error:
+        parser.error(str(error))
+    kernels = triton_kernels_for(device)
+    implementations = ["reference", "fast"] + (["triton"] if kernels is not None else [])
     n, c = args.streams, args.dim
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(args.tokens, 1, n, c, generator=g).requires_grad_()
-    f = torch.randn(args.tokens, 1, c, generator=g)
+    g = torch.Generator().manual_seed(0)  # drawn on the CPU: the same values on every device
+    x = torch.randn(args.tokens, 1, n, c, generator=g).to(device).requires_grad_()
+    f = torch.randn(args.tokens, 1, c, generator=g).to(device)
     cases = {}
     for name in args.mixers.split(","):
         hc = HyperConnection(c, n, mixer=name)
         with torch.no_grad():
             hc.projection.normal_(0, 0.1, generator=g)
-        for fused in (False, True):
-            tag = f"{name} {'fast' if fused else 'reference'}"
+        hc.to(device)
+        for impl in implementations:
 
-            def coeff(hc=hc, fused=fused):
-                pre, post, res = hc._coefficients(x, fused)
+            def use(hc=hc, impl=impl):  # every case sets its implementation: the module is shared
+                hc.set_options(fused=impl != "reference", kernels="triton" if impl == "triton" else "torch")
+
+            def coeff(hc=hc, impl=impl, use=use):
+                use()
+                pre, post, res = hc._coefficients(x, hc.fused)  # triton: kernels.norm_project inside
                 (pre.sum() + post.sum() + res.sum()).backward()
 
-            def streams(hc=hc, fused=fused):
-                pre, post, res = (t.detach().requires_grad_() for t in hc._coefficients(x, fused))
-                if fused:
+            def streams(hc=hc, impl=impl, use=use):
+                use()
+                pre, post, res = (t.detach().requires_grad_() for t in hc._coefficients(x, hc.fused))
+                if impl == "triton":
+                    h, mixed = kernels.read_mix(x, pre, res)
+                    out = kernels.write(mixed, post, h + f)
+                elif impl == "fast":
                     h, mixed = read_and_mix(x, pre, res)
                     out = torch.addcmul(mixed, post.unsqueeze(-1), (h + f).unsqueeze(-2))
                 else:
@@ -52,22 +82,23 @@ def main() -> None:
                     out = hc.write(x, m, hc.read(x, m) + f)
                 out.sum().backward()
 
-            def whole(hc=hc, fused=fused):
-                hc.fused = fused
+            def whole(hc=hc, use=use):
+                use()
                 hc(x, lambda h: h + f).sum().backward()
 
-            cases[f"{tag}: coefficients"] = coeff
-            cases[f"{tag}: read+mix+write"] = streams
-            cases[f"{tag}: whole connection"] = whole
+            cases[f"{name} {impl}: coefficients"] = coeff
+            cases[f"{name} {impl}: read+mix+write"] = streams
+            cases[f"{name} {impl}: whole connection"] = whole
     for fn in cases.values():
         fn()
     times = {k: [] for k in cases}
     for _ in range(args.repeats):
         for key, fn in cases.items():
-            start = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - start)
-    print(f"one connection, forward + backward, {args.tokens} tokens, n = {n}, C = {c} (median [min] ms)")
+            times[key].append(timed(fn, device))
+    where = f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
+    print(f"one connection, forward + backward, {args.tokens} tokens, n = {n}, C = {c}, on {where} (median [min] ms)")
+    if kernels is None:
+        print("  (no triton case: needs the triton package and CUDA, or TRITON_INTERPRET=1 on a CPU)")
     for key, values in times.items():
         print(f"  {key:40s} {statistics.median(values) * 1e3:7.2f}  [{min(values) * 1e3:6.2f}]")
 

@@ -1,7 +1,9 @@
-"""s2hc bench: shapes and keys of its rows on a tiny configuration (never a time)."""
+"""s2hc bench: shapes and keys of its rows on a tiny configuration (never a time), and its device handling
+(CPU only here: the CUDA paths are checked with torch.cuda's functions replaced)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -12,19 +14,23 @@ from s2hc.cli import main
 
 TINY = dict(batch_size=1, seq_len=8, repeats=1, steps=1, warmup=1, overrides={"n_layers": 1})
 STEP_KEYS = {"mixer", "label", "n_streams", "compiled", "step_s", "step_ratio_vs_residual", "step_ratio_min",
-             "step_ratio_max", "tokens_per_s", "peak_mem_bytes", "peak_mem_ratio_vs_residual", "params"}  # fmt: skip
+             "step_ratio_max", "tokens_per_s", "peak_mem_bytes", "peak_mem_ratio_vs_residual", "params",
+             "device"}  # fmt: skip
+CLI_TINY = ["bench", "--preset", "tiny", "--layers", "1", "--batch-size", "1", "--seq-len", "8", "--repeats", "1",
+            "--steps", "1"]  # fmt: skip
 
 
 def test_step_rows_have_the_keys_and_residual_first():
     variants = [core.parse_variant("s2hc", 2), core.parse_variant("s2hc:recompute=True", 2)]
-    rows = core.benchmark_steps("tiny", variants, **TINY)
+    rows = core.benchmark_steps("tiny", variants, device="cpu", **TINY)
     assert [r["label"] for r in rows] == ["residual", "s2hc", "s2hc:recompute=True"]
     for row in rows:
-        assert STEP_KEYS <= set(row)
+        assert STEP_KEYS <= set(row) and row["device"] == "cpu"
         assert row["step_s"] > 0 and row["tokens_per_s"] > 0 and row["peak_mem_bytes"] > 0
     assert rows[0]["step_ratio_vs_residual"] == 1.0 and rows[0]["peak_mem_ratio_vs_residual"] == 1.0
     assert rows[1]["n_streams"] == 2 and rows[1]["compiled"] is False
     assert "| s2hc:recompute=True | 2 |" in core.format_step_table(rows)
+    assert "eager on cpu" in core.format_step_table(rows)
 
 
 def test_peer_runs_in_the_same_model():
@@ -36,7 +42,7 @@ def test_peer_runs_in_the_same_model():
 def test_coefficient_rows():
     rows = core.benchmark_coefficients(["s2hc", "mhc"], n_streams=4, dim=8, tokens=16, repeats=1)
     assert [(r["mixer"], r["fused"]) for r in rows] == [("s2hc", True), ("s2hc", False), ("mhc", True), ("mhc", False)]
-    assert all(r["ns_per_token"] > 0 for r in rows)
+    assert all(r["ns_per_token"] > 0 and r["device"] == "cpu" for r in rows)
     assert rows[2]["ratio_vs_mhc"] == 1.0
     assert "| s2hc | fast |" in core.format_coefficient_table(rows)
 
@@ -61,21 +67,98 @@ def test_parse_variant():
 
 
 def test_cli_json(capsys):
-    argv = ["bench", "--preset", "tiny", "--layers", "1", "--batch-size", "1", "--seq-len", "8", "--repeats", "1",
-            "--steps", "1", "--mixers", "s2hc", "--streams", "2", "--json"]  # fmt: skip
+    argv = [*CLI_TINY, "--mixers", "s2hc", "--streams", "2", "--device", "cpu", "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
-    assert {"steps", "coefficients", "params", "machine", "peer"} <= set(out)
+    assert {"steps", "coefficients", "params", "machine", "peer", "device"} <= set(out)
     required = {"mixer", "n_streams", "compiled", "step_ratio_vs_residual", "peak_mem_ratio_vs_residual", "tokens_per_s"}
     assert all(required <= set(row) for row in out["steps"])
+    assert out["device"] == "cpu" and out["machine"].endswith("benchmarks ran on cpu")
+    assert {row["device"] for row in out["steps"] + out["coefficients"]} == {"cpu"}
     assert [row["mixer"] for row in out["params"]][:2] == ["residual", "s2hc"]
 
 
 def test_cli_table_and_bad_mixer(capsys):
-    argv = ["bench", "--preset", "tiny", "--layers", "1", "--batch-size", "1", "--seq-len", "8", "--repeats", "1",
-            "--steps", "1", "--mixers", "identity", "--no-peer", "--no-memory", "--no-coefficients"]  # fmt: skip
+    argv = [*CLI_TINY, "--mixers", "identity", "--no-peer", "--no-memory", "--no-coefficients"]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "| identity | 4 |" in text and "Hyper-connection parameters" in text
     assert main(["bench", "--mixers", "sinkhorn"]) == 2
     assert "unknown mixer 'sinkhorn'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------- devices
+
+
+def test_resolve_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert core.resolve_device("auto") == torch.device("cpu")
+    assert core.resolve_device("cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"argument --device: 'cuda' needs a CUDA GPU.*allowed: auto, cpu, cuda"):
+        core.resolve_device("cuda")
+    with pytest.raises(ValueError, match=r"argument --device: invalid choice 'tpu'; allowed: auto, cpu, cuda"):
+        core.resolve_device("tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert core.resolve_device("auto") == core.resolve_device("cuda") == torch.device("cuda")
+
+
+def test_cli_cuda_without_cuda_exits_2(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main([*CLI_TINY, "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "argument --device: 'cuda' needs a CUDA GPU" in err and "allowed: auto, cpu, cuda" in err
+    assert main([*CLI_TINY, "--device", "tpu"]) == 2
+    assert "argument --device: invalid choice: 'tpu'" in capsys.readouterr().err
+
+
+def test_timing_synchronises_only_on_cuda(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", device)))
+    assert core.timed(lambda: calls.append("step"), torch.device("cpu")) >= 0
+    assert calls == ["step"]
+    calls.clear()
+    cuda = torch.device("cuda")
+    core.timed(lambda: calls.append("step"), cuda)  # the fake synchronize needs no GPU
+    assert calls == [("sync", cuda), "step", ("sync", cuda)]
+
+
+def test_cuda_peak_memory_is_baseline_plus_the_steps_own_peak(monkeypatch):
+    """On CUDA: bytes of the baseline objects + (max_memory_allocated - memory_allocated before the step),
+    with the peak statistics reset before the step (torch.cuda's functions replaced: no GPU needed)."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append("reset"))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10_000)  # other models included
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 10_000 + 4096)
+    baseline = torch.zeros(256)  # 1 KiB
+    assert core.peak_step_bytes(lambda: calls.append("step"), baseline, device="cuda") == 1024 + 4096
+    assert calls == ["sync", "reset", "step", "sync"]
+
+
+def _triton_runs_here() -> bool:
+    if importlib.util.find_spec("triton") is None:
+        return False
+    from s2hc import triton_kernels
+
+    return triton_kernels.interpreted()  # set by the root conftest.py on machines without CUDA
+
+
+TRITON_ARGV = [*CLI_TINY, "--mixers", "s2hc:kernels=triton", "--streams", "2", "--device", "cpu", "--no-peer",
+               "--no-memory", "--no-coefficients"]  # fmt: skip
+
+
+@pytest.mark.skipif(not _triton_runs_here(), reason="needs triton under TRITON_INTERPRET=1")
+def test_cli_triton_kernels_under_the_interpreter(capsys):
+    assert main([*TRITON_ARGV, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["steps"]
+    assert [(r["label"], r["device"]) for r in rows] == [("residual", "cpu"), ("s2hc:kernels=triton", "cpu")]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
+def test_cli_triton_kernels_where_they_cannot_run_exits_2(monkeypatch, capsys):
+    from s2hc import triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "interpreted", lambda: False)  # as on a CPU without TRITON_INTERPRET=1
+    assert main(TRITON_ARGV) == 2
+    err = capsys.readouterr().err
+    assert "s2hc:kernels=triton failed its first training step on cpu: kernels='triton' runs on CUDA tensors" in err

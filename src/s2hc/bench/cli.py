@@ -11,7 +11,7 @@ import sys
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     from ..cli import positive_int
     from ..connection import methods
-    from .core import PEER
+    from .core import DEVICES, PEER
 
     parser = subparsers.add_parser(
         "bench",
@@ -21,7 +21,8 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
             "interleaved with residual in every repetition, and report ratios (median and spread), tokens/s "
             "and peak tensor memory; then the coefficient path alone per token, and the parameter table. "
             f"The hyper-connections package's mHC ({PEER}) runs as a peer at n = 4 when it is importable. "
-            "A family may carry options: s2hc:recompute=True, s2hc:fused=False, s2hc:kernels=triton (CUDA). Never fails on a time."
+            "A family may carry options: s2hc:recompute=True, s2hc:fused=False, s2hc:kernels=triton (CUDA, or a CPU "
+            "under TRITON_INTERPRET=1). Runs on a CUDA GPU when there is one (--device). Never fails on a time."
         ),
     )
     parser.add_argument("--preset", default="small", help="model preset (default 'small')")
@@ -30,6 +31,11 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         "--mixers", default="s2hc,mhc", metavar="A,B,...",
         help=f"families, optionally NAME:KEY=VALUE (default 's2hc,mhc'; residual is always added; allowed: "
         f"{','.join(methods())},{PEER})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--device", choices=DEVICES, default="auto",
+        help="where models and data live: auto (cuda when torch.cuda.is_available(), else cpu; the default), "
+        "cpu or cuda. On cuda, timings are synchronised and peak memory comes from torch.cuda's statistics",
     )  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved repetitions (default 3)")
@@ -57,6 +63,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         variants = [core.parse_variant(t, args.streams) for t in args.mixers.split(",") if t.strip()]
         overrides = {} if args.layers is None else {"n_layers": args.layers}
         config = get_preset(args.preset, **overrides)
+        device = core.resolve_device(args.device)
     except ValueError as error:
         args.subparser.error(str(error))
     if args.threads is not None:
@@ -70,25 +77,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
         else:
             peer_note = f"{core.PEER}: absent (pip install hyper-connections to run the peer)"
     log = (lambda text: print(text, file=sys.stderr, flush=True)) if not args.json else (lambda text: None)
-    log(f"machine: {core.machine_description()}")
+    machine = core.machine_description(device)
+    log(f"machine: {machine}")
     try:
         steps = core.benchmark_steps(
             args.preset, variants, batch_size=args.batch_size, seq_len=args.seq_len, compile=args.compile,
-            repeats=args.repeats, steps=args.steps, memory=not args.no_memory, overrides=overrides, log=log,
+            repeats=args.repeats, steps=args.steps, memory=not args.no_memory, overrides=overrides,
+            device=device, log=log,
         )  # fmt: skip
-    except ValueError as error:
+    except (ValueError, ImportError) as error:  # bad options, kernels=triton where it cannot run or is absent
         args.subparser.error(str(error))
     families = list(dict.fromkeys(v.mixer for v in variants if v.mixer not in ("residual", core.PEER)))
     if "mhc" not in families:
         families.append("mhc")
     coefficients = [] if args.no_coefficients else core.benchmark_coefficients(
-        families, n_streams=args.streams, dim=config.dim, repeats=max(3, args.repeats), log=log)  # fmt: skip
+        families, n_streams=args.streams, dim=config.dim, repeats=max(3, args.repeats), device=device,
+        log=log)  # fmt: skip
     params = param_table(["residual", *families], layers=config.n_layers, dim=config.dim, n_streams=args.streams)
     if args.json:
-        print(json.dumps({"machine": core.machine_description(), "steps": steps, "coefficients": coefficients,
+        print(json.dumps({"machine": machine, "device": device.type, "steps": steps, "coefficients": coefficients,
                           "params": params, "peer": peer_note or "present"}, indent=2))  # fmt: skip
         return 0
-    print(f"Machine: {core.machine_description()}\n")
+    print(f"Machine: {machine}\n")
     print(core.format_step_table(steps, peer_note))
     if coefficients:
         print()

@@ -3,18 +3,19 @@
 Everything here is measured, not modelled: wall-clock time of whole training steps (forward,
 cross-entropy, backward, AdamW, zero_grad) with the variants interleaved within every repetition, so
 a slow phase of a shared machine hits all of them alike, and the ratio to ``residual`` is taken per
-repetition before the median. Peak memory is the largest amount of tensor memory live during one
-step, read from the allocator's own allocation and free events (``torch.profiler`` with
-``profile_memory=True``) on top of what was live before the step (parameters, optimizer state), so it
-is the same number on CPUs and GPUs, eager or compiled, and does not depend on the C allocator's
-caching.
+repetition before the median. Runs on the CPU or a CUDA device (``device``); on CUDA every timed
+interval starts and ends with ``torch.cuda.synchronize``, so queued kernels are counted.
+
+Peak memory is the largest amount of tensor memory live during one step on top of what was live before
+it (parameters, optimizer state), so it does not depend on the C allocator's caching. On the CPU it is
+read from the allocator's own allocation and free events (``torch.profiler`` with
+``profile_memory=True``); on CUDA from the caching allocator's peak statistics
+(``torch.cuda.max_memory_allocated``), which count the same thing (:func:`peak_step_bytes`).
 """
 
 from __future__ import annotations
 
 import ast
-import dataclasses
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -76,6 +77,46 @@ def peer_available() -> bool:
     return True
 
 
+DEVICES = ("auto", "cpu", "cuda")  # what --device accepts
+
+
+def resolve_device(name: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` (CUDA when ``torch.cuda.is_available()``, else CPU), ``"cpu"`` or ``"cuda"`` -> a device;
+    a :class:`torch.device` is returned as it is.
+
+    ValueError naming ``--device``, the value and the allowed values for any other name, or for ``"cuda"``
+    when no CUDA device is available.
+    """
+    if isinstance(name, torch.device):
+        return name
+    if name not in DEVICES:
+        raise ValueError(f"argument --device: invalid choice {name!r}; allowed: {', '.join(DEVICES)}")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"argument --device: 'cuda' needs a CUDA GPU, and torch.cuda.is_available() is False here "
+            f"(torch {torch.__version__}); allowed: {', '.join(DEVICES)} (auto picks cpu here)"
+        )
+    return torch.device(name)
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA kernels run asynchronously); nothing to do on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Wall-clock seconds of one call of ``fn`` on ``device``, synchronised before the clock starts and
+    before it stops on CUDA, so queued kernels count in the call that launched them."""
+    _sync(device)
+    start = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - start
+
+
 # ---------------------------------------------------------------------------------------------- models
 
 
@@ -127,7 +168,7 @@ class PeerTransformer(Transformer):
 
 
 def build_model(preset: str, variant: Variant, overrides: dict | None = None) -> nn.Module:
-    """The preset's model for ``variant`` (seeded, float32)."""
+    """The preset's model for ``variant`` (seeded, float32, on the CPU; the caller moves it)."""
     torch.manual_seed(0)
     overrides = dict(overrides or {})
     if variant.mixer == PEER:
@@ -174,12 +215,27 @@ def live_tensor_bytes(*objects: Any) -> int:
     return total
 
 
-def peak_step_bytes(step: Callable[[], Any], *baseline: Any) -> int:
-    """Peak tensor memory of one call of ``step``: the bytes live before it (``baseline`` objects) plus
-    the highest running sum of the allocator's allocation (+) and free (−) events during it."""
+def peak_step_bytes(step: Callable[[], Any], *baseline: Any, device: torch.device | str = "cpu") -> int:
+    """Peak tensor memory in bytes of one call of ``step``: the bytes live before it (``baseline`` objects:
+    modules, optimizers, tensors) plus the most that the step itself added at any moment.
+
+    CPU: the highest running sum of the allocator's allocation (+) and free (−) events, recorded by
+    ``torch.profiler``. CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, less
+    what was allocated on the device just before the step (other models of the same run included), so
+    both count the same thing: ``baseline`` plus the step's own peak. CUDA figures are in the caching
+    allocator's rounded block sizes (multiples of 512 bytes).
+    """
+    device = torch.device(device)
+    before = live_tensor_bytes(*baseline)
+    if device.type == "cuda":
+        _sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        allocated = torch.cuda.memory_allocated(device)
+        step()
+        _sync(device)
+        return before + torch.cuda.max_memory_allocated(device) - allocated
     from torch.profiler import ProfilerActivity, profile
 
-    before = live_tensor_bytes(*baseline)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
@@ -193,7 +249,8 @@ def peak_step_bytes(step: Callable[[], Any], *baseline: Any) -> int:
 
 @dataclass
 class StepRunner:
-    """A model, its AdamW and one fixed batch; :meth:`step` is one training step."""
+    """A model, its AdamW and one fixed batch ``inputs`` / ``targets`` ``(batch, seq_len)`` of token ids,
+    all on ``device``; :meth:`step` is one training step."""
 
     variant: Variant
     model: nn.Module
@@ -201,6 +258,7 @@ class StepRunner:
     inputs: torch.Tensor
     targets: torch.Tensor
     forward: Callable[[torch.Tensor], torch.Tensor]
+    device: torch.device = torch.device("cpu")
 
     def step(self) -> None:
         logits = self.forward(self.inputs)
@@ -211,14 +269,24 @@ class StepRunner:
 
 
 def make_runner(
-    preset: str, variant: Variant, *, batch_size: int, seq_len: int, compile: bool, overrides: dict | None = None
+    preset: str,
+    variant: Variant,
+    *,
+    batch_size: int,
+    seq_len: int,
+    compile: bool,
+    overrides: dict | None = None,
+    device: torch.device | str = "cpu",
 ) -> StepRunner:
-    model = build_model(preset, variant, overrides)
+    """``variant``'s model of ``preset`` on ``device`` with AdamW and a fixed random batch of ``batch_size``
+    sequences of ``seq_len`` tokens (the same weights and ids on every device: both are drawn on the CPU)."""
+    device = torch.device(device)
+    model = build_model(preset, variant, overrides).to(device)
     vocab = model.config.vocab_size
-    ids = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=torch.Generator().manual_seed(0)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     forward = torch.compile(model) if compile else model
-    return StepRunner(variant, model, optimizer, ids[:, :-1], ids[:, 1:], forward)
+    return StepRunner(variant, model, optimizer, ids[:, :-1], ids[:, 1:], forward, device)
 
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
@@ -237,43 +305,52 @@ def benchmark_steps(
     warmup: int = 1,
     memory: bool = True,
     overrides: dict | None = None,
+    device: torch.device | str = "cpu",
     log: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Time training steps of every variant, interleaved, and return one row per variant.
+    """Time training steps of every variant on ``device``, interleaved, and return one row per variant.
 
     ``residual`` is added first if absent. Each of ``repeats`` repetitions runs ``steps`` timed steps of
     every variant in turn; a variant's time in a repetition is the median of its steps, and its ratio to
     residual is taken within the repetition. Rows: ``mixer``, ``label``, ``n_streams``, ``compiled``,
     ``step_s`` (median), ``step_ratio_vs_residual`` with ``step_ratio_min`` / ``step_ratio_max``,
     ``tokens_per_s``, ``peak_mem_bytes``, ``peak_mem_ratio_vs_residual`` (None when ``memory`` is False),
-    ``params``, ``batch_size``, ``seq_len``, ``preset``.
+    ``params``, ``batch_size``, ``seq_len``, ``preset``, ``device`` (``"cpu"`` or ``"cuda"``). Times are
+    seconds (synchronised on CUDA), memory is bytes (:func:`peak_step_bytes`). A ValueError raised by a
+    variant's first step (e.g. ``kernels=triton`` on a CPU without Triton's interpreter) is raised again
+    with the variant's label and the device.
     """
     log = log or (lambda _: None)
+    device = torch.device(device)
     if not any(v.mixer == RESIDUAL for v in variants):
         variants = [Variant(RESIDUAL, 1), *variants]
     runners = []
     for variant in variants:
-        log(f"building {variant.label} (n={variant.n_streams}{', compiling' if compile else ''})")
+        log(f"building {variant.label} (n={variant.n_streams}, {device.type}{', compiling' if compile else ''})")
+        if compile and variant.options.get("kernels") == "triton":
+            log(f"note: {variant.label} compiled runs the PyTorch forms (inductor's kernels), not s2hc's Triton kernels")
         runner = make_runner(preset, variant, batch_size=batch_size, seq_len=seq_len, compile=compile,
-                             overrides=overrides)  # fmt: skip
-        for _ in range(max(warmup, 2 if compile else 1)):  # compiles forward and backward on the first step
-            runner.step()
+                             overrides=overrides, device=device)  # fmt: skip
+        try:
+            for _ in range(max(warmup, 2 if compile else 1)):  # compiles forward and backward on the first step
+                runner.step()
+        except ValueError as error:
+            raise ValueError(f"{variant.label} failed its first training step on {device.type}: {error}") from error
+        _sync(device)
         runners.append(runner)
     times: dict[int, list[float]] = {i: [] for i in range(len(runners))}
     for rep in range(repeats):
         for i, runner in enumerate(runners):
             samples = []
             for _ in range(steps):
-                start = time.perf_counter()
-                runner.step()
-                samples.append(time.perf_counter() - start)
+                samples.append(timed(runner.step, device))
             times[i].append(statistics.median(samples))
         log(f"repetition {rep + 1}/{repeats}: " + ", ".join(f"{r.variant.label} {times[i][-1]:.3f}s" for i, r in enumerate(runners)))
     base = next(i for i, r in enumerate(runners) if r.variant.mixer == RESIDUAL)
     peaks = {}
     if memory:
         for i, runner in enumerate(runners):
-            peaks[i] = peak_step_bytes(runner.step, runner.model, runner.optimizer)
+            peaks[i] = peak_step_bytes(runner.step, runner.model, runner.optimizer, device=device)
     rows = []
     for i, runner in enumerate(runners):
         ratios = [t / b for t, b in zip(times[i], times[base])]
@@ -285,7 +362,7 @@ def benchmark_steps(
             "step_s": step_s, "step_ratio_vs_residual": ratio, "step_ratio_min": low, "step_ratio_max": high,
             "tokens_per_s": batch_size * seq_len / step_s,
             "peak_mem_bytes": peaks.get(i), "peak_mem_ratio_vs_residual": peaks[i] / peaks[base] if memory else None,
-            "params": sum(p.numel() for p in runner.model.parameters()),
+            "params": sum(p.numel() for p in runner.model.parameters()), "device": device.type,
         })  # fmt: skip
     return rows
 
@@ -301,19 +378,23 @@ def benchmark_coefficients(
     tokens: int = 2048,
     repeats: int = 5,
     fused_options: tuple[bool, ...] = (True, False),
+    device: torch.device | str = "cpu",
     log: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Forward + backward time of the coefficient path alone (norm, projection, gates, constraint map) per
-    token, for each family and implementation (``fused`` True: fast path, False: reference).
+    token, for each family and implementation (``fused`` True: fast path, False: reference), on random
+    streams ``(tokens, 1, n_streams, dim)`` on ``device`` (synchronised around every timing on CUDA).
 
     Interleaved like :func:`benchmark_steps`; ``ratio_vs_mhc`` compares with ``mhc``'s time of the same
     implementation in the same repetition (None without ``mhc``). Rows: ``mixer``, ``fused``,
-    ``n_streams``, ``dim``, ``ns_per_token``, ``ns_min``, ``ns_max``, ``ratio_vs_mhc``.
+    ``n_streams``, ``dim``, ``ns_per_token`` (nanoseconds), ``ns_min``, ``ns_max``, ``ratio_vs_mhc``,
+    ``device``.
     """
     log = log or (lambda _: None)
+    device = torch.device(device)
     names = [m for m in mixers if m not in (RESIDUAL, PEER)]
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(tokens, 1, n_streams, dim, generator=generator).requires_grad_()
+    generator = torch.Generator().manual_seed(0)  # drawn on the CPU: the same values on every device
+    x = torch.randn(tokens, 1, n_streams, dim, generator=generator).to(device).requires_grad_()
     cases = []
     for name in names:
         options = {"allow_large": True} if name in ("mhc-lite", "kromhc") and n_streams > 6 else {}
@@ -321,6 +402,7 @@ def benchmark_coefficients(
         hc = HyperConnection(dim, n_streams, mixer=name, **options)
         with torch.no_grad():  # away from the zero initialisation, so no path is trivially skipped
             hc.projection.normal_(0, 0.1, generator=generator)
+        hc.to(device)
         for fused in fused_options:
             cases.append((name, fused, hc))
 
@@ -333,9 +415,7 @@ def benchmark_coefficients(
     times: dict[int, list[float]] = {i: [] for i in range(len(cases))}
     for _ in range(repeats):
         for i, (name, fused, hc) in enumerate(cases):
-            start = time.perf_counter()
-            run(hc, fused)
-            times[i].append((time.perf_counter() - start) / tokens * 1e9)
+            times[i].append(timed(lambda: run(hc, fused), device) / tokens * 1e9)
     rows = []
     for i, (name, fused, hc) in enumerate(cases):
         reference = next((j for j, (m, f, _) in enumerate(cases) if m == "mhc" and f == fused), None)
@@ -344,7 +424,7 @@ def benchmark_coefficients(
             ratio = statistics.median(t / r for t, r in zip(times[i], times[reference]))
         median, low, high = _spread(times[i])
         rows.append({"mixer": name, "fused": fused, "n_streams": n_streams, "dim": dim, "ns_per_token": median,
-                     "ns_min": low, "ns_max": high, "ratio_vs_mhc": ratio})  # fmt: skip
+                     "ns_min": low, "ns_max": high, "ratio_vs_mhc": ratio, "device": device.type})  # fmt: skip
     log("coefficient path: " + ", ".join(f"{r['mixer']}{'' if r['fused'] else '(ref)'} {r['ns_per_token']:.0f} ns" for r in rows))
     return rows
 
@@ -352,8 +432,9 @@ def benchmark_coefficients(
 # ----------------------------------------------------------------------------------------- formatting
 
 
-def machine_description() -> str:
-    """One line: CPU model (or GPU), threads, torch version."""
+def machine_description(device: torch.device | str | None = None) -> str:
+    """One line: CPU model, torch threads, the GPU when there is one, torch version, and with ``device``
+    the device the benchmarks ran on (``"cpu"``, or ``"cuda"`` with the GPU's name)."""
     import platform
 
     cpu = platform.processor() or platform.machine()
@@ -365,7 +446,12 @@ def machine_description() -> str:
     except OSError:
         pass
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
-    return f"{cpu}, {torch.get_num_threads()} torch threads{gpu}; torch {torch.__version__}"
+    line = f"{cpu}, {torch.get_num_threads()} torch threads{gpu}; torch {torch.__version__}"
+    if device is not None:
+        device = torch.device(device)
+        ran = f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else device.type
+        line += f"; benchmarks ran on {ran}"
+    return line
 
 
 def _mib(value: float | None) -> str:
@@ -374,7 +460,7 @@ def _mib(value: float | None) -> str:
 
 def format_step_table(rows: list[dict[str, Any]], peer_note: str | None = None) -> str:
     first = rows[0]
-    mode = "compiled" if first["compiled"] else "eager"
+    mode = ("compiled" if first["compiled"] else "eager") + (f" on {first['device']}" if "device" in first else "")
     lines = [
         f"Training step (forward, backward, AdamW), preset {first['preset']}, batch {first['batch_size']} x "
         f"sequence {first['seq_len']}, {mode}; ratios to residual within each repetition: median [min, max]",
@@ -414,6 +500,7 @@ def format_coefficient_table(rows: list[dict[str, Any]]) -> str:
 
 
 __all__ = [
+    "DEVICES",
     "PEER",
     "PeerTransformer",
     "StepRunner",
@@ -429,4 +516,6 @@ __all__ = [
     "parse_variant",
     "peak_step_bytes",
     "peer_available",
+    "resolve_device",
+    "timed",
 ]
