@@ -1,4 +1,4 @@
-"""Shared helpers: which (family, n) pairs are tested, and how to randomise a module's parameters."""
+"""Shared helpers: which (family, n) pairs are tested, how to randomise a module's parameters, small models and branches."""
 
 from __future__ import annotations
 
@@ -60,3 +60,14 @@ def random_model(mixer="s2hc", n_streams=4, seed=0, **overrides):
     model = Transformer(get_preset(preset, mixer=mixer, n_streams=n_streams, **config)).eval()
     randomize_(model, torch.Generator().manual_seed(seed), 0.5)
     return model
+
+
+class Branch(torch.nn.Module):
+    """A small nonlinear branch ``(..., c) -> (..., c)`` for connection tests: ``tanh(linear(h))``."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.linear = torch.nn.Linear(c, c)
+
+    def forward(self, h):
+        return torch.tanh(self.linear(h))

@@ -15,7 +15,7 @@ from s2hc import HyperConnection
 from s2hc.connection import _NormProject, _ReadMix, read_and_mix
 from s2hc.mixers.base import small_matmul
 
-from helpers import family_sizes, randomize_
+from helpers import Branch, family_sizes, randomize_
 
 FAMILIES = s2hc.mixers.available()
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -74,15 +74,6 @@ def test_small_matmul_equals_matmul():
 
 
 # ------------------------------------------------------------------------------------- the connection
-
-
-class Branch(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.linear = nn.Linear(c, c)
-
-    def forward(self, h):
-        return torch.tanh(self.linear(h))
 
 
 def run_connection(hc, branch, x, weights, **flags):

@@ -11,14 +11,13 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from torch import nn
 
 pytest.importorskip("triton")
 
 import s2hc  # noqa: E402
 from s2hc import HyperConnection, triton_kernels  # noqa: E402
 
-from helpers import randomize_  # noqa: E402
+from helpers import Branch, randomize_  # noqa: E402
 
 if not (torch.cuda.is_available() or triton_kernels.interpreted()):
     pytest.skip("no GPU and TRITON_INTERPRET was not set before triton was imported", allow_module_level=True)
@@ -38,10 +37,14 @@ def reference_write(mixed, post, f):
     return mixed + post.unsqueeze(-1) * f.unsqueeze(-2)
 
 
+def as_tuple(outputs):
+    return outputs if isinstance(outputs, tuple) else (outputs,)
+
+
 def values_and_grads(fn, inputs, weights):
+    """Outputs of ``fn(*inputs)`` and the gradients of ``Σ outputs · weights`` with respect to the inputs."""
     inputs = [t.detach().clone().requires_grad_() for t in inputs]
-    outputs = fn(*inputs)
-    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    outputs = as_tuple(fn(*inputs))
     loss = sum((o.double() * w).sum() for o, w in zip(outputs, weights))
     return [o.detach() for o in outputs], list(torch.autograd.grad(loss, inputs))
 
@@ -55,7 +58,7 @@ def assert_close(a, b, tol=1e-5):
 
 def assert_same(kernel_fn, reference_fn, inputs, generator):
     with torch.no_grad():
-        shapes = [o.shape for o in (lambda r: r if isinstance(r, tuple) else (r,))(reference_fn(*inputs))]
+        shapes = [o.shape for o in as_tuple(reference_fn(*inputs))]
     weights = [torch.randn(s, generator=generator, dtype=torch.float64).to(DEVICE) for s in shapes]
     out_k, grads_k = values_and_grads(kernel_fn, inputs, weights)
     out_r, grads_r = values_and_grads(reference_fn, inputs, weights)
@@ -140,15 +143,6 @@ def test_bfloat16_streams_agree_to_their_rounding():
 
 
 # ----------------------------------------------------------------------------------- the connection
-
-
-class Branch(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.linear = nn.Linear(c, c)
-
-    def forward(self, h):
-        return torch.tanh(self.linear(h))
 
 
 def run(hc, branch, x, weights, **options):
