@@ -70,10 +70,11 @@ def randn(generator, *shape, dtype=torch.float32):
     return torch.randn(*shape, generator=generator, dtype=dtype).to(DEVICE)
 
 
-# Shapes: token counts across the projection's 16-token blocks, widths across its 64-feature blocks and
-# the mixing kernels' C blocks (n = 8: 64 columns), n from 1 to 8. The interpreter runs a mixing kernel at
+# Shapes: token counts across the projection's 16-token blocks, widths across its 64-feature blocks, K
+# across its 64-column blocks (mhc at n = 8 has K = 80), and the mixing kernels' C blocks (n = 8: 64
+# columns), n from 1 to 8. The interpreter runs a mixing kernel at
 # about 10 ms per token, so the mixing tests draw fewer tokens.
-projection_shapes = st.tuples(st.integers(1, 40), st.integers(1, 8), st.integers(1, 100), st.integers(1, 40))
+projection_shapes = st.tuples(st.integers(1, 40), st.integers(1, 8), st.integers(1, 100), st.integers(1, 150))
 mixing_shapes = st.tuples(st.integers(1, 6), st.integers(1, 8), st.integers(1, 100))
 
 

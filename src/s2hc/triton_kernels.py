@@ -52,8 +52,10 @@ def _norm_project_fwd(
     x_ptr, w_ptr, d_ptr, raw_ptr, inv_ptr, T, D, K, eps,
     ACC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    # grid: (token blocks, column blocks); every column block recomputes its rows' sum of squares (K
+    # exceeds one block only for large n), and the first one stores 1/rms
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_K)
+    cols = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     row_ok, col_ok = rows < T, cols < K
     acc = tl.zeros((BLOCK_T, BLOCK_K), dtype=ACC)
     sum_sq = tl.zeros((BLOCK_T,), dtype=ACC)
@@ -70,7 +72,8 @@ def _norm_project_fwd(
     ok = row_ok[:, None] & col_ok[None, :]
     tl.store(raw_ptr + out, acc, mask=ok)
     tl.store(d_ptr + out, acc * inv_rms[:, None], mask=ok)
-    tl.store(inv_ptr + rows, inv_rms, mask=row_ok)
+    if tl.program_id(1) == 0:
+        tl.store(inv_ptr + rows, inv_rms, mask=row_ok)
 
 
 @triton.jit
@@ -79,23 +82,31 @@ def _norm_project_bwd(
     ACC: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    cols = tl.arange(0, BLOCK_K)
-    row_ok, col_ok = rows < T, cols < K
-    rk_ok = row_ok[:, None] & col_ok[None, :]
-    grad_raw = tl.load(grad_raw_ptr + rows[:, None] * K + cols[None, :], mask=rk_ok, other=0.0)
+    row_ok = rows < T
     coeff = tl.load(coeff_ptr + rows, mask=row_ok, other=0.0)
     for start in range(0, D, BLOCK_D):
         feats = start + tl.arange(0, BLOCK_D)
         feat_ok = feats < D
         ok = row_ok[:, None] & feat_ok[None, :]
         offsets = rows[:, None] * D + feats[None, :]
-        x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(ACC)
-        w_t = tl.load(w_ptr + feats[None, :] * K + cols[:, None], mask=col_ok[:, None] & feat_ok[None, :], other=0.0)
-        grad_x = tl.dot(grad_raw, w_t.to(ACC), input_precision="ieee") + coeff[:, None] * x
+        grad_x = coeff[:, None] * tl.load(x_ptr + offsets, mask=ok, other=0.0).to(ACC)
+        for k_start in range(0, K, BLOCK_K):  # dX += r dd Wᵀ, K in blocks (tl.dot tiles stay small)
+            cols = k_start + tl.arange(0, BLOCK_K)
+            col_ok = cols < K
+            rk_ok = row_ok[:, None] & col_ok[None, :]
+            grad_raw = tl.load(grad_raw_ptr + rows[:, None] * K + cols[None, :], mask=rk_ok, other=0.0)
+            kd_ok = col_ok[:, None] & feat_ok[None, :]
+            w_t = tl.load(w_ptr + feats[None, :] * K + cols[:, None], mask=kd_ok, other=0.0)
+            grad_x += tl.dot(grad_raw.to(ACC), w_t.to(ACC), input_precision="ieee")
         tl.store(grad_x_ptr + offsets, grad_x.to(grad_x_ptr.dtype.element_ty), mask=ok)
 
 
+# tl.dot needs every tile dimension >= 16 on GPUs; 64 columns keep the weight tile at 16 KiB (float32)
 _PROJECT_BLOCKS = dict(BLOCK_T=16, BLOCK_D=64)
+
+
+def _column_block(k: int) -> int:
+    return min(max(16, triton.next_power_of_2(k)), 64)
 
 
 class _NormProject(torch.autograd.Function):
@@ -103,12 +114,13 @@ class _NormProject(torch.autograd.Function):
     def forward(ctx, x, weight, eps):
         tokens, width = x.shape
         k = weight.shape[1]
-        acc = _acc_dtype(weight.dtype)
         d = torch.empty(tokens, k, dtype=weight.dtype, device=x.device)
         raw, inv_rms = torch.empty_like(d), torch.empty(tokens, dtype=weight.dtype, device=x.device)
-        grid = (triton.cdiv(tokens, _PROJECT_BLOCKS["BLOCK_T"]),)
+        block_k = _column_block(k)
+        grid = (triton.cdiv(tokens, _PROJECT_BLOCKS["BLOCK_T"]), triton.cdiv(k, block_k))
         _norm_project_fwd[grid](
-            x, weight, d, raw, inv_rms, tokens, width, k, eps, ACC=acc, BLOCK_K=_pow2(k), **_PROJECT_BLOCKS
+            x, weight, d, raw, inv_rms, tokens, width, k, eps,
+            ACC=_acc_dtype(weight.dtype), BLOCK_K=block_k, **_PROJECT_BLOCKS,
         )
         ctx.save_for_backward(x, weight, inv_rms, raw)
         return d
@@ -126,7 +138,7 @@ class _NormProject(torch.autograd.Function):
             grid = (triton.cdiv(tokens, _PROJECT_BLOCKS["BLOCK_T"]),)
             _norm_project_bwd[grid](
                 x, weight, grad_raw, coeff, grad_x, tokens, width, k,
-                ACC=_acc_dtype(weight.dtype), BLOCK_K=_pow2(k), **_PROJECT_BLOCKS,
+                ACC=_acc_dtype(weight.dtype), BLOCK_K=_column_block(k), **_PROJECT_BLOCKS,
             )
         if ctx.needs_input_grad[1]:
             grad_weight = x.to(grad_raw.dtype).T @ grad_raw
@@ -309,5 +321,5 @@ def write(mixed: torch.Tensor, post: torch.Tensor, f: torch.Tensor) -> torch.Ten
     """New streams ``M + H_postᵀ F`` for ``mixed`` ``(..., n, C)``, ``post`` ``(..., n)``, branch output ``f``
     ``(..., C)``: ``(..., n, C)`` in mixed's dtype."""
     lead, (n, c) = mixed.shape[:-2], mixed.shape[-2:]
-    out = _Write.apply(mixed.reshape(-1, n, c).contiguous(), post.reshape(-1, n).contiguous(), f.reshape(-1, c).contiguous())
-    return out.reshape(*lead, n, c)
+    flat = (mixed.reshape(-1, n, c).contiguous(), post.reshape(-1, n).contiguous(), f.reshape(-1, c).contiguous())
+    return _Write.apply(*flat).reshape(*lead, n, c)
