@@ -1,4 +1,4 @@
-"""Shared helpers: which (family, n) pairs are tested, how to randomise a module's parameters, small models and branches."""
+"""Shared test helpers: tested (family, n) pairs, randomised parameters, small models, branches, tolerances."""
 
 from __future__ import annotations
 
@@ -71,3 +71,11 @@ class Branch(torch.nn.Module):
 
     def forward(self, h):
         return torch.tanh(self.linear(h))
+
+
+def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-5) -> None:
+    """Equal to ``tol`` relative to ``expected``'s largest entry (at least 1): for results of sums, whose
+    rounding errors grow with the size of the sum, not of each entry."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
+    torch.testing.assert_close(actual, expected, atol=tol * scale, rtol=tol)
