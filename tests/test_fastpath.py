@@ -8,15 +8,12 @@ import importlib.util
 
 import pytest
 import torch
-from hypothesis import given
-from hypothesis import strategies as st
 from torch import nn
 
 import s2hc
 from s2hc import HyperConnection
 from s2hc.connection import _NormProject, _ReadMix, read_and_mix
 from s2hc.mixers.base import small_matmul
-from s2hc.mixers.orthomaps import solve_unpivoted
 
 from helpers import Branch, assert_close_to_scale, family_sizes, randomize_
 
@@ -236,20 +233,3 @@ def test_compiled_fused_connection_with_fullgraph_equals_eager(mixer, kernels):
     for a, b in zip(grads_compiled, grads_eager):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
-
-@given(st.integers(1, 9), st.integers(0, 2**16), st.floats(0.1, 5.0))
-def test_unpivoted_solve_equals_linalg_solve_for_cayley_systems(size, seed, scale):
-    """``(I + A) X = I − A`` for skew A of any size and magnitude: the elimination used by the compiled
-    Cayley chart (m > 4) equals LAPACK's pivoted solve, and X is a rotation."""
-    z = scale * torch.randn(16, size, size, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    a = z - z.transpose(-1, -2)
-    eye = torch.eye(size, dtype=torch.float64)
-    x = solve_unpivoted(eye + a, eye - a)
-    torch.testing.assert_close(x, torch.linalg.solve(eye + a, eye - a), atol=1e-10, rtol=1e-10)
-    torch.testing.assert_close(x @ x.transpose(-1, -2), eye.expand_as(x), atol=1e-10, rtol=0)
-
-
-def test_unpivoted_solve_float64_gradcheck():
-    z = torch.randn(3, 6, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64, requires_grad=True)
-    eye = torch.eye(6, dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda z: solve_unpivoted(eye + z - z.mT, eye - z + z.mT), (z,))

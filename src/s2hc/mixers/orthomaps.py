@@ -52,9 +52,7 @@ def cayley(a: torch.Tensor, fast: bool = False) -> torch.Tensor:
     ``Q = [(1 + p − q²) I − 2(1 + p) A + 2A² − 2A³] / (1 + p + q²)``; for m ≤ 3 (q = 0, A³ = −pA) it
     reduces to ``Q = I + 2(A² − A) / (1 + p)``. Larger m use a batched linear solve.
     The chart cannot reach rotations with eigenvalue −1 (use :func:`matrix_exp_rotation` for those).
-    ``fast=True`` computes the powers of A with :func:`~s2hc.mixers.base.small_matmul`, and for m > 4
-    solves with :func:`solve_unpivoted` (same values; both are elementwise ops that torch.compile fuses,
-    where ``torch.linalg.solve`` stays one opaque batched call of tiny systems).
+    ``fast=True`` computes the powers of A with :func:`~s2hc.mixers.base.small_matmul` (same values).
     """
     from .base import small_matmul
 
@@ -71,27 +69,7 @@ def cayley(a: torch.Tensor, fast: bool = False) -> torch.Tensor:
         q2 = _pfaffian4(a).square()[..., None, None]
         a3 = matmul(a2, a)
         return ((1.0 + p - q2) * eye - 2.0 * (1.0 + p) * a + 2.0 * a2 - 2.0 * a3) / (1.0 + p + q2)
-    if fast:
-        return solve_unpivoted(eye + a, eye - a)
     return torch.linalg.solve(eye + a, eye - a)
-
-
-def solve_unpivoted(m: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``X`` with ``M X = B`` for ``M`` ``(..., m, m)`` whose symmetric part is positive definite, ``B``
-    ``(..., m, r)``: Gauss–Jordan elimination without pivoting, unrolled over the m columns.
-
-    For ``M = I + A`` with skew ``A`` (Cayley) the symmetric part is ``I``, so every pivot is at least 1 and
-    no pivoting is needed. Each step is one broadcast multiply-add over the augmented matrix: row k is
-    divided by its pivot and subtracted from the others (``(..., m, 1) − e_k`` times the pivot row turns row
-    k itself into the pivot row).
-    """
-    size = m.shape[-1]
-    augmented = torch.cat((m, b.expand(*m.shape[:-1], b.shape[-1])), dim=-1)  # (..., m, m + r)
-    unit = torch.eye(size, dtype=m.dtype, device=m.device)
-    for k in range(size):
-        pivot_row = augmented[..., k : k + 1, :] / augmented[..., k : k + 1, k : k + 1]
-        augmented = augmented - (augmented[..., :, k : k + 1] - unit[:, k : k + 1]) * pivot_row
-    return augmented[..., size:]
 
 
 def matrix_exp_rotation(a: torch.Tensor, fast: bool = False) -> torch.Tensor:
