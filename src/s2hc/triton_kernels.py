@@ -30,10 +30,13 @@ import triton.language as tl
 
 __all__ = ["norm_project", "read_mix", "write", "interpreted"]
 
+# triton.jit reads TRITON_INTERPRET when it decorates a kernel, i.e. while this module is imported
+_INTERPRETED = bool(triton.knobs.runtime.interpret)
+
 
 def interpreted() -> bool:
-    """Whether the kernels were compiled for Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
-    return bool(triton.knobs.runtime.interpret)
+    """Whether the kernels were built for Triton's CPU interpreter (``TRITON_INTERPRET=1`` at import)."""
+    return _INTERPRETED
 
 
 def _acc_dtype(dtype: torch.dtype):
