@@ -79,3 +79,22 @@ def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, tol: flo
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
     scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
     torch.testing.assert_close(actual, expected, atol=tol * scale, rtol=tol)
+
+
+def grads_of(module: torch.nn.Module, *tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The gradients of ``tensors``, then of every parameter of ``module`` (zeros where none arrived)."""
+    return [t.grad.clone() for t in tensors] + [
+        torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in module.parameters()
+    ]
+
+
+def run_connection(hc, branch, x, weights, **options) -> list[torch.Tensor]:
+    """``[out, dX, *parameter gradients]`` of a copy of ``hc`` with ``options`` (``set_options``) on streams
+    ``x`` around ``branch``, for the loss ``Σ out · weights`` (summed in float64)."""
+    import copy
+
+    hc = copy.deepcopy(hc).set_options(**options)
+    x = x.detach().clone().requires_grad_()
+    out = hc(x, branch)
+    (out.double() * weights.double()).sum().backward()
+    return [out.detach(), *grads_of(hc, x)]

@@ -15,7 +15,7 @@ from s2hc import HyperConnection
 from s2hc.connection import _NormProject, _ReadMix, read_and_mix
 from s2hc.mixers.base import small_matmul
 
-from helpers import Branch, assert_close_to_scale, family_sizes, randomize_
+from helpers import Branch, assert_close_to_scale, family_sizes, grads_of, randomize_, run_connection
 
 FAMILIES = s2hc.mixers.available()
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -25,12 +25,6 @@ def build(name, n, **options):
     if name in ("mhc-lite", "kromhc") and n > s2hc.mixers.MAX_PERMUTATION_STREAMS:
         options.setdefault("allow_large", True)
     return s2hc.mixers.build(name, n, **options)
-
-
-def grads_of(module: nn.Module, *tensors: torch.Tensor):
-    return [t.grad.clone() for t in tensors] + [
-        torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in module.parameters()
-    ]
 
 
 def run_mixer(mixer, d, weights, fast):
@@ -76,16 +70,6 @@ def test_small_matmul_equals_matmul():
 # ------------------------------------------------------------------------------------- the connection
 
 
-def run_connection(hc, branch, x, weights, **flags):
-    hc = copy.deepcopy(hc)
-    for key, value in flags.items():
-        setattr(hc, key, value)
-    x = x.detach().clone().requires_grad_()
-    out = hc(x, branch)
-    (out.float() * weights).sum().backward()
-    return out.detach(), grads_of(hc, x)
-
-
 @pytest.mark.parametrize("mixer", FAMILIES)
 @pytest.mark.parametrize("n", [2, 4])
 def test_fused_connection_equals_reference_float32(mixer, n):
@@ -99,8 +83,8 @@ def test_fused_connection_equals_reference_float32(mixer, n):
     branch = Branch(16)
     x = torch.randn(2, 6, n, 16, generator=g)
     weights = torch.randn(2, 6, n, 16, generator=g)
-    out_ref, g_ref = run_connection(hc, branch, x, weights, fused=False)
-    out_fast, g_fast = run_connection(hc, branch, x, weights, fused=True)
+    out_ref, *g_ref = run_connection(hc, branch, x, weights, fused=False)
+    out_fast, *g_fast = run_connection(hc, branch, x, weights, fused=True)
     torch.testing.assert_close(out_fast, out_ref, **TOL)
     for a, b in zip(g_fast, g_ref):
         assert_close_to_scale(a, b, 1e-5)
@@ -117,8 +101,8 @@ def test_fused_connection_equals_reference_bfloat16(mixer):
     branch = Branch(32).to(torch.bfloat16)
     x = torch.randn(2, 6, 4, 32, generator=g).bfloat16()
     weights = torch.randn(2, 6, 4, 32, generator=g)
-    out_ref, g_ref = run_connection(hc, branch, x, weights, fused=False)
-    out_fast, g_fast = run_connection(hc, branch, x, weights, fused=True)
+    out_ref, *g_ref = run_connection(hc, branch, x, weights, fused=False)
+    out_fast, *g_fast = run_connection(hc, branch, x, weights, fused=True)
     assert out_fast.dtype == torch.bfloat16
     torch.testing.assert_close(out_fast.float(), out_ref.float(), atol=3e-2, rtol=2e-2)
     for a, b in zip(g_fast, g_ref):  # gradients: bf16 rounding relative to the largest entry
@@ -178,8 +162,8 @@ def test_recompute_equals_storing_and_saves_less(mixer, fused):
     branch = Branch(16)
     x = torch.randn(2, 6, 4, 16, generator=g)
     weights = torch.randn(2, 6, 4, 16, generator=g)
-    out_store, g_store = run_connection(hc, branch, x, weights, recompute=False)
-    out_re, g_re = run_connection(hc, branch, x, weights, recompute=True)
+    out_store, *g_store = run_connection(hc, branch, x, weights, recompute=False)
+    out_re, *g_re = run_connection(hc, branch, x, weights, recompute=True)
     torch.testing.assert_close(out_re, out_store, atol=0, rtol=0)
     for a, b in zip(g_re, g_store):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 import s2hc  # noqa: E402
 from s2hc import HyperConnection, triton_kernels  # noqa: E402
 
-from helpers import Branch, assert_close_to_scale, randomize_  # noqa: E402
+from helpers import Branch, assert_close_to_scale, randomize_, run_connection  # noqa: E402
 
 if not (torch.cuda.is_available() or triton_kernels.interpreted()):
     pytest.skip("no GPU and TRITON_INTERPRET was not set before triton was imported", allow_module_level=True)
@@ -139,14 +139,6 @@ def test_bfloat16_streams_agree_to_their_rounding():
 # ----------------------------------------------------------------------------------- the connection
 
 
-def run(hc, branch, x, weights, **options):
-    hc = copy.deepcopy(hc).set_options(**options)
-    x = x.detach().clone().requires_grad_()
-    out = hc(x, branch)
-    (out.double() * weights.double()).sum().backward()
-    return [out.detach(), x.grad] + [p.grad for p in hc.parameters()]
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("mixer", s2hc.mixers.available())
 def test_connection_with_triton_kernels_equals_torch_paths(mixer, dtype):
@@ -160,11 +152,11 @@ def test_connection_with_triton_kernels_equals_torch_paths(mixer, dtype):
     hc, branch = hc.to(DEVICE, dtype), Branch(24).to(DEVICE, dtype)
     x, weights = randn(g, 2, 5, 4, 24, dtype=dtype), randn(g, 2, 5, 4, 24)
     tol = 1e-5 if dtype == torch.float32 else 1e-10
-    triton_run = run(hc, branch, x, weights, kernels="triton")
+    triton_run = run_connection(hc, branch, x, weights, kernels="triton")
     for reference in (dict(kernels="torch"), dict(kernels="torch", fused=False)):
-        for a, b in zip(triton_run, run(hc, branch, x, weights, **reference)):
+        for a, b in zip(triton_run, run_connection(hc, branch, x, weights, **reference)):
             assert_close_to_scale(a, b, tol)
-    recomputed = run(hc, branch, x, weights, kernels="triton", recompute=True)
+    recomputed = run_connection(hc, branch, x, weights, kernels="triton", recompute=True)
     for a, b in zip(recomputed, triton_run):
         assert_close_to_scale(a, b, tol)
 
@@ -180,10 +172,10 @@ def test_connection_bfloat16_with_triton_kernels():
     randomize_(hc, g, 0.5)
     hc, branch = hc.to(DEVICE).bfloat16(), Branch(32).to(DEVICE).bfloat16()
     x, weights = randn(g, 2, 6, 4, 32).bfloat16(), randn(g, 2, 6, 4, 32)
-    truth = run(copy.deepcopy(hc).float(), copy.deepcopy(branch).float(), x.float(), weights, fused=False)
+    truth = run_connection(copy.deepcopy(hc).float(), copy.deepcopy(branch).float(), x.float(), weights, fused=False)
     n_wide = slice(0, 4)  # out, dX, d norm_weight, d projection
     for options in (dict(kernels="triton"), dict(fused=False)):
-        for a, b in zip(run(hc, branch, x, weights, **options)[n_wide], truth[n_wide]):
+        for a, b in zip(run_connection(hc, branch, x, weights, **options)[n_wide], truth[n_wide]):
             assert a.dtype == torch.bfloat16
             assert (a.float() - b).abs().max() <= 3e-2 * b.abs().max().clamp_min(1.0)
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..connection import COMPUTE_OPTIONS, RESIDUAL, HyperConnection, methods, set_connection_options
+from ..connection import RESIDUAL, HyperConnection, methods, set_connection_options
 from ..models import Transformer, get_preset
 
 PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the same model
@@ -178,10 +178,10 @@ def build_model(preset: str, variant: Variant, overrides: dict | None = None) ->
         return PeerTransformer(config, variant.n_streams, **variant.options)
     config = get_preset(preset, mixer=variant.mixer, n_streams=variant.n_streams, **overrides)
     model = Transformer(config)
-    unknown = sorted(set(variant.options) - set(COMPUTE_OPTIONS))
-    if unknown:
-        raise ValueError(f"options {unknown} of {variant.label!r}: allowed here are {list(COMPUTE_OPTIONS)}")
-    return set_connection_options(model, **variant.options)  # how connections compute: not a ModelConfig field
+    try:  # how connections compute is not a ModelConfig field
+        return set_connection_options(model, **variant.options)
+    except ValueError as error:
+        raise ValueError(f"{variant.label!r}: {error}") from error
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -460,7 +460,7 @@ def _mib(value: float | None) -> str:
 
 def format_step_table(rows: list[dict[str, Any]], peer_note: str | None = None) -> str:
     first = rows[0]
-    mode = ("compiled" if first["compiled"] else "eager") + (f" on {first['device']}" if "device" in first else "")
+    mode = f"{'compiled' if first['compiled'] else 'eager'} on {first['device']}"
     lines = [
         f"Training step (forward, backward, AdamW), preset {first['preset']}, batch {first['batch_size']} x "
         f"sequence {first['seq_len']}, {mode}; ratios to residual within each repetition: median [min, max]",
