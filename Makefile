@@ -22,7 +22,7 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 
 # Train residual, mhc and s2hc (n = 4) on the embedded corpus and write runs/demo/report.md.
 demo: $(DEMO_STAMP)
-	$(VENV)/bin/s2hc compare --config configs/demo-tiny.yaml --mixers residual,mhc,s2hc --streams 4 --out runs/demo
+	$(VENV)/bin/s2hc compare --config configs/demo-tiny.yaml --families residual,mhc,s2hc --streams 4 --out runs/demo
 
 test: $(TEST_STAMP)
 	$(PY) -m pytest -q

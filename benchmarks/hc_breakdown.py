@@ -1,6 +1,6 @@
 """Where one HyperConnection's time goes: coefficient path, read + mix + write, per implementation.
 
-    python benchmarks/hc_breakdown.py [--mixers s2hc,mhc] [--streams 4] [--dim 256] [--tokens 2048]
+    python benchmarks/hc_breakdown.py [--families s2hc,mhc] [--streams 4] [--dim 256] [--tokens 2048]
                                       [--repeats 7] [--device auto|cpu|cuda]
 
 Each piece runs forward + backward on random streams ``(tokens, 1, n, C)`` of the ``small`` preset's
@@ -35,7 +35,7 @@ def triton_kernels_for(device: torch.device):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mixers", default="s2hc,mhc")
+    parser.add_argument("--families", default="s2hc,mhc")
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=2048)
@@ -53,8 +53,8 @@ def main() -> None:
     x = torch.randn(args.tokens, 1, n, c, generator=g).to(device).requires_grad_()
     f = torch.randn(args.tokens, 1, c, generator=g).to(device)
     cases = {}
-    for name in args.mixers.split(","):
-        hc = HyperConnection(c, n, mixer=name)
+    for name in args.families.split(","):
+        hc = HyperConnection(c, n, family=name)
         with torch.no_grad():
             hc.projection.normal_(0, 0.1, generator=g)
         hc.to(device)

@@ -1,6 +1,6 @@
 """Where a compiled training step's time goes, by category, for residual and the given families.
 
-    python benchmarks/profile_categories.py [--preset gpt2-small] [--layers 2] [--mixers s2hc] [--repeats 3]
+    python benchmarks/profile_categories.py [--preset gpt2-small] [--layers 2] [--families s2hc] [--repeats 3]
 
 Builds each model (``torch.compile``, float32, one thread, batch 2 x 256), then profiles one training step
 of every model per repetition, interleaved, with inductor's kernel profiling on, and prints the median
@@ -26,7 +26,7 @@ ADAMW = {"aten::sqrt", "aten::div", "aten::mul_", "aten::addcdiv_", "aten::lerp_
 
 def make_step(preset: str, mixer: str, layers: int, streams: int):
     torch.manual_seed(0)
-    config = get_preset(preset, mixer=mixer, n_streams=1 if mixer == "residual" else streams, n_layers=layers)
+    config = get_preset(preset, family=mixer, n_streams=1 if mixer == "residual" else streams, n_layers=layers)
     model = Transformer(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, config.vocab_size, (2, 257), generator=torch.Generator().manual_seed(0))
@@ -65,12 +65,12 @@ def main() -> None:
     parser.add_argument("--preset", default="gpt2-small")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--streams", type=int, default=4)
-    parser.add_argument("--mixers", default="s2hc")
+    parser.add_argument("--families", default="s2hc")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)
     inductor_config.cpp.enable_kernel_profile = True  # name inductor's kernels in the profile
-    steps = {m: make_step(args.preset, m, args.layers, args.streams) for m in ["residual", *args.mixers.split(",")]}
+    steps = {m: make_step(args.preset, m, args.layers, args.streams) for m in ["residual", *args.families.split(",")]}
     samples: dict[str, list[dict[str, float]]] = {m: [] for m in steps}
     for _ in range(args.repeats):
         for mixer, step in steps.items():

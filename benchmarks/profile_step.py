@@ -1,6 +1,6 @@
 """Profile one training step (forward, cross-entropy, backward, AdamW) of a preset, and the coefficient path.
 
-    python benchmarks/profile_step.py --preset small --mixer s2hc --streams 4 [--fused] [--steps 3]
+    python benchmarks/profile_step.py --preset small --family s2hc --streams 4 [--fused] [--steps 3]
 
 Prints torch.profiler's top operators by self CPU time and the time of the coefficient path alone.
 """
@@ -19,7 +19,7 @@ from s2hc.models import Transformer, get_preset
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--mixer", default="s2hc")
+    parser.add_argument("--family", default="s2hc")
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
@@ -30,9 +30,9 @@ def main() -> None:
     import ast
 
     options = {k: ast.literal_eval(v) for k, v in (o.split("=", 1) for o in args.option)}
-    n = 1 if args.mixer == "residual" else args.streams
+    n = 1 if args.family == "residual" else args.streams
     torch.manual_seed(0)
-    cfg = get_preset(args.preset, mixer=args.mixer, n_streams=n, mixer_options=options)
+    cfg = get_preset(args.preset, family=args.family, n_streams=n, family_options=options)
     model = Transformer(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, cfg.vocab_size, (args.batch, args.seq + 1))
@@ -50,7 +50,7 @@ def main() -> None:
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    print(f"{args.preset} {args.mixer} n={n} {options}: step {sorted(times)[len(times) // 2] * 1e3:.0f} ms (min {min(times) * 1e3:.0f})")
+    print(f"{args.preset} {args.family} n={n} {options}: step {sorted(times)[len(times) // 2] * 1e3:.0f} ms (min {min(times) * 1e3:.0f})")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))

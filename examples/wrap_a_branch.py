@@ -7,7 +7,7 @@ import s2hc
 
 dim, n = 64, 4
 mlp = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-hc = s2hc.HyperConnection(dim, n_streams=n, mixer="s2hc", layer_index=0)  # or "mhc", "kromhc", ...
+hc = s2hc.HyperConnection(dim, n_streams=n, family="s2hc", layer_index=0)  # or "mhc", "kromhc", ...
 
 h = torch.randn(2, 16, dim)                 # (batch, time, dim) after the embedding
 x = s2hc.expand_streams(h, n)               # (batch, time, n, dim): n copies

@@ -13,7 +13,7 @@ MAX_N = {"mhc-lite": 6}
 def family_sizes(families=None):
     """Every (family, n) the guarantees are tested at: n in {2, 3, 4, 5, 8}, mhc-lite up to 6."""
     pairs = []
-    for name in families or mixers.available():
+    for name in families or list(mixers.REGISTRY):
         sizes = [n for n in STREAMS if n <= MAX_N.get(name, 99)]
         if name == "mhc-lite":
             sizes.append(6)
@@ -41,7 +41,7 @@ def small_config(corpus_file, root, **changes):
     from s2hc.train import TrainConfig
 
     values = dict(
-        preset="tiny", mixer="s2hc", n_streams=4, model_overrides=dict(SMALL_MODEL), seq_len=32, batch_size=4,
+        preset="tiny", family="s2hc", n_streams=4, model_overrides=dict(SMALL_MODEL), seq_len=32, batch_size=4,
         max_steps=3, warmup_steps=1, eval_batches=2, data=str(corpus_file), cache_dir=str(root / "cache"),
         progress=False, out=str(root / "run"),
     )
@@ -49,7 +49,7 @@ def small_config(corpus_file, root, **changes):
     return TrainConfig(**values)
 
 
-def random_model(mixer="s2hc", n_streams=4, seed=0, **overrides):
+def random_model(family="s2hc", n_streams=4, seed=0, **overrides):
     """A small model with every parameter moved far from its initialisation, so decoding is not trivial."""
     from s2hc.models import Transformer, get_preset
 
@@ -57,7 +57,7 @@ def random_model(mixer="s2hc", n_streams=4, seed=0, **overrides):
     config.update(overrides)
     preset = config.pop("preset", "tiny")
     torch.manual_seed(seed)
-    model = Transformer(get_preset(preset, mixer=mixer, n_streams=n_streams, **config)).eval()
+    model = Transformer(get_preset(preset, family=family, n_streams=n_streams, **config)).eval()
     randomize_(model, torch.Generator().manual_seed(seed), 0.5)
     return model
 

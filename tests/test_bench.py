@@ -13,7 +13,7 @@ from s2hc.bench import core
 from s2hc.cli import main
 
 TINY = dict(batch_size=1, seq_len=8, repeats=1, steps=1, warmup=1, overrides={"n_layers": 1})
-STEP_KEYS = {"mixer", "label", "n_streams", "compiled", "step_s", "step_ratio_vs_residual", "step_ratio_min",
+STEP_KEYS = {"family", "label", "n_streams", "compiled", "step_s", "step_ratio_vs_residual", "step_ratio_min",
              "step_ratio_max", "tokens_per_s", "peak_mem_bytes", "peak_mem_ratio_vs_residual", "params",
              "device"}  # fmt: skip
 CLI_TINY = ["bench", "--preset", "tiny", "--layers", "1", "--batch-size", "1", "--seq-len", "8", "--repeats", "1",
@@ -36,12 +36,12 @@ def test_step_rows_have_the_keys_and_residual_first():
 def test_peer_runs_in_the_same_model():
     pytest.importorskip("hyper_connections")
     rows = core.benchmark_steps("tiny", [core.Variant(core.PEER, 4)], memory=False, **TINY)
-    assert rows[1]["mixer"] == core.PEER and rows[1]["peak_mem_ratio_vs_residual"] is None
+    assert rows[1]["family"] == core.PEER and rows[1]["peak_mem_ratio_vs_residual"] is None
 
 
 def test_coefficient_rows():
     rows = core.benchmark_coefficients(["s2hc", "mhc"], n_streams=4, dim=8, tokens=16, repeats=1)
-    assert [(r["mixer"], r["fused"]) for r in rows] == [("s2hc", True), ("s2hc", False), ("mhc", True), ("mhc", False)]
+    assert [(r["family"], r["fused"]) for r in rows] == [("s2hc", True), ("s2hc", False), ("mhc", True), ("mhc", False)]
     assert all(r["ns_per_token"] > 0 and r["device"] == "cpu" for r in rows)
     assert rows[2]["ratio_vs_mhc"] == 1.0
     assert "| s2hc | fast |" in core.format_coefficient_table(rows)
@@ -59,32 +59,32 @@ def test_peak_memory_sees_a_known_allocation():
 def test_parse_variant():
     assert core.parse_variant("residual", 4).n_streams == 1
     assert core.parse_variant("s2hc:fused=False", 4).options == {"fused": False}
-    assert core.parse_variant("hyper-connections", 4).mixer == core.PEER
-    with pytest.raises(ValueError, match="argument --mixers: unknown mixer 'sinkhorn'"):
+    assert core.parse_variant("hyper-connections", 4).family == core.PEER
+    with pytest.raises(ValueError, match="argument --families: unknown family 'sinkhorn'"):
         core.parse_variant("sinkhorn", 4)
     with pytest.raises(ValueError, match="must be KEY=VALUE"):
         core.parse_variant("s2hc:fused", 4)
 
 
 def test_cli_json(capsys):
-    argv = [*CLI_TINY, "--mixers", "s2hc", "--streams", "2", "--device", "cpu", "--json"]
+    argv = [*CLI_TINY, "--families", "s2hc", "--streams", "2", "--device", "cpu", "--json"]
     assert main(argv) == 0
     out = json.loads(capsys.readouterr().out)
     assert {"steps", "coefficients", "params", "machine", "peer", "device"} <= set(out)
-    required = {"mixer", "n_streams", "compiled", "step_ratio_vs_residual", "peak_mem_ratio_vs_residual", "tokens_per_s"}
+    required = {"family", "n_streams", "compiled", "step_ratio_vs_residual", "peak_mem_ratio_vs_residual", "tokens_per_s"}
     assert all(required <= set(row) for row in out["steps"])
     assert out["device"] == "cpu" and out["machine"].endswith("benchmarks ran on cpu")
     assert {row["device"] for row in out["steps"] + out["coefficients"]} == {"cpu"}
-    assert [row["mixer"] for row in out["params"]][:2] == ["residual", "s2hc"]
+    assert [row["family"] for row in out["params"]][:2] == ["residual", "s2hc"]
 
 
 def test_cli_table_and_bad_mixer(capsys):
-    argv = [*CLI_TINY, "--mixers", "identity", "--no-peer", "--no-memory", "--no-coefficients"]
+    argv = [*CLI_TINY, "--families", "identity", "--no-peer", "--no-memory", "--no-coefficients"]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "| identity | 4 |" in text and "Hyper-connection parameters" in text
-    assert main(["bench", "--mixers", "sinkhorn"]) == 2
-    assert "unknown mixer 'sinkhorn'" in capsys.readouterr().err
+    assert main(["bench", "--families", "sinkhorn"]) == 2
+    assert "unknown family 'sinkhorn'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------- devices
@@ -143,7 +143,7 @@ def _triton_runs_here() -> bool:
     return triton_kernels.interpreted()  # set by the root conftest.py on machines without CUDA
 
 
-TRITON_ARGV = [*CLI_TINY, "--mixers", "s2hc:kernels=triton", "--streams", "2", "--device", "cpu", "--no-peer",
+TRITON_ARGV = [*CLI_TINY, "--families", "s2hc:kernels=triton", "--streams", "2", "--device", "cpu", "--no-peer",
                "--no-memory", "--no-coefficients"]  # fmt: skip
 
 

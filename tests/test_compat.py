@@ -90,8 +90,8 @@ def perturb_(module: nn.Module, seed: int = 0, spread: float = 0.3) -> None:
     "source, kwargs",
     [
         ("s2hc", {}),
-        ("s2hc", {"mixer": "mhc"}),
-        ("s2hc", {"mixer": "identity"}),
+        ("s2hc", {"family": "mhc"}),
+        ("s2hc", {"family": "identity"}),
         ("s2hc", {"disable": True}),
         ("hyper_connections", {}),
         ("hyper_connections", {"disable": True}),
@@ -126,7 +126,7 @@ def test_expand_reduce_match_einops():
 
 def test_model_matches_package_at_init():
     theirs = Transformer(factory("hyper_connections"))
-    ours = Transformer(factory("s2hc"), mixer="hc")
+    ours = Transformer(factory("s2hc"), family="hc")
     copy_branches(theirs, ours)
     x = torch.randn(2, 5, DIM)
     torch.testing.assert_close(ours(x), theirs(x))
@@ -138,7 +138,7 @@ def test_block_matches_package_at_init(layer_index):
     hc_package = pytest.importorskip("hyper_connections")
     branch = nn.Linear(DIM, DIM)
     theirs = hc_package.get_init_and_expand_reduce_stream_functions(STREAMS)[0]
-    ours = compat.get_init_and_expand_reduce_stream_functions(STREAMS, mixer="hc")[0]
+    ours = compat.get_init_and_expand_reduce_stream_functions(STREAMS, family="hc")[0]
     residual = torch.randn(2 * STREAMS, 5, DIM)
     expected = theirs(dim=DIM, branch=branch, layer_index=layer_index)(residual)
     torch.testing.assert_close(ours(dim=DIM, branch=branch, layer_index=layer_index)(residual), expected)
@@ -157,7 +157,7 @@ def test_disabled_matches_package_residual():
 
 
 @pytest.mark.parametrize("shape", [(2 * STREAMS, 5, DIM), (2 * STREAMS, 2, 3, DIM), (2 * STREAMS, DIM)])
-@pytest.mark.parametrize("kwargs", [{}, {"mixer": "hc"}, {"disable": True}])
+@pytest.mark.parametrize("kwargs", [{}, {"family": "hc"}, {"disable": True}])
 def test_call_styles_agree(shape, kwargs):
     torch.manual_seed(0)
     init = compat.get_init_and_expand_reduce_stream_functions(STREAMS, dim=DIM, **kwargs)[0]
@@ -203,7 +203,7 @@ def test_tuple_output_and_branch_arguments_pass_through(kwargs):
 
 
 def test_dim_bound_by_factory_and_layer_index_defaults_to_zero():
-    init = compat.get_init_and_expand_reduce_stream_functions(STREAMS, dim=DIM, mixer="hc")[0]
+    init = compat.get_init_and_expand_reduce_stream_functions(STREAMS, dim=DIM, family="hc")[0]
     block = init(branch=nn.Linear(DIM, DIM))
     assert block.hc.dim == DIM and block.hc.layer_index == 0
     with pytest.raises(TypeError, match="dim"):
@@ -224,7 +224,7 @@ def test_bad_num_streams(num_streams):
     [
         ({"num_fracs": 2}, "num_fracs"),
         ({"add_stream_embed": True}, "add_stream_embed"),
-        ({"mixer": "nope"}, "mixer"),
+        ({"family": "nope"}, "family"),
         ({"rotation": "cayley", "iterations": 3}, "iterations"),
     ],
 )

@@ -11,7 +11,7 @@ from s2hc import HyperConnection, expand_streams, reduce_streams
 
 from helpers import randomize_
 
-FAMILIES = s2hc.mixers.available()
+FAMILIES = list(s2hc.mixers.REGISTRY)
 
 
 def streams(b=2, t=5, n=4, c=8, dtype=torch.float32, seed=0):
@@ -55,16 +55,16 @@ def reference_forward(hc: HyperConnection, x: torch.Tensor, branch) -> torch.Ten
     return mixed + post.unsqueeze(-1) * branch_out.unsqueeze(-2)
 
 
-@pytest.mark.parametrize("mixer", FAMILIES)
-def test_forward_follows_the_equations(mixer):
-    hc = randomized(HyperConnection(8, 4, mixer=mixer, layer_index=1))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_forward_follows_the_equations(family):
+    hc = randomized(HyperConnection(8, 4, family=family, layer_index=1))
     branch = Scale(8)
     x = streams()
     torch.testing.assert_close(hc(x, branch).double(), reference_forward(hc, x, branch), atol=1e-5, rtol=1e-5)
 
 
 def test_residual_is_exactly_x_plus_branch():
-    hc = HyperConnection(8, 1, mixer="residual")
+    hc = HyperConnection(8, 1, family="residual")
     branch = Scale(8)
     x = streams(n=1)
     assert torch.equal(hc(x, branch), x + branch(x[:, :, 0]).unsqueeze(2))
@@ -72,7 +72,7 @@ def test_residual_is_exactly_x_plus_branch():
 
 
 def test_identity_streams_are_independent_copies_mixed_only_through_pre_and_post():
-    hc = randomized(HyperConnection(8, 3, mixer="identity"))
+    hc = randomized(HyperConnection(8, 3, family="identity"))
     branch = Scale(8)
     x = streams(n=3)
     h = hc.matrices(x)
@@ -82,15 +82,15 @@ def test_identity_streams_are_independent_copies_mixed_only_through_pre_and_post
         torch.testing.assert_close(hc(x, branch)[:, :, i], x[:, :, i] + h["post"][..., i, None] * branch_out)
 
 
-@pytest.mark.parametrize("mixer", FAMILIES)
-def test_matrices_shapes_dtypes_and_initial_gates(mixer):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_matrices_shapes_dtypes_and_initial_gates(family):
     n = 4
-    hc = HyperConnection(8, n, mixer=mixer, layer_index=6)
+    hc = HyperConnection(8, n, family=family, layer_index=6)
     h = hc.matrices(streams(n=n, dtype=torch.bfloat16))
     assert h["pre"].shape == h["post"].shape == (2, 5, n) and h["res"].shape == (2, 5, n, n)
     assert all(v.dtype == torch.float32 for v in h.values())
     favoured = 6 % n
-    if mixer == "hc":  # HC: read one stream, write to all
+    if family == "hc":  # HC: read one stream, write to all
         expected_pre, expected_post = torch.zeros(n), torch.ones(n)
         expected_pre[favoured] = 1.0
     else:
@@ -101,9 +101,9 @@ def test_matrices_shapes_dtypes_and_initial_gates(mixer):
     torch.testing.assert_close(h["post"], expected_post.expand(2, 5, n))
 
 
-@pytest.mark.parametrize("mixer", FAMILIES)
-def test_gradient_reaches_projection_norm_scales_and_biases(mixer):
-    hc = randomized(HyperConnection(8, 4, mixer=mixer))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gradient_reaches_projection_norm_scales_and_biases(family):
+    hc = randomized(HyperConnection(8, 4, family=family))
     branch = Scale(8)
     x = streams().requires_grad_()
     hc(x, branch).pow(2).sum().backward()
@@ -114,25 +114,25 @@ def test_gradient_reaches_projection_norm_scales_and_biases(mixer):
 
 def test_gradient_at_initialisation_reaches_the_projection():
     """The projection starts at zero; its gradient must not, or nothing would ever learn."""
-    hc = HyperConnection(8, 4, mixer="s2hc")
+    hc = HyperConnection(8, 4, family="s2hc")
     hc(streams(), Scale(8)).pow(2).sum().backward()
     assert hc.projection.grad.abs().sum() > 0
 
 
-@pytest.mark.parametrize("mixer", ["s2hc", "mhc", "hc", "kromhc", "isometric"])
-def test_float64_gradcheck_of_the_connection(mixer):
-    hc = randomized(HyperConnection(3, 4, mixer=mixer)).double()
+@pytest.mark.parametrize("family", ["s2hc", "mhc", "hc", "kromhc", "isometric"])
+def test_float64_gradcheck_of_the_connection(family):
+    hc = randomized(HyperConnection(3, 4, family=family)).double()
     branch = nn.Linear(3, 3).double()
     x = streams(b=1, t=2, n=4, c=3, dtype=torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(lambda x: hc(x, branch), (x,), eps=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("mixer", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("module_dtype", [torch.float32, torch.bfloat16])
-def test_bfloat16_forward_backward_with_float32_coefficients(mixer, module_dtype):
+def test_bfloat16_forward_backward_with_float32_coefficients(family, module_dtype):
     from test_mixers import EXPECTED, check_guarantees
 
-    hc = randomized(HyperConnection(16, 4, mixer=mixer)).to(module_dtype)
+    hc = randomized(HyperConnection(16, 4, family=family)).to(module_dtype)
     branch = Scale(16).to(torch.bfloat16)
     x = streams(c=16, dtype=torch.bfloat16).requires_grad_()
     out = hc(x, branch)
@@ -141,7 +141,7 @@ def test_bfloat16_forward_backward_with_float32_coefficients(mixer, module_dtype
     assert x.grad is not None and hc.projection.grad is not None
     res = hc.matrices(x.detach())["res"]
     assert res.dtype == torch.float32
-    check_guarantees(res, EXPECTED[mixer])
+    check_guarantees(res, EXPECTED[family])
 
 
 def test_branch_keyword_arguments_pass_through():
@@ -163,7 +163,7 @@ def test_expand_and_reduce():
 @pytest.mark.slow
 def test_compiled_connection_with_fullgraph_equals_eager():
     torch._dynamo.reset()
-    hc = randomized(HyperConnection(16, 4, mixer="s2hc"))
+    hc = randomized(HyperConnection(16, 4, family="s2hc"))
     branch = Scale(16)
     x = streams(c=16).requires_grad_()
     eager = hc(x, branch)
@@ -181,13 +181,13 @@ def test_compiled_connection_with_fullgraph_equals_eager():
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(dim=8, n_streams=4, mixer="sinkhorn"), r"mixer must be one of \['residual', 'identity'.*got 'sinkhorn'"),
+        (dict(dim=8, n_streams=4, family="sinkhorn"), r"family must be one of \['residual', 'identity'.*got 'sinkhorn'"),
         (dict(dim=8, n_streams=0), r"n_streams must be an integer >= 1, got 0"),
         (dict(dim=0, n_streams=4), r"dim must be an integer >= 1, got 0"),
         (dict(dim=8, n_streams=4, layer_index=-1), r"layer_index must be an integer >= 0, got -1"),
-        (dict(dim=8, n_streams=4, mixer="residual"), r"n_streams must be 1 for mixer='residual', got 4"),
-        (dict(dim=8, n_streams=8, mixer="mhc-lite"), r"n_streams=8 needs 40320 inputs"),
-        (dict(dim=8, n_streams=4, mixer="mhc", rotation="cayley"), r"unknown option\(s\) \['rotation'\]"),
+        (dict(dim=8, n_streams=4, family="residual"), r"n_streams must be 1 for family='residual', got 4"),
+        (dict(dim=8, n_streams=8, family="mhc-lite"), r"n_streams=8 needs 40320 inputs"),
+        (dict(dim=8, n_streams=4, family="mhc", rotation="cayley"), r"unknown option\(s\) \['rotation'\]"),
     ],
 )
 def test_bad_construction(kwargs, message):

@@ -178,7 +178,7 @@ def test_bad_shapes_name_the_argument():
 
 def test_summary_matches_the_measurements_and_checks_the_claims():
     Hs = synthetic_matrices("s2hc", 4, layers=5, tokens=64, logit_scale=3.0)
-    s = summarize(Hs, mixer="s2hc")
+    s = summarize(Hs, family="s2hc")
     assert MEASUREMENT_KEYS <= set(s) and s["depth"] == 5 and s["tokens"] == 64
     assert s["spectral_norm"]["max"] == pytest.approx(spectral_norm(Hs).amax(1).tolist())
     assert s["composite_backward_amax"]["max"][-1] == pytest.approx(amax_gain(composite_product(Hs)[-1]).backward.max().item())
@@ -282,7 +282,7 @@ def tiny_model(mixer: str = "s2hc", n: int = 4):
     from s2hc.models import Transformer, get_preset
 
     torch.manual_seed(0)
-    model = Transformer(get_preset("tiny", mixer=mixer, n_streams=n, vocab_size=97, **SMALL_MODEL))
+    model = Transformer(get_preset("tiny", family=mixer, n_streams=n, vocab_size=97, **SMALL_MODEL))
     with torch.no_grad():  # move the connections off their initialisation, so there is something to see
         for hc in (m for m in model.modules() if isinstance(m, HyperConnection)):
             for p in hc.parameters():
@@ -292,7 +292,7 @@ def tiny_model(mixer: str = "s2hc", n: int = 4):
 
 def test_recorder_captures_exactly_the_matrices_and_changes_nothing():
     torch.manual_seed(0)
-    hc = HyperConnection(16, n_streams=3, mixer="mhc")
+    hc = HyperConnection(16, n_streams=3, family="mhc")
     with torch.no_grad():
         hc.projection.normal_()
     x = torch.randn(2, 5, 3, 16)
@@ -355,7 +355,7 @@ def runs(corpus_file, tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("runs")
     out = {}
     for mixer in ("s2hc", "residual"):
-        config = small_config(corpus_file, root, mixer=mixer, n_streams=None, out=str(root / mixer))
+        config = small_config(corpus_file, root, family=mixer, n_streams=None, out=str(root / mixer))
         train(config)
         out[mixer] = Path(config.out)
     return out
@@ -367,7 +367,7 @@ def test_diagnose_a_checkpoint(runs, corpus_file, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "s2hc (n = 4), 4 connections, 100 tokens" in printed and "report.md" in printed
     data = json.loads((out / "diagnostics.json").read_text())
-    assert data["kind"] == "checkpoint" and data["mixer"] == "s2hc" and data["tokens"] == 100
+    assert data["kind"] == "checkpoint" and data["family"] == "s2hc" and data["tokens"] == 100
     assert MEASUREMENT_KEYS | {"stream_similarity", "h_pre", "h_post"} <= set(data)
     assert data["layers"] == ["blocks.0.attn_hc", "blocks.0.mlp_hc", "blocks.1.attn_hc", "blocks.1.mlp_hc"]
     assert max(data["col_sum_error"]["max"]) < 1e-5 and abs(data["headline"]["composite_spectral_norm_at_depth"] - 1) < 1e-5
@@ -423,7 +423,7 @@ def test_bad_checkpoints_exit_2_with_one_line(kind, tmp_path, capsys):
         (["somewhere", "--synthetic"], "exactly one"),
         (["--synthetic", "--data", "x.txt"], "--data"),
         (["ckpt", "--logit-scale", "2"], "--logit-scale"),
-        (["--synthetic", "--mixers", "sinkhorn"], "unknown mixer"),
+        (["--synthetic", "--families", "sinkhorn"], "unknown family"),
         (["--synthetic", "--logit-scale", "-1"], "logit-scale"),
     ],
 )
@@ -434,7 +434,7 @@ def test_bad_arguments_exit_2(argv, message, capsys):
 
 def test_diagnose_synthetic_command(tmp_path, capsys):
     out = tmp_path / "syn"
-    argv = ["diagnose", "--synthetic", "--mixers", "mhc,s2hc,hc", "--layers", "28", "--streams", "4",
+    argv = ["diagnose", "--synthetic", "--families", "mhc,s2hc,hc", "--layers", "28", "--streams", "4",
             "--logit-scale", "4", "--tokens", "128", "--sweep", "0.5,8", "--out", str(out)]
     assert main(argv) == 0
     printed = capsys.readouterr().out

@@ -42,7 +42,7 @@ def data(tmp_path_factory) -> tuple[Path, Path]:
 def args(data, out, *, batch_size, max_steps=6, extra=()):
     text, cache = data
     return [
-        "train", "--preset", "tiny", "--mixer", "s2hc", "--streams", "4",
+        "train", "--preset", "tiny", "--family", "s2hc", "--streams", "4",
         "--set", "model_overrides=" + json.dumps(MODEL), "--data", str(text), "--cache-dir", str(cache),
         "--seq-len", "32", "--batch-size", str(batch_size), "--max-steps", str(max_steps), "--warmup-steps", "2",
         "--lr", "3e-3", "--set", "min_lr_ratio=1.0",  # constant after warmup: the schedule ignores max_steps
@@ -147,7 +147,7 @@ def test_a_rank_that_dies_fails_the_job_and_the_checkpoint_still_loads(data, tmp
     payload = load_checkpoint(out)
     assert payload["step"] >= 2
     model, config = load_model(out)
-    assert config.n_streams == 4 and model.aux_params() > 0
+    assert config.n_streams == 4 and model.num_hc_params() > 0
 
 
 def _workers(launcher_pid: int) -> list[int]:

@@ -383,11 +383,11 @@ def test_lm_eval_command_line_runs_the_s2hc_model(tiny, tmp_path):
 # ---- KV-cached generation ------------------------------------------------------------------------------
 
 FAMILIES = {
-    "s2hc-4": dict(mixer="s2hc", n_streams=4),
-    "residual": dict(mixer="residual", n_streams=1),
-    "gemma3-window": dict(mixer="mhc", n_streams=2, preset="gemma3-1b", n_heads=2, n_kv_heads=1, head_dim=16,
+    "s2hc-4": dict(family="s2hc", n_streams=4),
+    "residual": dict(family="residual", n_streams=1),
+    "gemma3-window": dict(family="mhc", n_streams=2, preset="gemma3-1b", n_heads=2, n_kv_heads=1, head_dim=16,
                           sliding_window=5, sliding_window_pattern=2, query_pre_attn_scalar=16.0),
-    "gpt2-learned": dict(mixer="mhc-lite", n_streams=3, preset="gpt2-small"),
+    "gpt2-learned": dict(family="mhc-lite", n_streams=3, preset="gpt2-small"),
 }  # fmt: skip
 
 

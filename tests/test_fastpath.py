@@ -1,4 +1,4 @@
-"""The fast path equals the reference path: every family's ``mix_fast``, the fused HyperConnection
+"""The fast path equals the reference path: every family's ``mix_fused``, the fused HyperConnection
 (folded RMSNorm, read-and-mix autograd function), compiled against eager, recompute against storing."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from s2hc.mixers.base import small_matmul
 
 from helpers import Branch, assert_close_to_scale, family_sizes, grads_of, randomize_, run_connection
 
-FAMILIES = s2hc.mixers.available()
+FAMILIES = list(s2hc.mixers.REGISTRY)
 TOL = dict(atol=1e-5, rtol=1e-5)
 
 
@@ -27,10 +27,10 @@ def build(name, n, **options):
     return s2hc.mixers.build(name, n, **options)
 
 
-def run_mixer(mixer, d, weights, fast):
+def run_mixer(mixer, d, weights, fused):
     mixer.zero_grad(set_to_none=True)
     d = d.detach().clone().requires_grad_()
-    h = mixer(d, fast=fast)
+    h = mixer(d, fused=fused)
     if not h.requires_grad:  # identity: nothing to differentiate
         return h, []
     (h * weights).sum().backward()
@@ -54,8 +54,8 @@ def test_mix_fast_equals_mix_with_gradients(name, n, options):
     randomize_(mixer, g, 0.5)
     d = 3 * torch.randn(64, mixer.num_inputs, generator=g)
     weights = torch.randn(64, n, n, generator=g)
-    h_ref, g_ref = run_mixer(mixer, d, weights, fast=False)
-    h_fast, g_fast = run_mixer(mixer, d, weights, fast=True)
+    h_ref, g_ref = run_mixer(mixer, d, weights, fused=False)
+    h_fast, g_fast = run_mixer(mixer, d, weights, fused=True)
     torch.testing.assert_close(h_fast, h_ref, **TOL)
     for a, b in zip(g_fast, g_ref):
         torch.testing.assert_close(a, b, **TOL)
@@ -70,15 +70,15 @@ def test_small_matmul_equals_matmul():
 # ------------------------------------------------------------------------------------- the connection
 
 
-@pytest.mark.parametrize("mixer", FAMILIES)
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("n", [2, 4])
-def test_fused_connection_equals_reference_float32(mixer, n):
+def test_fused_connection_equals_reference_float32(family, n):
     """Values and gradients to 1e-5 of each tensor's largest entry: the gates' scalar gradients are sums
     over all tokens with cancellation, where another summation order (or GEMM kernel) moves the last
     digits of the result by more than 1e-5 of its own size."""
     torch.manual_seed(0)  # the branch's initialisation
     g = torch.Generator().manual_seed(n)
-    hc = HyperConnection(16, n, mixer=mixer, layer_index=1)
+    hc = HyperConnection(16, n, family=family, layer_index=1)
     randomize_(hc, g, 0.5)
     branch = Branch(16)
     x = torch.randn(2, 6, n, 16, generator=g)
@@ -92,11 +92,11 @@ def test_fused_connection_equals_reference_float32(mixer, n):
         torch.testing.assert_close(hc.matrices(x, fused=True)[key], hc.matrices(x, fused=False)[key], **TOL)
 
 
-@pytest.mark.parametrize("mixer", ["s2hc", "mhc", "hc", "orthogonal", "isometric", "kromhc"])
-def test_fused_connection_equals_reference_bfloat16(mixer):
+@pytest.mark.parametrize("family", ["s2hc", "mhc", "hc", "orthogonal", "isometric", "kromhc"])
+def test_fused_connection_equals_reference_bfloat16(family):
     """bf16 streams: the two paths round differently, so they agree to bf16 rounding, not bitwise."""
     g = torch.Generator().manual_seed(0)
-    hc = HyperConnection(32, 4, mixer=mixer).to(torch.bfloat16)
+    hc = HyperConnection(32, 4, family=family).to(torch.bfloat16)
     randomize_(hc, g, 0.5)
     branch = Branch(32).to(torch.bfloat16)
     x = torch.randn(2, 6, 4, 32, generator=g).bfloat16()
@@ -130,9 +130,9 @@ def test_norm_project_function_float64_gradcheck_and_value():
     torch.testing.assert_close(_NormProject.apply(x, weight, 1e-6), expected)
 
 
-@pytest.mark.parametrize("mixer", ["s2hc", "mhc"])
-def test_fused_float64_gradcheck_of_the_connection(mixer):
-    hc = HyperConnection(3, 4, mixer=mixer, fused=True)
+@pytest.mark.parametrize("family", ["s2hc", "mhc"])
+def test_fused_float64_gradcheck_of_the_connection(family):
+    hc = HyperConnection(3, 4, family=family, fused=True)
     randomize_(hc, torch.Generator().manual_seed(1), 0.5)
     hc = hc.double()
     branch = nn.Linear(3, 3).double()
@@ -154,10 +154,10 @@ def saved_bytes(fn) -> int:
 
 
 @pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("mixer", ["s2hc", "mhc"])
-def test_recompute_equals_storing_and_saves_less(mixer, fused):
+@pytest.mark.parametrize("family", ["s2hc", "mhc"])
+def test_recompute_equals_storing_and_saves_less(family, fused):
     g = torch.Generator().manual_seed(3)
-    hc = HyperConnection(16, 4, mixer=mixer, fused=fused)
+    hc = HyperConnection(16, 4, family=family, fused=fused)
     randomize_(hc, g, 0.5)
     branch = Branch(16)
     x = torch.randn(2, 6, 4, 16, generator=g)
@@ -177,7 +177,7 @@ def test_recompute_equals_storing_and_saves_less(mixer, fused):
 
 def test_fused_saves_no_normed_copy():
     """The folded RMSNorm stores no n·C-wide normed features: fewer saved bytes than the reference."""
-    hc = HyperConnection(64, 4, mixer="s2hc")
+    hc = HyperConnection(64, 4, family="s2hc")
     x = torch.randn(2, 32, 4, 64, requires_grad=True)
     branch = Branch(64)
     _, fused = saved_bytes(lambda: hc(x, branch))
@@ -198,13 +198,13 @@ TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "mixer,kernels", [("s2hc", "torch"), ("mhc", "torch"), pytest.param("s2hc", "triton", marks=TRITON)]
+    "family,kernels", [("s2hc", "torch"), ("mhc", "torch"), pytest.param("s2hc", "triton", marks=TRITON)]
 )
-def test_compiled_fused_connection_with_fullgraph_equals_eager(mixer, kernels):
+def test_compiled_fused_connection_with_fullgraph_equals_eager(family, kernels):
     """fullgraph=True: no graph break in the fused connection (the compiled read/mix formulation included).
     With kernels="triton", eager runs the kernels and the compiled graph the PyTorch forms inductor fuses."""
     torch._dynamo.reset()
-    hc = HyperConnection(16, 4, mixer=mixer, fused=True, kernels=kernels)
+    hc = HyperConnection(16, 4, family=family, fused=True, kernels=kernels)
     randomize_(hc, torch.Generator().manual_seed(4), 0.5)
     branch = Branch(16)
     x = torch.randn(2, 5, 4, 16, generator=torch.Generator().manual_seed(5)).requires_grad_()

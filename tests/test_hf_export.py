@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from s2hc import methods
+from s2hc import families
 from s2hc.cli import main
 from s2hc.data import get_tokenizer
 from s2hc.evaluate import generate_tokens
@@ -103,10 +103,10 @@ def test_trust_remote_code_loads_without_importing_s2hc(exported):
     assert done.stdout.split()[-2:] == ["S2HCForCausalLM", "3"]
 
 
-@pytest.mark.parametrize("mixer", methods())
-def test_every_family_survives_save_and_load(mixer, tmp_path):
+@pytest.mark.parametrize("family", families())
+def test_every_family_survives_save_and_load(family, tmp_path):
     """Fixed buffers (Helmert bases, permutation tables) are rebuilt after transformers' meta-device load."""
-    model = random_model(mixer, 1 if mixer == "residual" else 3)
+    model = random_model(family, 1 if family == "residual" else 3)
     hf = from_s2hc(model, get_tokenizer())
     hf.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
@@ -140,9 +140,9 @@ def test_bfloat16_export(tiny, tmp_path):
 
 def test_config_is_validated_and_registered():
     assert AutoConfig.for_model("s2hc").__class__ is S2HCConfig
-    with pytest.raises(ValueError, match="mixer must be one of"):
-        S2HCConfig(s2hc={"mixer": "nope"})
-    config = S2HCConfig(s2hc=get_preset("tiny", mixer="s2hc", n_streams=4).to_dict())
+    with pytest.raises(ValueError, match="family must be one of"):
+        S2HCConfig(s2hc={"family": "nope"})
+    config = S2HCConfig(s2hc=get_preset("tiny", family="s2hc", n_streams=4).to_dict())
     assert (config.hidden_size, config.num_hidden_layers, config.layer_types) == (128, 4, ["full_attention"] * 4)
 
 
@@ -158,11 +158,11 @@ def test_gpt2_tokenizer_exports_as_the_same_encoding():
 # ---- generate() with and without the KV cache -----------------------------------------------------------
 
 FAMILIES = {
-    "s2hc-4": dict(mixer="s2hc", n_streams=4),
-    "residual": dict(mixer="residual", n_streams=1),
-    "gemma3-window": dict(mixer="mhc", n_streams=2, preset="gemma3-1b", n_heads=2, n_kv_heads=1, head_dim=16,
+    "s2hc-4": dict(family="s2hc", n_streams=4),
+    "residual": dict(family="residual", n_streams=1),
+    "gemma3-window": dict(family="mhc", n_streams=2, preset="gemma3-1b", n_heads=2, n_kv_heads=1, head_dim=16,
                           sliding_window=5, sliding_window_pattern=2, query_pre_attn_scalar=16.0),
-    "gpt2-learned": dict(mixer="kromhc", n_streams=4, preset="gpt2-small"),
+    "gpt2-learned": dict(family="kromhc", n_streams=4, preset="gpt2-small"),
 }  # fmt: skip
 
 

@@ -1,6 +1,6 @@
 """Parity with Hugging Face transformers: Qwen3, Qwen2 (Qwen2.5) and Gemma3 give the same logits.
 
-Each family's transformers model is built offline from a small config (random weights, eager attention),
+Each architecture's transformers model is built offline from a small config (random weights, eager attention),
 its weights are moved far from their initialisation so that every norm offset, bias and rotation matters,
 and the converted s2hc model must reproduce its float32 logits to 1e-4.
 """
@@ -31,12 +31,12 @@ SMALL = dict(
 )
 
 
-def hf_config(family: str):
-    if family == "qwen3":
+def hf_config(arch: str):
+    if arch == "qwen3":
         return transformers.Qwen3Config(**SMALL, num_hidden_layers=3, rope_theta=10_000.0, tie_word_embeddings=False)
-    if family == "qwen2":
+    if arch == "qwen2":
         return transformers.Qwen2Config(**SMALL, num_hidden_layers=2, rope_theta=50_000.0, tie_word_embeddings=True)
-    if family == "gemma3":
+    if arch == "gemma3":
         # 7 layers with the real 5 local : 1 global pattern: global at layer 5, local at 0-4 and 6;
         # query_pre_attn_scalar differs from head_dim so the score scaling is checked too.
         return transformers.Gemma3TextConfig(
@@ -48,10 +48,10 @@ def hf_config(family: str):
             rope_local_base_freq=10_000.0,
             tie_word_embeddings=True,
         )
-    raise AssertionError(family)
+    raise AssertionError(arch)
 
 
-FAMILIES = ("qwen3", "qwen2", "gemma3")
+ARCHITECTURES = ("qwen3", "qwen2", "gemma3")
 
 
 @torch.no_grad()
@@ -71,8 +71,8 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
             p.copy_(0.3 * noise)
 
 
-def build_pair(family: str, seed: int = 0, **overrides):
-    config = hf_config(family)
+def build_pair(arch: str, seed: int = 0, **overrides):
+    config = hf_config(arch)
     torch.manual_seed(seed)
     reference = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
     randomise(reference, seed)
@@ -85,9 +85,9 @@ def tokens(seed: int = 1, batch: int = 3, seq: int = SEQ) -> torch.Tensor:
     return torch.randint(0, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_logits_match_transformers(family):
-    reference, model = build_pair(family)
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_logits_match_transformers(arch):
+    reference, model = build_pair(arch)
     ids = tokens()
     with torch.no_grad():
         expected = reference(input_ids=ids).logits
@@ -95,7 +95,7 @@ def test_logits_match_transformers(family):
     assert got.shape == expected.shape == (3, SEQ, VOCAB)
     assert expected.std() > 0.5, "logits too small for the comparison to mean anything"
     diff = (got - expected).abs().max().item()
-    assert diff <= TOLERANCE, f"{family}: max |logit difference| {diff:.3g}"
+    assert diff <= TOLERANCE, f"{arch}: max |logit difference| {diff:.3g}"
 
 
 def test_config_from_hf_reads_each_feature():
@@ -148,17 +148,17 @@ def test_mismatched_state_dict_lists_missing_and_unexpected_keys():
         load_hf_state_dict(model, state)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_s2hc_version_runs_forward_and_backward(family):
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_s2hc_version_runs_forward_and_backward(arch):
     """The same architectures with four s²HC streams load the same weights and train."""
-    _, model = build_pair(family, mixer="s2hc", n_streams=4)
+    _, model = build_pair(arch, family="s2hc", n_streams=4)
     model.train()
     ids = tokens(seq=SEQ + 1)
     logits = model(ids[:, :-1])
     assert logits.shape == (3, SEQ, VOCAB) and torch.isfinite(logits).all()
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten())
     loss.backward()
-    assert model.aux_params() > 0, "no hyper-connection parameters"
+    assert model.num_hc_params() > 0, "no hyper-connection parameters"
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
     # the hyper-connections' zero-initialised projection receives gradient

@@ -13,12 +13,12 @@ import yaml
 import s2hc
 from s2hc.models import PRESETS, ModelConfig, Transformer, get_preset
 from s2hc.models.transformer import Attention, rope_cos_sin, sliding_window_mask
-from s2hc.params import count_aux_params
+from s2hc.params import count_hc_params
 
-# Each architecture family at test size, keeping its features (GQA, QK-norm, biases, Gemma's norms,
+# Each architecture at test size, keeping its features (GQA, QK-norm, biases, Gemma's norms,
 # embedding scaling, window and local/global pattern, learned positions).
 MINI = dict(vocab_size=64, dim=32, n_heads=4, max_seq_len=32)
-FAMILIES = {
+ARCHITECTURES = {
     "tiny": get_preset("tiny", **MINI, n_layers=2, ffn_dim=64),
     "gpt2": get_preset("gpt2-small", **MINI, n_layers=2, ffn_dim=128),
     "qwen3": get_preset("qwen3-0.6b", **MINI, n_layers=2, n_kv_heads=2, head_dim=16, ffn_dim=64),
@@ -31,7 +31,7 @@ FAMILIES = {
 
 
 def with_mixer(config: ModelConfig, mixer: str, n_streams: int, **options) -> ModelConfig:
-    return ModelConfig.from_dict({**config.to_dict(), "mixer": mixer, "n_streams": n_streams, "mixer_options": options})
+    return ModelConfig.from_dict({**config.to_dict(), "family": mixer, "n_streams": n_streams, "family_options": options})
 
 
 def ids(batch=2, seq=16, vocab=64, seed=0) -> torch.Tensor:
@@ -64,7 +64,7 @@ def test_large_presets_have_the_published_sizes(name):
     with torch.device("meta"):
         model = Transformer(get_preset(name))
     assert model.num_params() == SIZES[name]
-    assert model.aux_params() == 0 and model.hyper_connection_parameters() == []
+    assert model.num_hc_params() == 0 and model.hyper_connection_parameters() == []
 
 
 def test_qwen25_without_embeddings_and_gemma_layer_pattern():
@@ -86,18 +86,18 @@ def test_untied_qwen3_counts_its_lm_head():
 
 @pytest.mark.parametrize("name", ["tiny", "small"])
 def test_cpu_presets_build_and_run(name):
-    model = Transformer(get_preset(name, mixer="s2hc", n_streams=4))
+    model = Transformer(get_preset(name, family="s2hc", n_streams=4))
     logits = model(ids(seq=8, vocab=4096))
     assert logits.shape == (2, 8, 4096) and torch.isfinite(logits).all()
 
 
-def test_aux_params_match_the_parameter_table():
+def test_hc_params_match_the_parameter_table():
     with torch.device("meta"):
-        model = Transformer(get_preset("qwen3-0.6b", mixer="s2hc", n_streams=4))
+        model = Transformer(get_preset("qwen3-0.6b", family="s2hc", n_streams=4))
         residual = Transformer(get_preset("qwen3-0.6b"))
-    aux = model.aux_params()
+    aux = model.num_hc_params()
     assert aux == sum(p.numel() for p in model.hyper_connection_parameters())
-    assert aux == count_aux_params("s2hc", layers=28, dim=1024, n_streams=4)
+    assert aux == count_hc_params("s2hc", layers=28, dim=1024, n_streams=4)
     assert model.num_params() == residual.num_params() + aux
 
 
@@ -106,7 +106,7 @@ def test_aux_params_match_the_parameter_table():
 
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_config_round_trips_through_json_and_yaml(name):
-    config = get_preset(name, mixer="mhc", n_streams=4, mixer_options={"iterations": 10})
+    config = get_preset(name, family="mhc", n_streams=4, family_options={"iterations": 10})
     assert ModelConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
     assert ModelConfig.from_dict(yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config
 
@@ -129,10 +129,10 @@ def test_defaults_are_resolved():
     [
         (dict(dim=100, n_heads=3), r"dim must be a multiple of n_heads.*dim=100, n_heads=3"),
         (dict(n_heads=4, n_kv_heads=3), r"n_heads must be a multiple of n_kv_heads.*n_kv_heads=3"),
-        (dict(mixer="nope"), r"mixer must be one of \[.*'residual'.*'s2hc'.*got 'nope'"),
-        (dict(mixer="residual", n_streams=4), r"n_streams must be 1 for mixer='residual', got n_streams=4"),
-        (dict(mixer="s2hc", n_streams=4, mixer_options={"iterations": 3}), r"unknown mixer_options \['iterations'\]"),
-        (dict(mixer_options={"eps": 1e-5}), r"mixer='residual' takes no mixer_options"),
+        (dict(family="nope"), r"family must be one of \[.*'residual'.*'s2hc'.*got 'nope'"),
+        (dict(family="residual", n_streams=4), r"n_streams must be 1 for family='residual', got n_streams=4"),
+        (dict(family="s2hc", n_streams=4, family_options={"iterations": 3}), r"unknown family_options \['iterations'\]"),
+        (dict(family_options={"eps": 1e-5}), r"family='residual' takes no family_options"),
         (dict(norm="batchnorm"), r"norm must be one of \['rmsnorm', 'layernorm'\], got 'batchnorm'"),
         (dict(mlp="relu"), r"mlp must be one of \['swiglu', 'geglu', 'gelu'\]"),
         (dict(pos="alibi"), r"pos must be one of \['rope', 'learned'\]"),
@@ -165,14 +165,14 @@ def test_unknown_keys_and_presets():
 def test_presets_default_to_the_plain_residual():
     for name in PRESETS:
         config = get_preset(name)
-        assert (config.mixer, config.n_streams, config.mixer_options) == ("residual", 1, {})
+        assert (config.family, config.n_streams, config.family_options) == ("residual", 1, {})
 
 
 # ---- forward ---------------------------------------------------------------------------------------------
 
 
 def test_bad_inputs():
-    model = Transformer(FAMILIES["tiny"])
+    model = Transformer(ARCHITECTURES["tiny"])
     with pytest.raises(ValueError, match=r"input_ids must be an integer tensor of shape \(batch, time\), got \(16,\)"):
         model(ids()[0])
     with pytest.raises(ValueError, match="integer tensor"):
@@ -183,11 +183,11 @@ def test_bad_inputs():
         Transformer({"dim": 32})
 
 
-@pytest.mark.parametrize("mixer, n", [("residual", 1), ("s2hc", 4)])
-@pytest.mark.parametrize("family", list(FAMILIES))
-def test_causal_masking(family, mixer, n):
+@pytest.mark.parametrize("family, n", [("residual", 1), ("s2hc", 4)])
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_causal_masking(arch, family, n):
     """Changing the token at position t changes no logit before t (and does change the ones from t on)."""
-    model = Transformer(with_mixer(FAMILIES[family], mixer, n)).eval()
+    model = Transformer(with_mixer(ARCHITECTURES[arch], family, n)).eval()
     perturb_([p for p in model.parameters()], spread=0.2)  # hyper-connections away from their identity-like init
     x = ids(seq=16)
     t = 9
@@ -221,9 +221,9 @@ def test_local_attention_ignores_keys_outside_the_window(n_kv_heads):
         assert changed_full > 1e-4
 
 
-@pytest.mark.parametrize("mixer, n", [("residual", 1), ("s2hc", 4)])
-def test_model_with_one_local_layer_sees_only_its_window(mixer, n):
-    base = FAMILIES["gemma3"].to_dict() | dict(n_layers=1, sliding_window=4, mixer=mixer, n_streams=n)
+@pytest.mark.parametrize("family, n", [("residual", 1), ("s2hc", 4)])
+def test_model_with_one_local_layer_sees_only_its_window(family, n):
+    base = ARCHITECTURES["gemma3"].to_dict() | dict(n_layers=1, sliding_window=4, family=family, n_streams=n)
     model = Transformer(ModelConfig.from_dict(base)).eval()
     assert model.config.layer_types() == ["local"]
     perturb_(model.parameters(), spread=0.2)
@@ -238,7 +238,7 @@ def test_model_with_one_local_layer_sees_only_its_window(mixer, n):
 
 
 def test_global_layers_see_past_the_window():
-    base = FAMILIES["gemma3"].to_dict() | dict(n_layers=1, sliding_window=4, sliding_window_pattern=1)
+    base = ARCHITECTURES["gemma3"].to_dict() | dict(n_layers=1, sliding_window=4, sliding_window_pattern=1)
     model = Transformer(ModelConfig.from_dict(base)).eval()
     assert model.config.layer_types() == ["global"]
     x, t = ids(seq=16), 12
@@ -268,20 +268,20 @@ def train_losses(config: ModelConfig, steps: int = 12, lr: float = 3e-3) -> list
     return losses
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", list(ARCHITECTURES))
 def test_every_architecture_trains(family):
-    losses = train_losses(FAMILIES[family])
+    losses = train_losses(ARCHITECTURES[family])
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-@pytest.mark.parametrize("mixer", [m for m in s2hc.methods() if m != "residual"])
-def test_every_mixing_family_trains(mixer):
-    losses = train_losses(with_mixer(FAMILIES["tiny"], mixer, 4))
+@pytest.mark.parametrize("family", [m for m in s2hc.families() if m != "residual"])
+def test_every_mixing_family_trains(family):
+    losses = train_losses(with_mixer(ARCHITECTURES["tiny"], family, 4))
     assert losses[-1] < 0.8 * losses[0], losses
 
 
 def test_init_weights_leaves_hyper_connections_alone():
-    model = Transformer(with_mixer(FAMILIES["gemma3"], "s2hc", 4))
+    model = Transformer(with_mixer(ARCHITECTURES["gemma3"], "s2hc", 4))
     for block in model.blocks:  # DESIGN.md's initialisation: zero projection, α = 0.01
         assert torch.count_nonzero(block.attn_hc.projection) == 0
         assert block.mlp_hc.alpha_pre.item() == pytest.approx(0.01)
@@ -306,14 +306,14 @@ def test_init_weights_statistics():
     assert abs(q_proj.std().item() - 0.02) < 0.001
     assert abs(model.lm_head.weight.std().item() - 0.02) < 0.001
     assert torch.equal(model.blocks[0].attn_norm.weight, torch.ones(config.dim))
-    gemma = Transformer(FAMILIES["gemma3"])
+    gemma = Transformer(ARCHITECTURES["gemma3"])
     assert torch.count_nonzero(gemma.blocks[0].attn_post_norm.weight) == 0  # (1 + w) norms start at w = 0
-    gpt2 = Transformer(FAMILIES["gpt2"])
+    gpt2 = Transformer(ARCHITECTURES["gpt2"])
     assert torch.count_nonzero(gpt2.blocks[0].mlp.up_proj.bias) == 0
 
 
 def test_bfloat16_forward_and_backward():
-    model = Transformer(with_mixer(FAMILIES["gemma3"], "s2hc", 4)).to(torch.bfloat16)
+    model = Transformer(with_mixer(ARCHITECTURES["gemma3"], "s2hc", 4)).to(torch.bfloat16)
     logits = model(ids())
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
     logits.float().logsumexp(-1).mean().backward()

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import s2hc
 from s2hc import cli
-from s2hc.params import count_aux_params, param_table
+from s2hc.params import count_hc_params, param_table
 
 PAPER = dict(layers=28, dim=1024, n_streams=7)  # the s²HC paper's 1.3 B-class shape, n = 7
 PAPER_ARGV = ["params", "--layers", "28", "--dim", "1024", "--streams", "7", "--json"]
@@ -24,28 +24,28 @@ PAPER_ARGV = ["params", "--layers", "28", "--dim", "1024", "--streams", "7", "--
 # ----------------------------------------------------------------------------------- independent formula
 
 
-def mixer_extra(mixer: str, n: int) -> int:
-    """Parameters of the mixer itself (its α, b, γ), read off the family's code.
+def mixer_extra(family: str, n: int) -> int:
+    """Parameters of the family itself (its α, b, γ), read off the family's code.
 
     mhc: one α and an n × n bias. s2hc (m = n − 1): two rotations, each α, γ and k = m(m−1)/2 biases,
     plus the spectrum's α and m biases: 2(k + 2) + 1 + m = m² + 5. mhc-lite: one α and n! biases.
     """
     m = n - 1
-    return {"mhc": n * n + 1, "s2hc": m * m + 5, "mhc-lite": math.factorial(n) + 1}[mixer]
+    return {"mhc": n * n + 1, "s2hc": m * m + 5, "mhc-lite": math.factorial(n) + 1}[family]
 
 
-def num_inputs(mixer: str, n: int) -> int:
-    return {"mhc": n * n, "s2hc": (n - 1) ** 2, "mhc-lite": math.factorial(n)}[mixer]
+def num_inputs(family: str, n: int) -> int:
+    return {"mhc": n * n, "s2hc": (n - 1) ** 2, "mhc-lite": math.factorial(n)}[family]
 
 
-def formula(mixer: str, *, layers: int, dim: int, n_streams: int, sublayers_per_layer: int = 2) -> int:
+def formula(family: str, *, layers: int, dim: int, n_streams: int, sublayers_per_layer: int = 2) -> int:
     """``layers·sub·(nC(2n+K) + nC + extra)``: projection W, RMSNorm weight, then the small scalars.
 
     extra = the connection's α_pre, α_post, b_pre (n), b_post (n) — 2n + 2 — plus :func:`mixer_extra`;
     so mhc: n² + 2n + 3 and s2hc: (n−1)² + 2n + 7.
     """
-    n, c, k = n_streams, dim, num_inputs(mixer, n_streams)
-    extra = 2 * n + 2 + mixer_extra(mixer, n)
+    n, c, k = n_streams, dim, num_inputs(family, n_streams)
+    extra = 2 * n + 2 + mixer_extra(family, n)
     return layers * sublayers_per_layer * (n * c * (2 * n + k) + n * c + extra)
 
 
@@ -55,29 +55,29 @@ def test_extra_terms_spelled_out():
     assert 2 * 7 + 2 + mixer_extra("s2hc", 7) == 57
 
 
-@pytest.mark.parametrize("mixer", ["mhc", "s2hc", "mhc-lite"])
+@pytest.mark.parametrize("family", ["mhc", "s2hc", "mhc-lite"])
 @given(
     layers=st.integers(1, 3),
     dim=st.integers(1, 24),
     n_streams=st.integers(2, 5),
     sublayers_per_layer=st.integers(1, 3),
 )
-def test_formula_matches_modules_really_built_on_cpu(mixer, layers, dim, n_streams, sublayers_per_layer):
+def test_formula_matches_modules_really_built_on_cpu(family, layers, dim, n_streams, sublayers_per_layer):
     # Real allocation: every connection built on the CPU, as a model would, and its parameters counted.
     sublayers = layers * sublayers_per_layer
-    options = {"allow_large": True} if mixer == "mhc-lite" else {}
+    options = {"allow_large": True} if family == "mhc-lite" else {}
     with torch.device("cpu"):
-        built = [s2hc.HyperConnection(dim, n_streams, mixer=mixer, layer_index=i, **options) for i in range(sublayers)]
+        built = [s2hc.HyperConnection(dim, n_streams, family=family, layer_index=i, **options) for i in range(sublayers)]
     assert all(p.device.type == "cpu" and not p.is_meta for hc in built for p in hc.parameters())
     real = sum(p.numel() for hc in built for p in hc.parameters())
     shape = dict(layers=layers, dim=dim, n_streams=n_streams, sublayers_per_layer=sublayers_per_layer)
-    assert real == formula(mixer, **shape)
-    assert count_aux_params(mixer, **shape) == real  # the meta count equals real allocation
+    assert real == formula(family, **shape)
+    assert count_hc_params(family, **shape) == real  # the meta count equals real allocation
 
 
-@pytest.mark.parametrize("mixer", ["mhc", "s2hc", "mhc-lite"])
-def test_counts_equal_formula_at_paper_shape(mixer):
-    assert count_aux_params(mixer, **PAPER) == formula(mixer, **PAPER)
+@pytest.mark.parametrize("family", ["mhc", "s2hc", "mhc-lite"])
+def test_counts_equal_formula_at_paper_shape(family):
+    assert count_hc_params(family, **PAPER) == formula(family, **PAPER)
 
 
 def test_paper_shape_mhc_lite_is_counted_without_allocating():
@@ -88,24 +88,24 @@ def test_paper_shape_mhc_lite_is_counted_without_allocating():
     (row,) = param_table(["mhc-lite"], **PAPER, sublayers_per_layer=2)
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 500_000  # KiB: far below 8 GB
     assert row["K"] == 5040
-    assert row["aux_params"] == formula("mhc-lite", **PAPER)
+    assert row["hc_params"] == formula("mhc-lite", **PAPER)
 
 
 # ------------------------------------------------------------------------------------ the paper's figures
 
 
 def check_paper_rows(rows: list[dict]) -> None:
-    by_name = {row["mixer"]: row for row in rows}
-    assert set(by_name) == set(s2hc.methods())
-    assert 25e6 <= by_name["mhc"]["aux_params"] <= 27e6  # paper: ≈ 26 M
-    assert 19.5e6 <= by_name["s2hc"]["aux_params"] <= 21e6  # paper: ≈ 20 M
-    assert 1.9e9 <= by_name["mhc-lite"]["aux_params"] <= 2.1e9  # paper: ≈ 2 B
-    assert by_name["residual"]["aux_params"] == 0
+    by_name = {row["family"]: row for row in rows}
+    assert set(by_name) == set(s2hc.families())
+    assert 25e6 <= by_name["mhc"]["hc_params"] <= 27e6  # paper: ≈ 26 M
+    assert 19.5e6 <= by_name["s2hc"]["hc_params"] <= 21e6  # paper: ≈ 20 M
+    assert 1.9e9 <= by_name["mhc-lite"]["hc_params"] <= 2.1e9  # paper: ≈ 2 B
+    assert by_name["residual"]["hc_params"] == 0
     assert by_name["mhc"]["vs_mhc"] == 1.0
     for row in rows:
         assert row["sublayers"] == 56 and row["layers"] == 28 and row["dim"] == 1024
-        assert row["n_streams"] == (1 if row["mixer"] == "residual" else 7)
-        assert row["per_sublayer"] * 56 == row["aux_params"]
+        assert row["n_streams"] == (1 if row["family"] == "residual" else 7)
+        assert row["per_sublayer"] * 56 == row["hc_params"]
 
 
 def test_paper_figures_via_main(capsys):
@@ -134,25 +134,25 @@ def test_console_script_points_at_cli_main():
 def test_table_lists_every_family(capsys):
     assert cli.main(["params", "--layers", "28", "--dim", "1024", "--streams", "7"]) == 0
     out = capsys.readouterr().out
-    assert "| mixer | K | per sublayer | total | vs mHC |" in out
-    for name in s2hc.methods():
+    assert "| family | K | per sublayer | total | vs mHC |" in out
+    for name in s2hc.families():
         assert f"| {name} |" in out
     assert "25.7 M (25,693,808)" in out  # human and exact
     assert "2.03 B" in out
 
 
 def test_mixers_subset_without_mhc_has_no_ratio(capsys):
-    assert cli.main(["params", "--mixers", "s2hc, residual", "--json"]) == 0
+    assert cli.main(["params", "--families", "s2hc, residual", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [row["mixer"] for row in rows] == ["s2hc", "residual"]
+    assert [row["family"] for row in rows] == ["s2hc", "residual"]
     assert all(row["vs_mhc"] is None for row in rows)
     assert rows[0]["n_streams"] == 4 and rows[0]["layers"] == 28 and rows[0]["dim"] == 1024  # defaults
 
 
 def test_residual_counts_zero_with_one_stream():
-    assert count_aux_params("residual", layers=28, dim=1024, n_streams=7) == 0
+    assert count_hc_params("residual", layers=28, dim=1024, n_streams=7) == 0
     (row,) = param_table(["residual"], layers=2, dim=8, n_streams=4)
-    assert row["n_streams"] == 1 and row["K"] == 0 and row["aux_params"] == 0
+    assert row["n_streams"] == 1 and row["K"] == 0 and row["hc_params"] == 0
 
 
 @pytest.mark.parametrize(
@@ -175,8 +175,8 @@ def test_human_numbers(count, text):
         (["--streams", "0"], ["--streams", "0", ">= 1"]),
         (["--streams", "two"], ["--streams", "two", ">= 1"]),
         (["--sublayers-per-layer", "0"], ["--sublayers-per-layer", "0", ">= 1"]),
-        (["--mixers", "mhc,nope"], ["--mixers", "nope", "allowed", "s2hc"]),
-        (["--mixers", ","], ["--mixers", "allowed"]),
+        (["--families", "mhc,nope"], ["--families", "nope", "allowed", "s2hc"]),
+        (["--families", ","], ["--families", "allowed"]),
     ],
 )
 def test_bad_input_exits_2_naming_the_argument(capsys, argv, needles):
@@ -190,10 +190,10 @@ def test_bad_input_exits_2_naming_the_argument(capsys, argv, needles):
 
 def test_bad_input_through_python_m_exits_2():
     result = subprocess.run(
-        [sys.executable, "-m", "s2hc", "params", "--mixers", "bogus"], capture_output=True, text=True, check=False
+        [sys.executable, "-m", "s2hc", "params", "--families", "bogus"], capture_output=True, text=True, check=False
     )
     assert result.returncode == 2
-    assert "s2hc params: error: argument --mixers: unknown mixer(s) bogus" in result.stderr
+    assert "s2hc params: error: argument --families: unknown family(s) bogus" in result.stderr
 
 
 def test_missing_subcommand_exits_2(capsys):
@@ -204,13 +204,13 @@ def test_missing_subcommand_exits_2(capsys):
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(mixer="nope", layers=1, dim=1, n_streams=2), "mixer must be one of"),
-        (dict(mixer="mhc", layers=0, dim=1, n_streams=2), "layers must be an integer >= 1, got 0"),
-        (dict(mixer="mhc", layers=1, dim=0, n_streams=2), "dim must be an integer >= 1, got 0"),
-        (dict(mixer="mhc", layers=1, dim=1, n_streams=0), "n_streams must be an integer >= 1, got 0"),
-        (dict(mixer="mhc", layers=1, dim=1, n_streams=2, sublayers_per_layer=0), "sublayers_per_layer"),
+        (dict(family="nope", layers=1, dim=1, n_streams=2), "family must be one of"),
+        (dict(family="mhc", layers=0, dim=1, n_streams=2), "layers must be an integer >= 1, got 0"),
+        (dict(family="mhc", layers=1, dim=0, n_streams=2), "dim must be an integer >= 1, got 0"),
+        (dict(family="mhc", layers=1, dim=1, n_streams=0), "n_streams must be an integer >= 1, got 0"),
+        (dict(family="mhc", layers=1, dim=1, n_streams=2, sublayers_per_layer=0), "sublayers_per_layer"),
     ],
 )
 def test_library_errors_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        count_aux_params(**kwargs)
+        count_hc_params(**kwargs)

@@ -34,7 +34,7 @@ from helpers import SMALL_MODEL
 @pytest.fixture()
 def small(corpus_file, tmp_path) -> TrainConfig:
     return TrainConfig(
-        preset="tiny", mixer="s2hc", n_streams=4, model_overrides=dict(SMALL_MODEL),
+        preset="tiny", family="s2hc", n_streams=4, model_overrides=dict(SMALL_MODEL),
         data=str(corpus_file), cache_dir=str(tmp_path / "cache"), seq_len=32, batch_size=4,
         max_steps=12, warmup_steps=2, lr=3e-3, eval_every=4, eval_batches=2, checkpoint_every=2,
         log_every=1, progress=False, out=str(tmp_path / "run"),
@@ -62,7 +62,7 @@ def test_cosine_schedule_with_warmup_and_floor():
 def test_weight_decay_only_on_matrices():
     from s2hc.models import Transformer, get_preset
 
-    model = Transformer(get_preset("tiny", mixer="s2hc", n_streams=4, **SMALL_MODEL))
+    model = Transformer(get_preset("tiny", family="s2hc", n_streams=4, **SMALL_MODEL))
     decay, no_decay = parameter_groups(model, 0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
@@ -101,7 +101,7 @@ def test_training_writes_metrics_checkpoint_and_rebuilds_the_model(small):
     first, last = losses(small.out)[0][1], losses(small.out)[-1][1]
     assert last < first  # it learns
     model, config = load_model(small.out)
-    assert config == small and model.config.mixer == "s2hc"
+    assert config == small and model.config.family == "s2hc"
     x = torch.randint(0, model.config.vocab_size, (2, 16))
     payload = load_checkpoint(small.out)
     assert payload["step"] == 12
@@ -139,7 +139,7 @@ def _run_until(config: TrainConfig, stop_after: int) -> None:
 
 def _cli_args(config: TrainConfig) -> list[str]:
     return [
-        "--preset", config.preset, "--mixer", config.mixer, "--streams", str(config.n_streams),
+        "--preset", config.preset, "--family", config.family, "--streams", str(config.n_streams),
         "--set", "model_overrides=" + json.dumps(config.model_overrides),
         "--data", config.data, "--cache-dir", config.cache_dir, "--seq-len", str(config.seq_len),
         "--batch-size", str(config.batch_size), "--max-steps", str(config.max_steps),
@@ -202,7 +202,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(small, monkeyp
     "args,message",
     [
         (["--preset", "huge"], r"preset"),
-        (["--mixer", "sinkhorn"], r"mixer"),
+        (["--family", "sinkhorn"], r"family"),
         (["--data", "/nonexistent/corpus.txt"], r"/nonexistent/corpus.txt"),
         (["--set", "learning_rate=1"], r"unknown config key\(s\) \['learning_rate'\]"),
         (["--config", "/nonexistent.yaml"], r"config file '/nonexistent.yaml' does not exist"),
@@ -254,9 +254,9 @@ def test_compare_writes_the_report(small, tmp_path):
     assert "| residual |" in text and "| s2hc |" in text and "loss_curves.png" in text
     assert (out / "loss_curves.png").stat().st_size > 5_000
     summary = json.loads((out / "summary.json").read_text())
-    rows = {row["mixer"]: row for row in summary["rows"]}
+    rows = {row["family"]: row for row in summary["rows"]}
     assert rows["residual"]["step_time_vs_residual"] == pytest.approx(1.0)
-    assert rows["residual"]["aux_params"] == 0 < rows["s2hc"]["aux_params"]
+    assert rows["residual"]["hc_params"] == 0 < rows["s2hc"]["hc_params"]
     assert load_checkpoint(out / "s2hc")["model_config"]["n_streams"] == 4
     assert load_checkpoint(out / "residual")["model_config"]["n_streams"] == 1
 

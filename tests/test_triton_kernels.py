@@ -140,14 +140,14 @@ def test_bfloat16_streams_agree_to_their_rounding():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("mixer", s2hc.mixers.available())
-def test_connection_with_triton_kernels_equals_torch_paths(mixer, dtype):
+@pytest.mark.parametrize("family", list(s2hc.mixers.REGISTRY))
+def test_connection_with_triton_kernels_equals_torch_paths(family, dtype):
     """Values and every gradient against the PyTorch fast path and the reference path, with and without
     recompute. float32 to 1e-5 of the largest entry (the gates' scalar gradients sum over all tokens with
     cancellation, so another summation order can move them by more at other seeds); float64 to 1e-10."""
     torch.manual_seed(0)  # the branch's initialisation
     g = torch.Generator().manual_seed(5)
-    hc = HyperConnection(24, 4, mixer=mixer, layer_index=2)
+    hc = HyperConnection(24, 4, family=family, layer_index=2)
     randomize_(hc, g, 0.5)
     hc, branch = hc.to(DEVICE, dtype), Branch(24).to(DEVICE, dtype)
     x, weights = randn(g, 2, 5, 4, 24, dtype=dtype), randn(g, 2, 5, 4, 24)
@@ -168,7 +168,7 @@ def test_connection_bfloat16_with_triton_kernels():
     over all tokens with cancellation: in bf16 both paths get them only to a few percent of their size.)"""
     torch.manual_seed(0)  # the branch's initialisation
     g = torch.Generator().manual_seed(6)
-    hc = HyperConnection(32, 4, mixer="s2hc")
+    hc = HyperConnection(32, 4, family="s2hc")
     randomize_(hc, g, 0.5)
     hc, branch = hc.to(DEVICE).bfloat16(), Branch(32).to(DEVICE).bfloat16()
     x, weights = randn(g, 2, 6, 4, 32).bfloat16(), randn(g, 2, 6, 4, 32)

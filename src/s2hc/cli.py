@@ -23,7 +23,7 @@ import sys
 from typing import Sequence
 
 from . import __version__
-from .connection import methods
+from .connection import families
 
 
 def positive_int(text: str) -> int:
@@ -73,27 +73,27 @@ def add_params_parser(subparsers) -> argparse.ArgumentParser:
         help="wrapped sublayers per layer (default 2: attention and MLP)",
     )
     parser.add_argument(
-        "--mixers",
+        "--families",
         default=None,
         metavar="A,B,...",
-        help=f"comma-separated families (default: all of {','.join(methods())})",
+        help=f"comma-separated families (default: all of {','.join(families())})",
     )
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list instead of a table")
     parser.set_defaults(func=cmd_params, subparser=parser)
     return parser
 
 
-def parse_mixers(text: str | None) -> list[str]:
-    """``"mhc, s2hc"`` -> ``["mhc", "s2hc"]``; ValueError naming ``--mixers`` for unknown or no names."""
+def parse_families(text: str | None) -> list[str]:
+    """``"mhc, s2hc"`` -> ``["mhc", "s2hc"]``; ValueError naming ``--families`` for unknown or no names."""
     if text is None:
-        return methods()
+        return families()
     names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))
     if not names:
-        raise ValueError(f"argument --mixers: no family named in {text!r}; allowed: {','.join(methods())}")
-    unknown = [name for name in names if name not in methods()]
+        raise ValueError(f"argument --families: no family named in {text!r}; allowed: {','.join(families())}")
+    unknown = [name for name in names if name not in families()]
     if unknown:
         raise ValueError(
-            f"argument --mixers: unknown mixer(s) {','.join(unknown)}; allowed: {','.join(methods())}"
+            f"argument --families: unknown family(s) {','.join(unknown)}; allowed: {','.join(families())}"
         )
     return names
 
@@ -101,15 +101,15 @@ def parse_mixers(text: str | None) -> list[str]:
 def format_params_table(rows: list[dict]) -> str:
     """The rows of :func:`s2hc.params.param_table` as a Markdown table, with a one-line caption."""
     first = rows[0]
-    n_values = sorted({row["n_streams"] for row in rows if row["mixer"] != "residual"})
+    n_values = sorted({row["n_streams"] for row in rows if row["family"] != "residual"})
     streams = f"n = {n_values[0]} streams" if len(n_values) == 1 else "n = 1 stream"
-    if any(row["mixer"] == "residual" for row in rows) and n_values:
+    if any(row["family"] == "residual" for row in rows) and n_values:
         streams += " (residual: 1)"
     lines = [
         f"Hyper-connection parameters: {first['layers']} layers x {first['sublayers_per_layer']} sublayers = "
         f"{first['sublayers']} connections, C = {first['dim']}, {streams}",
         "",
-        "| mixer | K | per sublayer | total | vs mHC |",
+        "| family | K | per sublayer | total | vs mHC |",
         "|---|---:|---:|---:|---:|",
     ]
     for row in rows:
@@ -117,7 +117,7 @@ def format_params_table(rows: list[dict]) -> str:
         per_text = f"{human(per)} ({per:,})" if isinstance(per, int) else f"{human(per)} ({per:,.1f})"
         ratio = "-" if row["vs_mhc"] is None else f"{row['vs_mhc']:.2f}x"
         lines.append(
-            f"| {row['mixer']} | {row['K']:,} | {per_text} | {human(row['aux_params'])} ({row['aux_params']:,}) "
+            f"| {row['family']} | {row['K']:,} | {per_text} | {human(row['hc_params'])} ({row['hc_params']:,}) "
             f"| {ratio} |"
         )
     return "\n".join(lines)
@@ -128,7 +128,7 @@ def cmd_params(args: argparse.Namespace) -> int:
 
     try:
         rows = param_table(
-            parse_mixers(args.mixers),
+            parse_families(args.families),
             layers=args.layers,
             dim=args.dim,
             n_streams=args.streams,
@@ -179,7 +179,7 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_const", const=True, default=None, help="torch.compile the model")
     parser.add_argument("--no-progress", dest="progress", action="store_const", const=False, default=None,
                         help="no progress bar")
-    parser.add_argument("--mixer-option", action="append", default=[], metavar="KEY=VALUE",
+    parser.add_argument("--family-option", action="append", default=[], metavar="KEY=VALUE",
                         help="option of the mixing family, e.g. iterations=10 or rotation=expm (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any other TrainConfig key, value parsed as YAML, e.g. model_overrides={dim: 64}")
@@ -197,8 +197,8 @@ def training_config(args: argparse.Namespace, **fixed) -> "TrainConfig":
     for name in ("compile", "progress"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
-    if args.mixer_option:
-        values["mixer_options"] = {**values.get("mixer_options", {}), **dict(map(parse_assignment, args.mixer_option))}
+    if args.family_option:
+        values["family_options"] = {**values.get("family_options", {}), **dict(map(parse_assignment, args.family_option))}
     values.update({k: v for k, v in fixed.items() if v is not None})
     return TrainConfig.from_dict(values)
 
@@ -209,7 +209,7 @@ def add_train_parser(subparsers) -> argparse.ArgumentParser:
         description="Pretrain a decoder-only language model whose sublayers are wrapped by one residual family. "
         "Writes OUT/metrics.jsonl, OUT/config.yaml and OUT/checkpoint.pt; --resume continues exactly.",
     )
-    parser.add_argument("--mixer", default=None, help="residual family: one of " + ", ".join(methods()) + " (default 'residual')")
+    parser.add_argument("--family", default=None, help="residual family: one of " + ", ".join(families()) + " (default 'residual')")
     parser.add_argument("--streams", type=positive_int, default=None, help="streams n (default 1 for residual, else 4)")
     parser.add_argument("--out", default=None, help="run directory (default 'runs/train')")
     parser.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint if there is one")
@@ -247,7 +247,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return launch(args.nproc, _without_option(args.argv, "--nproc"))
 
     def run() -> int:
-        config = training_config(args, mixer=args.mixer, n_streams=args.streams, out=args.out)
+        config = training_config(args, family=args.family, n_streams=args.streams, out=args.out)
         result = train(config, resume=args.resume)
         if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks for the job
             return 0
@@ -266,7 +266,7 @@ def add_compare_parser(subparsers) -> argparse.ArgumentParser:
         "then write OUT/report.md with final losses, tokens/s, parameters and overhead against residual, "
         "OUT/loss_curves.png and each run's directory.",
     )
-    parser.add_argument("--mixers", default="residual,mhc,s2hc", metavar="A,B,...",
+    parser.add_argument("--families", default="residual,mhc,s2hc", metavar="A,B,...",
                         help="families to compare (default 'residual,mhc,s2hc')")
     parser.add_argument("--streams", type=positive_int, default=None, help="streams n of every non-residual family (default 4)")
     parser.add_argument("--seeds", type=positive_int, default=1, help="seeds per family, seed, seed+1, ... (default 1)")
@@ -281,7 +281,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .train import compare
 
     def run() -> int:
-        mixers = parse_mixers(args.mixers)
+        mixers = parse_families(args.families)
         base = training_config(args)
         report = compare(base, mixers, seeds=args.seeds, out=args.out, n_streams=args.streams, resume=args.resume)
         print(report.read_text())

@@ -183,8 +183,8 @@ def get_init_and_expand_reduce_stream_functions(
     dim: int | None = None,
     add_stream_embed: bool = False,
     disable: bool | None = None,
-    mixer: str = "s2hc",
-    **mixer_options: Any,
+    family: str = "s2hc",
+    **family_options: Any,
 ) -> tuple[Callable[..., CompatHyperConnection], nn.Module, nn.Module]:
     """``(init, expand_stream, reduce_stream)`` as in ``hyper_connections``, built on :class:`s2hc.HyperConnection`.
 
@@ -195,7 +195,7 @@ def get_init_and_expand_reduce_stream_functions(
         add_stream_embed: only ``False``.
         disable: ``True`` gives plain residuals ``branch(x) + x`` and identity expand/reduce;
             ``None`` (default) means ``num_streams == 1``.
-        mixer, **mixer_options: the mixing family and its options (:func:`s2hc.mixers.options`).
+        family, **family_options: the mixing family and its options (:func:`s2hc.mixers.options`).
 
     ``init(*, dim, branch=None, layer_index=None)`` returns a :class:`CompatHyperConnection` (when
     disabled, ``dim`` and ``layer_index`` are ignored). ``layer_index=None`` is 0; the package picks
@@ -207,7 +207,7 @@ def get_init_and_expand_reduce_stream_functions(
         raise ValueError(f"num_fracs must be 1 (the default; frac-connections are not supported), got {num_fracs!r}")
     if add_stream_embed:
         raise ValueError(f"add_stream_embed must be False (the default; not supported), got {add_stream_embed!r}")
-    mixers.check_options(mixer, mixer_options)  # fail at the factory, not at the first init()
+    mixers.check_options(family, family_options)  # fail at the factory, not at the first init()
     if disable is None:
         disable = num_streams == 1
     default_dim = dim
@@ -223,7 +223,7 @@ def get_init_and_expand_reduce_stream_functions(
         if dim is None:
             raise TypeError("init() needs dim=... (or pass dim to get_init_and_expand_reduce_stream_functions)")
         layer_index = 0 if layer_index is None else layer_index
-        hc = HyperConnection(dim, num_streams, mixer=mixer, layer_index=layer_index, **mixer_options)
+        hc = HyperConnection(dim, num_streams, family=family, layer_index=layer_index, **family_options)
         return CompatHyperConnection(hc, num_streams, branch)
 
     return init, ExpandStreams(num_streams), ReduceStreams(num_streams)

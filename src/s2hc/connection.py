@@ -13,7 +13,7 @@ Two implementations of the same equations (``tests/test_fastpath.py`` checks the
 gradients): the reference (``fused=False``: ``F.rms_norm``, a projection of the normed features, the
 family's :meth:`~s2hc.mixers.Mixer.mix`, einsum read and write) and the fast path (``fused=True``, the
 default): the RMSNorm weight folded into the projection (``d = r · X (diag(w) W)``, ``r = 1/rms(X)``, so
-no normed n·C-wide copy is written or stored), under ``torch.compile`` the family's ``mix_fast`` (no
+no normed n·C-wide copy is written or stored), under ``torch.compile`` the family's ``mix_fused`` (no
 batched tiny matrix products, so inductor fuses the constraint map), and the read ``H_pre X`` and mixing ``H_res X`` in one autograd function that stores only
 ``X`` and the matrices (eager), or as broadcast multiply-adds that ``torch.compile`` fuses into one
 pass over ``X`` (compiled). ``kernels="triton"`` runs the fast path's three n-wide passes (norm and
@@ -33,16 +33,11 @@ from torch.utils.checkpoint import checkpoint
 
 from . import mixers
 from .checks import check_int
+from .mixers import RESIDUAL, check_family, families
 from .mixers.base import coefficient_dtype, scale_parameter
 
-RESIDUAL = "residual"
 KERNELS = ("torch", "triton")
 COMPUTE_OPTIONS = ("fused", "recompute", "kernels")  # how a connection computes, not what: HyperConnection.set_options
-
-
-def methods() -> list[str]:
-    """Every name ``HyperConnection(mixer=...)`` accepts: ``"residual"`` and the mixing families."""
-    return [RESIDUAL, *mixers.available()]
 
 
 def expand_streams(h: torch.Tensor, n_streams: int) -> torch.Tensor:
@@ -154,12 +149,12 @@ def reduce_streams(x: torch.Tensor) -> torch.Tensor:
 
 
 class HyperConnection(nn.Module):
-    """A multi-stream residual connection around a branch, with the stream-mixing family ``mixer``.
+    """A multi-stream residual connection around a branch, with the stream-mixing family ``family``.
 
     Args:
         dim: width C of one stream (the branch's input and output width).
-        n_streams: number of streams n (1 for ``mixer="residual"``).
-        mixer: ``"residual"`` (plain ``x + F(x)``) or a family from :func:`s2hc.mixers.available`.
+        n_streams: number of streams n (1 for ``family="residual"``).
+        family: ``"residual"`` (plain ``x + F(x)``) or a family from :func:`s2hc.mixers.available`.
         layer_index: index of the wrapped sublayer; the read/write gates start favouring stream
             ``layer_index mod n``.
         eps: epsilon of the RMSNorm over all n·C features.
@@ -171,7 +166,7 @@ class HyperConnection(nn.Module):
         kernels: ``"torch"`` (default) or ``"triton"``: the fast path's n-wide passes as Triton kernels
             (needs ``fused=True`` and the ``triton`` package; CUDA tensors, or CPU under
             ``TRITON_INTERPRET=1``). Under ``torch.compile`` the PyTorch forms run, which inductor fuses.
-        **mixer_options: passed to the family (e.g. ``iterations`` for ``mhc``, ``rotation`` for ``s2hc``).
+        **family_options: passed to the family (e.g. ``iterations`` for ``mhc``, ``rotation`` for ``s2hc``).
 
     ``forward(x, branch, *args, **kwargs)``: ``x`` ``(B, T, n, C)``, ``branch`` any callable
     ``(B, T, C) -> (B, T, C)`` called as ``branch(h, *args, **kwargs)``; returns ``(B, T, n, C)`` in x's dtype.
@@ -181,31 +176,30 @@ class HyperConnection(nn.Module):
         self,
         dim: int,
         n_streams: int,
-        mixer: str = "s2hc",
+        family: str = "s2hc",
         layer_index: int = 0,
         eps: float = 1e-6,
         fused: bool = True,
         recompute: bool = False,
         kernels: str = "torch",
-        **mixer_options: Any,
+        **family_options: Any,
     ):
         super().__init__()
         check_int("dim", dim)
         check_int("n_streams", n_streams)
         check_int("layer_index", layer_index, minimum=0)
-        if mixer not in methods():
-            raise ValueError(f"mixer must be one of {methods()}, got {mixer!r}")
-        self.dim, self.n_streams, self.method, self.layer_index, self.eps = dim, n_streams, mixer, layer_index, eps
+        check_family(family)
+        self.dim, self.n_streams, self.family, self.layer_index, self.eps = dim, n_streams, family, layer_index, eps
         self.fused, self.recompute, self.kernels = True, False, "torch"
         self.set_options(fused=fused, recompute=recompute, kernels=kernels)
-        if mixer == RESIDUAL:
+        if family == RESIDUAL:
             if n_streams != 1:
-                raise ValueError(f"n_streams must be 1 for mixer='residual', got {n_streams}")
-            if mixer_options:
-                raise ValueError(f"mixer='residual' takes no options, got {sorted(mixer_options)}")
+                raise ValueError(f"n_streams must be 1 for family='residual', got {n_streams}")
+            if family_options:
+                raise ValueError(f"family='residual' takes no options, got {sorted(family_options)}")
             self.mixer = None
             return
-        self.mixer = mixers.build(mixer, n_streams, **mixer_options)
+        self.mixer = mixers.build(family, n_streams, **family_options)
         n, width = n_streams, n_streams * dim
         self.norm_weight = nn.Parameter(torch.ones(width))
         self.projection = nn.Parameter(torch.zeros(width, 2 * n + self.mixer.num_inputs))
@@ -236,7 +230,7 @@ class HyperConnection(nn.Module):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
-        if kernels == "triton" and self.method != RESIDUAL:
+        if kernels == "triton" and self.family != RESIDUAL:
             if not fused:
                 raise ValueError("kernels='triton' implements the fast path; it needs fused=True, got fused=False")
             if importlib.util.find_spec("triton") is None:
@@ -307,10 +301,10 @@ class HyperConnection(nn.Module):
         else:
             pre = torch.sigmoid(alpha_pre * d_pre + bias_pre)
             post = 2.0 * torch.sigmoid(alpha_post * d_post + bias_post)
-        # The families' broadcast forms (mix_fast) fuse under torch.compile (s2hc n = 4: 4.0 ms against
+        # The families' broadcast forms (mix_fused) fuse under torch.compile (s2hc n = 4: 4.0 ms against
         # 18.9 ms compiled from the batched-GEMM form, 2 048 tokens); in eager the batched GEMMs are faster
         # on one thread (7.6 ms against 21 ms), so eager keeps them (docs/benchmarks.md).
-        return pre, post, self.mixer(d_res, fast=fused and torch.compiler.is_compiling())
+        return pre, post, self.mixer(d_res, fused=fused and torch.compiler.is_compiling())
 
     def forward(self, x: torch.Tensor, branch: Callable[..., torch.Tensor], *args, **kwargs) -> torch.Tensor:
         self._check_streams(x)
@@ -343,7 +337,7 @@ class HyperConnection(nn.Module):
         return torch.einsum("btij,btjc->btic", res, x) + post.unsqueeze(-1) * branch_out.unsqueeze(-2)
 
     def extra_repr(self) -> str:
-        text = f"dim={self.dim}, n_streams={self.n_streams}, mixer={self.method!r}, layer_index={self.layer_index}"
+        text = f"dim={self.dim}, n_streams={self.n_streams}, family={self.family!r}, layer_index={self.layer_index}"
         if not self.is_residual:
             text += f", fused={self.fused}" + (", recompute=True" if self.recompute else "")
             text += ", kernels='triton'" if self.kernels == "triton" else ""

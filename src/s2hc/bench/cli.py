@@ -10,7 +10,7 @@ import sys
 
 def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     from ..cli import positive_int
-    from ..connection import methods
+    from ..connection import families
     from .core import DEVICES, PEER
 
     parser = subparsers.add_parser(
@@ -28,9 +28,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--preset", default="small", help="model preset (default 'small')")
     parser.add_argument("--streams", type=positive_int, default=4, help="streams n of the non-residual families (default 4)")
     parser.add_argument(
-        "--mixers", default="s2hc,mhc", metavar="A,B,...",
+        "--families", default="s2hc,mhc", metavar="A,B,...",
         help=f"families, optionally NAME:KEY=VALUE (default 's2hc,mhc'; residual is always added; allowed: "
-        f"{','.join(methods())},{PEER})",
+        f"{','.join(families())},{PEER})",
     )  # fmt: skip
     parser.add_argument(
         "--device", choices=DEVICES, default="auto",
@@ -60,7 +60,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import core
 
     try:
-        variants = [core.parse_variant(t, args.streams) for t in args.mixers.split(",") if t.strip()]
+        variants = [core.parse_variant(t, args.streams) for t in args.families.split(",") if t.strip()]
         overrides = {} if args.layers is None else {"n_layers": args.layers}
         config = get_preset(args.preset, **overrides)
         device = core.resolve_device(args.device)
@@ -71,7 +71,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         torch.set_num_threads(args.threads)
     peer_note = None
-    if not args.no_peer and not any(v.mixer == core.PEER for v in variants):
+    if not args.no_peer and not any(v.family == core.PEER for v in variants):
         if core.peer_available():
             variants.append(core.Variant(core.PEER, 4))
         else:
@@ -87,7 +87,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except (ValueError, ImportError) as error:  # bad options, kernels=triton where it cannot run or is absent
         args.subparser.error(str(error))
-    families = list(dict.fromkeys(v.mixer for v in variants if v.mixer not in ("residual", core.PEER)))
+    families = list(dict.fromkeys(v.family for v in variants if v.family not in ("residual", core.PEER)))
     if "mhc" not in families:
         families.append("mhc")
     coefficients = [] if args.no_coefficients else core.benchmark_coefficients(

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..connection import RESIDUAL, HyperConnection, methods, set_connection_options
+from ..connection import RESIDUAL, HyperConnection, families, set_connection_options
 from ..models import Transformer, get_preset
 
 PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the same model
@@ -35,31 +35,31 @@ PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the sa
 class Variant:
     """One model to time: a family (or :data:`PEER`), its stream count and HyperConnection options."""
 
-    mixer: str
+    family: str
     n_streams: int
     options: dict = field(default_factory=dict)
 
     @property
     def label(self) -> str:
         extra = "".join(f":{k}={v}" for k, v in sorted(self.options.items()))
-        return f"{self.mixer}{extra}"
+        return f"{self.family}{extra}"
 
 
 def parse_variant(text: str, n_streams: int) -> Variant:
     """``"s2hc"``, ``"s2hc:recompute=True"``, ``"mhc:iterations=10"`` or :data:`PEER` -> :class:`Variant`.
 
     Values are Python literals (``True``, ``10``, ``'expm'``) or bare words. ValueError naming
-    ``--mixers`` for an unknown family.
+    ``--families`` for an unknown family.
     """
     name, *assignments = [part.strip() for part in text.split(":")]
     if name == "hyper-connections":
         name, assignments = PEER, [a for a in assignments if a != "mhc"]
-    if name not in (*methods(), PEER):
-        raise ValueError(f"argument --mixers: unknown mixer {name!r}; allowed: {','.join((*methods(), PEER))}")
+    if name not in (*families(), PEER):
+        raise ValueError(f"argument --families: unknown family {name!r}; allowed: {','.join((*families(), PEER))}")
     options = {}
     for assignment in assignments:
         if "=" not in assignment:
-            raise ValueError(f"argument --mixers: option {assignment!r} of {name!r} must be KEY=VALUE")
+            raise ValueError(f"argument --families: option {assignment!r} of {name!r} must be KEY=VALUE")
         key, value = assignment.split("=", 1)
         try:
             options[key.strip()] = ast.literal_eval(value.strip())
@@ -171,12 +171,12 @@ def build_model(preset: str, variant: Variant, overrides: dict | None = None) ->
     """The preset's model for ``variant`` (seeded, float32, on the CPU; the caller moves it)."""
     torch.manual_seed(0)
     overrides = dict(overrides or {})
-    if variant.mixer == PEER:
+    if variant.family == PEER:
         config = get_preset(preset, **overrides)
         if config.sliding_window is not None or config.embed_scale:
             raise ValueError(f"the {PEER} peer supports presets without sliding windows or embedding scaling")
         return PeerTransformer(config, variant.n_streams, **variant.options)
-    config = get_preset(preset, mixer=variant.mixer, n_streams=variant.n_streams, **overrides)
+    config = get_preset(preset, family=variant.family, n_streams=variant.n_streams, **overrides)
     model = Transformer(config)
     try:  # how connections compute is not a ModelConfig field
         return set_connection_options(model, **variant.options)
@@ -312,7 +312,7 @@ def benchmark_steps(
 
     ``residual`` is added first if absent. Each of ``repeats`` repetitions runs ``steps`` timed steps of
     every variant in turn; a variant's time in a repetition is the median of its steps, and its ratio to
-    residual is taken within the repetition. Rows: ``mixer``, ``label``, ``n_streams``, ``compiled``,
+    residual is taken within the repetition. Rows: ``family``, ``label``, ``n_streams``, ``compiled``,
     ``step_s`` (median), ``step_ratio_vs_residual`` with ``step_ratio_min`` / ``step_ratio_max``,
     ``tokens_per_s``, ``peak_mem_bytes``, ``peak_mem_ratio_vs_residual`` (None when ``memory`` is False),
     ``params``, ``batch_size``, ``seq_len``, ``preset``, ``device`` (``"cpu"`` or ``"cuda"``). Times are
@@ -322,7 +322,7 @@ def benchmark_steps(
     """
     log = log or (lambda _: None)
     device = torch.device(device)
-    if not any(v.mixer == RESIDUAL for v in variants):
+    if not any(v.family == RESIDUAL for v in variants):
         variants = [Variant(RESIDUAL, 1), *variants]
     runners = []
     for variant in variants:
@@ -346,7 +346,7 @@ def benchmark_steps(
                 samples.append(timed(runner.step, device))
             times[i].append(statistics.median(samples))
         log(f"repetition {rep + 1}/{repeats}: " + ", ".join(f"{r.variant.label} {times[i][-1]:.3f}s" for i, r in enumerate(runners)))
-    base = next(i for i, r in enumerate(runners) if r.variant.mixer == RESIDUAL)
+    base = next(i for i, r in enumerate(runners) if r.variant.family == RESIDUAL)
     peaks = {}
     if memory:
         for i, runner in enumerate(runners):
@@ -357,7 +357,7 @@ def benchmark_steps(
         ratio, low, high = _spread(ratios)
         step_s = statistics.median(times[i])
         rows.append({
-            "preset": preset, "mixer": runner.variant.mixer, "label": runner.variant.label,
+            "preset": preset, "family": runner.variant.family, "label": runner.variant.label,
             "n_streams": runner.variant.n_streams, "compiled": compile, "batch_size": batch_size, "seq_len": seq_len,
             "step_s": step_s, "step_ratio_vs_residual": ratio, "step_ratio_min": low, "step_ratio_max": high,
             "tokens_per_s": batch_size * seq_len / step_s,
@@ -386,7 +386,7 @@ def benchmark_coefficients(
     streams ``(tokens, 1, n_streams, dim)`` on ``device`` (synchronised around every timing on CUDA).
 
     Interleaved like :func:`benchmark_steps`; ``ratio_vs_mhc`` compares with ``mhc``'s time of the same
-    implementation in the same repetition (None without ``mhc``). Rows: ``mixer``, ``fused``,
+    implementation in the same repetition (None without ``mhc``). Rows: ``family``, ``fused``,
     ``n_streams``, ``dim``, ``ns_per_token`` (nanoseconds), ``ns_min``, ``ns_max``, ``ratio_vs_mhc``,
     ``device``.
     """
@@ -399,7 +399,7 @@ def benchmark_coefficients(
     for name in names:
         options = {"allow_large": True} if name in ("mhc-lite", "kromhc") and n_streams > 6 else {}
         torch.manual_seed(0)
-        hc = HyperConnection(dim, n_streams, mixer=name, **options)
+        hc = HyperConnection(dim, n_streams, family=name, **options)
         with torch.no_grad():  # away from the zero initialisation, so no path is trivially skipped
             hc.projection.normal_(0, 0.1, generator=generator)
         hc.to(device)
@@ -423,9 +423,9 @@ def benchmark_coefficients(
         if reference is not None:
             ratio = statistics.median(t / r for t, r in zip(times[i], times[reference]))
         median, low, high = _spread(times[i])
-        rows.append({"mixer": name, "fused": fused, "n_streams": n_streams, "dim": dim, "ns_per_token": median,
+        rows.append({"family": name, "fused": fused, "n_streams": n_streams, "dim": dim, "ns_per_token": median,
                      "ns_min": low, "ns_max": high, "ratio_vs_mhc": ratio, "device": device.type})  # fmt: skip
-    log("coefficient path: " + ", ".join(f"{r['mixer']}{'' if r['fused'] else '(ref)'} {r['ns_per_token']:.0f} ns" for r in rows))
+    log("coefficient path: " + ", ".join(f"{r['family']}{'' if r['fused'] else '(ref)'} {r['ns_per_token']:.0f} ns" for r in rows))
     return rows
 
 
@@ -465,7 +465,7 @@ def format_step_table(rows: list[dict[str, Any]], peer_note: str | None = None) 
         f"Training step (forward, backward, AdamW), preset {first['preset']}, batch {first['batch_size']} x "
         f"sequence {first['seq_len']}, {mode}; ratios to residual within each repetition: median [min, max]",
         "",
-        "| mixer | n | step | vs residual | tokens/s | peak memory | vs residual |",
+        "| family | n | step | vs residual | tokens/s | peak memory | vs residual |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
@@ -488,13 +488,13 @@ def format_coefficient_table(rows: list[dict[str, Any]]) -> str:
         f"Coefficient path alone (RMSNorm + projection + gates + constraint map, forward + backward), "
         f"n = {first['n_streams']}, C = {first['dim']}: time per token, median [min, max]",
         "",
-        "| mixer | implementation | ns / token | vs mhc (same implementation) |",
+        "| family | implementation | ns / token | vs mhc (same implementation) |",
         "|---|---|---:|---:|",
     ]
     for row in rows:
         ratio = "-" if row["ratio_vs_mhc"] is None else f"{row['ratio_vs_mhc']:.2f}x"
         impl = "fast" if row["fused"] else "reference"
-        lines.append(f"| {row['mixer']} | {impl} | {row['ns_per_token']:,.0f} [{row['ns_min']:,.0f}, "
+        lines.append(f"| {row['family']} | {impl} | {row['ns_per_token']:,.0f} [{row['ns_min']:,.0f}, "
                      f"{row['ns_max']:,.0f}] | {ratio} |")  # fmt: skip
     return "\n".join(lines)
 

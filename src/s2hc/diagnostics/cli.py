@@ -12,12 +12,12 @@ import math
 import sys
 from pathlib import Path
 
-from ..cli import parse_mixers, positive_int
+from ..cli import parse_families, positive_int
 from .synthetic import DEFAULT_SWEEP
 
 DEFAULT_SYNTHETIC_OUT = "runs/diagnose-synthetic"
 CHECKPOINT_ONLY = ("data", "device", "cache_dir", "seq_len", "batch_size")
-SYNTHETIC_ONLY = ("mixers", "layers", "streams", "logit_scale", "sweep")
+SYNTHETIC_ONLY = ("families", "layers", "streams", "logit_scale", "sweep")
 
 
 def _scale(text: str) -> float:
@@ -61,7 +61,7 @@ def add_diagnose_parser(subparsers) -> argparse.ArgumentParser:
     model.add_argument("--device", default=None, help="'auto' (default), 'cpu', 'cuda' or 'cuda:N'")
     synthetic = parser.add_argument_group("synthetic")
     synthetic.add_argument("--synthetic", action="store_true", help="no model: each family's matrices from random inputs")
-    synthetic.add_argument("--mixers", default=None, metavar="A,B,...",
+    synthetic.add_argument("--families", default=None, metavar="A,B,...",
                            help="families (default mhc,mhc-lite,kromhc,s2hc,hc)")
     synthetic.add_argument("--layers", type=positive_int, default=None, help="matrices composed per token (default 28)")
     synthetic.add_argument("--streams", type=positive_int, default=None, help="streams n (default 4)")
@@ -107,7 +107,7 @@ def _checkpoint(args: argparse.Namespace) -> int:
         print(f"Report: {out / REPORT_NAME}")
         return 0
     head = result["headline"]
-    print(f"{result['mixer']} (n = {result['n_streams']}), {result['depth']} connections, {result['tokens']} tokens: "
+    print(f"{result['family']} (n = {result['n_streams']}), {result['depth']} connections, {result['tokens']} tokens: "
           f"worst column-sum error {head['col_sum_error']:.3g}, worst ‖H‖₂ {head['spectral_norm']:.6g}, "
           f"composite ‖P‖₂ {head['composite_spectral_norm_at_depth']:.6g}, "
           f"composite Amax forward {head['composite_forward_amax']:.4g} / backward {head['composite_backward_amax']:.4g}")
@@ -123,7 +123,7 @@ def _synthetic(args: argparse.Namespace) -> int:
 
     out = Path(args.out or DEFAULT_SYNTHETIC_OUT)
     try:
-        families = parse_mixers(args.mixers or "mhc,mhc-lite,kromhc,s2hc,hc")
+        families = parse_families(args.families or "mhc,mhc-lite,kromhc,s2hc,hc")
         diagnose_synthetic(
             families, n_streams=args.streams or 4, layers=args.layers or 28, tokens=args.tokens,
             logit_scale=1.0 if args.logit_scale is None else args.logit_scale, seed=args.seed,

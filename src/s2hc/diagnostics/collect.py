@@ -10,7 +10,7 @@ a model on token ids with a recorder and returns a :class:`Capture` (tensors sta
 >>> import torch
 >>> from s2hc.models import Transformer, get_preset
 >>> model = Transformer(get_preset("tiny", n_layers=2, dim=32, n_heads=2, n_kv_heads=2, ffn_dim=64,
-...                                 vocab_size=64, mixer="s2hc", n_streams=4))
+...                                 vocab_size=64, family="s2hc", n_streams=4))
 >>> capture = collect(model, torch.randint(0, 64, (2, 16)), tokens=20)
 >>> capture.names, tuple(capture.res.shape)
 (['blocks.0.attn_hc', 'blocks.0.mlp_hc', 'blocks.1.attn_hc', 'blocks.1.mlp_hc'], (4, 20, 4, 4))
@@ -80,13 +80,13 @@ class Capture:
     streams: torch.Tensor | None = None
 
     @property
-    def mixer(self) -> str | None:
+    def family(self) -> str | None:
         """The family of every connection, or None when they differ."""
         return self.families[0] if len(set(self.families)) == 1 else None
 
     def summary(self, **options: Any) -> dict[str, Any]:
         """Every measurement per layer and across depth: :func:`~s2hc.diagnostics.summary.summarize`."""
-        return summarize(self.res, self.pre, self.post, self.similarity, names=self.names, mixer=self.mixer,
+        return summarize(self.res, self.pre, self.post, self.similarity, names=self.names, family=self.family,
                          similarity_names=self.names + ["output"], **options)
 
 
@@ -111,7 +111,7 @@ class Recorder(contextlib.AbstractContextManager):
     Each connection is expected to run once per forward pass; several passes concatenate along tokens.
 
     >>> import torch, s2hc
-    >>> hc = s2hc.HyperConnection(8, n_streams=2, mixer="mhc")
+    >>> hc = s2hc.HyperConnection(8, n_streams=2, family="mhc")
     >>> x = torch.randn(1, 3, 2, 8)
     >>> with Recorder(hc) as recorder:
     ...     y = hc(x, torch.tanh)
@@ -139,7 +139,7 @@ class Recorder(contextlib.AbstractContextManager):
             with torch.no_grad():
                 sample = self._sample(x)
                 h = mod.matrices(sample.unsqueeze(0))
-                record = self.records.setdefault(name, _Record(mod.method))
+                record = self.records.setdefault(name, _Record(mod.family))
                 if name not in self.order:
                     self.order.append(name)
                 record.pre.append(h["pre"][0].cpu())

@@ -201,12 +201,12 @@ def _nothing_to_measure(path: Path, model, config) -> dict[str, Any]:
         "kind": "checkpoint",
         "checkpoint": str(path),
         "nothing_to_measure": True,
-        "reason": (f"mixer {c.mixer!r} with {c.n_streams} stream(s): none of its {len(connections)} connections "
+        "reason": (f"family {c.family!r} with {c.n_streams} stream(s): none of its {len(connections)} connections "
                    "mixes streams, so there is no H_res, H_pre or H_post to measure"),
         "checked": {
             "checkpoint_format": "s2hc checkpoint, read and model rebuilt",
             "preset": config.preset,
-            "mixer": c.mixer,
+            "family": c.family,
             "n_streams": c.n_streams,
             "n_layers": c.n_layers,
             "connections": len(connections),
@@ -233,7 +233,7 @@ def diagnose_checkpoint(
     tokenised with the run's tokenizer (cached in ``cache_dir``, default the run's); the model runs on
     ``ceil(tokens / seq_len)`` windows of ``seq_len`` tokens (default the run's) spread over the split, and
     ``tokens`` positions are drawn from them (``seed``). With ``out``, writes ``out/diagnostics.json``, the figures
-    and ``out/report.md``. Returns the JSON object: ``kind``, ``checkpoint``, ``mixer``, ``n_streams``, ``preset``,
+    and ``out/report.md``. Returns the JSON object: ``kind``, ``checkpoint``, ``family``, ``n_streams``, ``preset``,
     ``data``, ``seed``, ``layers``, ``depth``, ``tokens``, and one key per measurement (see
     :func:`s2hc.diagnostics.summary.summarize`); for a model without stream mixing (``residual``)
     ``nothing_to_measure: true`` with what was ``checked``. ValueError for a missing, corrupt or foreign file.
@@ -264,9 +264,9 @@ def diagnose_checkpoint(
     result = {
         "kind": "checkpoint",
         "checkpoint": str(path),
-        "mixer": model.config.mixer,
+        "family": model.config.family,
         "n_streams": model.config.n_streams,
-        "mixer_options": dict(model.config.mixer_options),
+        "family_options": dict(model.config.family_options),
         "preset": config.preset,
         "n_layers": model.config.n_layers,
         "data": data,
@@ -278,7 +278,7 @@ def diagnose_checkpoint(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / JSON_NAME, result)
-        figures = _figures(out, {result["mixer"]: summary}, with_streams=True)
+        figures = _figures(out, {result["family"]: summary}, with_streams=True)
         history = _history_figure(path.parent, out)
         if history:
             figures["training_history"] = history
@@ -321,7 +321,7 @@ def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Pa
     lines = [
         f"# s2hc diagnose: `{result['checkpoint']}`",
         "",
-        f"Family `{result['mixer']}`{_options(result.get('mixer_options'))}, n = {result['n_streams']} streams, preset "
+        f"Family `{result['family']}`{_options(result.get('family_options'))}, n = {result['n_streams']} streams, preset "
         f"`{result['preset']}` ({result['n_layers']} layers, {result['depth']} connections). Measured on "
         f"{result['tokens']:,} token positions of the validation split of `{result['data']}` (windows of "
         f"{result['seq_len']} tokens, seed {result['seed']}). The numbers: [`{JSON_NAME}`]({JSON_NAME}).",

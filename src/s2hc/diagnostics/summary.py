@@ -79,7 +79,7 @@ def summarize(
     post: torch.Tensor | None = None,
     similarity: torch.Tensor | None = None,
     names: Sequence[str] | None = None,
-    mixer: str | None = None,
+    family: str | None = None,
     similarity_names: Sequence[str] | None = None,
     tol: float = DEFAULT_TOLERANCE,
 ) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def summarize(
             one's output, L' = L + 1), or None.
         names: a label per connection (default ``"0"``, ``"1"``, ...); ``similarity_names`` one per entry of
             ``similarity`` (default ``names`` plus ``"output"``).
-        mixer: the family's name, for :func:`guarantee_checks` (omitted when None or unknown).
+        family: the family's name, for :func:`guarantee_checks` (omitted when None or unknown).
 
     Returns a JSON-ready dict: ``layers``, ``depth``, ``tokens``, ``n_streams``, and one key per measurement.
     Per layer (distributions over tokens, see :func:`distribution`): ``row_sum_error``, ``col_sum_error``,
@@ -102,7 +102,7 @@ def summarize(
     ``P_l = H_l ⋯ H_0``): ``composite_spectral_norm``, ``composite_forward_amax``, ``composite_backward_amax``,
     ``composite_row_sum_error``, ``composite_col_sum_error``, ``cumulative_column_sums``. Streams:
     ``stream_similarity`` (``offdiagonal`` distribution over tokens and pairs, ``pairwise_mean`` n × n per
-    entry). ``headline``: the worst value of each, and ``guarantees`` when ``mixer`` is a known family.
+    entry). ``headline``: the worst value of each, and ``guarantees`` when ``family`` is a known family.
     """
     res = measures._matrices(res, "res")
     if res.dim() != 4:
@@ -153,9 +153,9 @@ def summarize(
             "pairwise_mean": _floats(similarity.mean(1)),
         }
     out["headline"] = headline(out)
-    if mixer in mixers.available():
+    if family in list(mixers.REGISTRY):
         measured = {"single": (res, sums, norms), "composite": (composite, composite_sums, composite_norms)}
-        out["guarantees"] = guarantee_checks(mixer, res, composite, tol, _measured=measured)
+        out["guarantees"] = guarantee_checks(family, res, composite, tol, _measured=measured)
     return out
 
 
@@ -187,16 +187,16 @@ def headline(summary: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def guarantee_checks(mixer: str, res: torch.Tensor, composite: torch.Tensor | None = None,
+def guarantee_checks(family: str, res: torch.Tensor, composite: torch.Tensor | None = None,
                      tol: float = DEFAULT_TOLERANCE, _measured: dict | None = None) -> list[dict[str, Any]]:
-    """Each flag of ``mixers.get(mixer).guarantees`` that is claimed, with the measured worst case.
+    """Each flag of ``mixers.get(family).guarantees`` that is claimed, with the measured worst case.
 
     ``res`` ``(L, N, n, n)``; ``composite`` (default: its :func:`~s2hc.diagnostics.measures.composite_product`)
     is checked too when the family claims ``closed_under_products``. Returns a list of
     ``{"property", "claimed", "measured", "tolerance", "holds"}``; a claim holds when the worst deviation is at
     most ``tol`` (``tol · L`` for the composite, whose rounding grows with depth).
     """
-    flags = mixers.get(mixer).guarantees
+    flags = mixers.get(family).guarantees
     res = measures._matrices(res, "res")
     composite = measures.composite_product(res) if composite is None else composite
     depth = res.shape[0]

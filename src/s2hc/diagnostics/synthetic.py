@@ -9,7 +9,7 @@ parameter at its initial value (biases, ``γ = 1``, HC's static ``B = I``) and d
 independently per layer, token and component.
 
 For every family but hc, the map only sees the product ``α·d_res``, so this is the same as feeding an
-initialised mixer (α = 0.01) raw inputs of standard deviation ``S / 0.01 = 100·S``. For hc it is not:
+initialised family (α = 0.01) raw inputs of standard deviation ``S / 0.01 = 100·S``. For hc it is not:
 ``α·tanh(d)`` saturates, so with α = 0.01 its matrices could never move more than 0.01 per entry, however
 large ``d_res`` — and HC's instability in the papers comes exactly from its learned scales and static matrix
 growing. With α = S the dynamic term has amplitude up to ``S``, which is what reproduces the explosion.
@@ -42,14 +42,14 @@ def _check_scale(logit_scale: float) -> float:
     return float(logit_scale)
 
 
-def scaled_mixer(mixer: str, n_streams: int, logit_scale: float, **mixer_options: Any) -> mixers.Mixer:
-    """Family ``mixer`` for ``n_streams`` built as in a fresh model, with every scale ``α`` set to ``logit_scale``.
+def scaled_mixer(family: str, n_streams: int, logit_scale: float, **family_options: Any) -> mixers.Mixer:
+    """Family ``family`` for ``n_streams`` built as in a fresh model, with every scale ``α`` set to ``logit_scale``.
 
     The scales are the parameters whose name ends in ``alpha`` (``alpha``, ``spectrum_alpha``, the rotations'
     ``alpha``); everything else keeps its initial value.
     """
     scale = _check_scale(logit_scale)
-    module = mixers.build(mixer, n_streams, **mixer_options)
+    module = mixers.build(family, n_streams, **family_options)
     with torch.no_grad():
         for name, parameter in module.named_parameters():
             if name.split(".")[-1].endswith("alpha"):
@@ -58,13 +58,13 @@ def scaled_mixer(mixer: str, n_streams: int, logit_scale: float, **mixer_options
 
 
 def synthetic_matrices(
-    mixer: str,
+    family: str,
     n_streams: int = 4,
     layers: int = 28,
     tokens: int = 1024,
     logit_scale: float = 1.0,
     seed: int = 0,
-    **mixer_options: Any,
+    **family_options: Any,
 ) -> torch.Tensor:
     """``H_res`` ``(layers, tokens, n, n)`` float32 from :func:`scaled_mixer` on ``d_res ~ N(0, 1)``.
 
@@ -74,7 +74,7 @@ def synthetic_matrices(
     for name, value in (("layers", layers), ("tokens", tokens), ("n_streams", n_streams)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    module = scaled_mixer(mixer, n_streams, logit_scale, **mixer_options)
+    module = scaled_mixer(family, n_streams, logit_scale, **family_options)
     generator = torch.Generator().manual_seed(seed)
     d_res = torch.randn(layers, tokens, module.num_inputs, generator=generator)
     with torch.no_grad():
@@ -95,7 +95,7 @@ def synthetic_summaries(
         if family == "residual":
             continue
         res = synthetic_matrices(family, n_streams, layers, tokens, logit_scale, seed)
-        out[family] = summarize(res, names=[str(i) for i in range(layers)], mixer=family)
+        out[family] = summarize(res, names=[str(i) for i in range(layers)], family=family)
     return out
 
 

@@ -82,7 +82,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
 
 def _row_label(model) -> str:
     c = model.config
-    return "residual" if c.mixer == "residual" else f"{c.mixer} (n={c.n_streams})"
+    return "residual" if c.family == "residual" else f"{c.family} (n={c.n_streams})"
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -2,7 +2,7 @@
 
 >>> import torch
 >>> from s2hc.models import Transformer, get_preset
->>> model = Transformer(get_preset("tiny", n_layers=1, dim=32, n_heads=2, mixer="s2hc", n_streams=2)).eval()
+>>> model = Transformer(get_preset("tiny", n_layers=1, dim=32, n_heads=2, family="s2hc", n_streams=2)).eval()
 >>> out = generate_tokens(model, [[1, 2, 3], [4, 5]], max_new_tokens=4)
 >>> [len(o) for o in out]
 [4, 4]

@@ -138,7 +138,7 @@ class S2HCLM(TemplateLM):
 
     def get_model_info(self) -> dict[str, Any]:
         c = self.model.config
-        return {"model_num_parameters": self.model.num_params(), "s2hc_mixer": c.mixer, "s2hc_n_streams": c.n_streams,
+        return {"model_num_parameters": self.model.num_params(), "s2hc_family": c.family, "s2hc_n_streams": c.n_streams,
                 "s2hc_checkpoint": self.checkpoint}  # fmt: skip
 
     @torch.no_grad()

@@ -38,9 +38,25 @@ REGISTRY: dict[str, type[Mixer]] = {
 }
 
 
-def available() -> list[str]:
-    """Names of every mixing family, in the order of DESIGN.md's table."""
-    return list(REGISTRY)
+RESIDUAL = "residual"  # the plain one-stream residual: a family with no mixer
+
+
+def families() -> list[str]:
+    """Every family name ``HyperConnection(family=...)`` accepts: ``"residual"``, then the mixing families
+    (the keys of :data:`REGISTRY`) in the order of the design document's table."""
+    return [RESIDUAL, *REGISTRY]
+
+
+def check_family(name: object, argument: str = "family") -> str:
+    """``name`` if it names a family; ValueError naming ``argument`` and the allowed names otherwise."""
+    if name not in families():
+        raise ValueError(f"{argument} must be one of {families()}, got {name!r}")
+    return name
+
+
+def default_streams(family: str) -> int:
+    """Streams a family gets when none are given: 1 for ``residual``, else 4 (the papers' n)."""
+    return 1 if family == RESIDUAL else 4
 
 
 def options(name: str) -> dict[str, object]:
@@ -52,22 +68,22 @@ def options(name: str) -> dict[str, object]:
 def get(name: str) -> type[Mixer]:
     """The class of family ``name``; ValueError naming the allowed names otherwise."""
     if name not in REGISTRY:
-        raise ValueError(f"mixer must be one of {available()}, got {name!r}")
+        raise ValueError(f"family must be one of the mixing families {list(REGISTRY)}, got {name!r}")
     return REGISTRY[name]
 
 
-def check_options(name: str, mixer_options: dict) -> None:
-    """ValueError if ``name`` is unknown or takes none of some ``mixer_options`` (no silent ignoring)."""
+def check_options(name: str, family_options: dict) -> None:
+    """ValueError if ``name`` is unknown or takes none of some ``family_options`` (no silent ignoring)."""
     allowed = options(name)
-    unknown = sorted(set(mixer_options) - set(allowed))
+    unknown = sorted(set(family_options) - set(allowed))
     if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for mixer {name!r}; allowed: {sorted(allowed)}")
+        raise ValueError(f"unknown option(s) {unknown} for family {name!r}; allowed: {sorted(allowed)}")
 
 
-def build(name: str, n_streams: int, **mixer_options) -> Mixer:
+def build(name: str, n_streams: int, **family_options) -> Mixer:
     """Build family ``name`` for ``n_streams`` streams: a module mapping ``(..., K) -> (..., n, n)``."""
-    check_options(name, mixer_options)
-    return get(name)(n_streams, **mixer_options)
+    check_options(name, family_options)
+    return get(name)(n_streams, **family_options)
 
 
 __all__ = [
@@ -75,10 +91,13 @@ __all__ = [
     "Mixer",
     "REGISTRY",
     "MAX_PERMUTATION_STREAMS",
-    "available",
+    "RESIDUAL",
     "build",
+    "check_family",
     "check_options",
     "coefficient_dtype",
+    "default_streams",
+    "families",
     "get",
     "options",
 ]

@@ -10,7 +10,7 @@ from torch import nn
 from ..checks import check_int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Guarantees:
     """What a family promises of every ``H_res`` it produces, to float32 rounding.
 
@@ -50,24 +50,24 @@ class Mixer(nn.Module):
         self.n_streams = n_streams
         self.num_inputs = 0
 
-    def forward(self, d_res: torch.Tensor, fast: bool = False) -> torch.Tensor:
+    def forward(self, d_res: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """Map the raw dynamic projection ``d_res`` of shape ``(..., K)`` to ``H_res`` ``(..., n, n)``.
 
-        ``fast=True`` runs :meth:`mix_fast`, the same map written without batched tiny matrix products
+        ``fused=True`` runs :meth:`mix_fused`, the same map written without batched tiny matrix products
         (``tests/test_fastpath.py`` checks it equals :meth:`mix`, values and gradients).
         """
         if d_res.shape[-1:] != (self.num_inputs,):
             raise ValueError(
-                f"d_res must have last dimension K={self.num_inputs} for mixer {self.name!r} "
+                f"d_res must have last dimension K={self.num_inputs} for family {self.name!r} "
                 f"with n_streams={self.n_streams}, got shape {tuple(d_res.shape)}"
             )
         d_res = d_res.to(coefficient_dtype(d_res.dtype))
-        return self.mix_fast(d_res) if fast else self.mix(d_res)
+        return self.mix_fused(d_res) if fused else self.mix(d_res)
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def mix_fast(self, d_res: torch.Tensor) -> torch.Tensor:
+    def mix_fused(self, d_res: torch.Tensor) -> torch.Tensor:
         """The fast path of :meth:`mix` (same values); families whose reference uses tiny batched
         matrix products override it. Default: :meth:`mix` itself."""
         return self.mix(d_res)

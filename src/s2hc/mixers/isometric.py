@@ -16,12 +16,12 @@ class IsometricMixer(ZeroSumMixer):
     """
 
     name = "isometric"
-    guarantees = Guarantees(True, True, False, True, True, True)
+    guarantees = Guarantees(row_sums_one=True, col_sums_one=True, spectral_norm_at_most_one=True, orthogonal=True, closed_under_products=True)
 
     def __init__(self, n_streams: int, rotation: str = "cayley", alpha: float = 0.01):
         super().__init__(n_streams, rotation, alpha)
         self.num_inputs = 2 * self.rotation_u.num_inputs
 
-    def deviation_core(self, d_res: torch.Tensor, fast: bool = False) -> torch.Tensor:
-        u, v, _ = self.rotations(d_res, fast)
-        return (small_matmul if fast else torch.matmul)(u, v.transpose(-1, -2))
+    def deviation_core(self, d_res: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        u, v, _ = self.rotations(d_res, fused)
+        return (small_matmul if fused else torch.matmul)(u, v.transpose(-1, -2))

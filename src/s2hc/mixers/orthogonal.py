@@ -26,5 +26,5 @@ class OrthogonalMixer(Mixer):
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:
         return self.rotation(d_res)
 
-    def mix_fast(self, d_res: torch.Tensor) -> torch.Tensor:
-        return self.rotation(d_res, fast=True)
+    def mix_fused(self, d_res: torch.Tensor) -> torch.Tensor:
+        return self.rotation(d_res, fused=True)

@@ -44,7 +44,7 @@ def _pfaffian4(a: torch.Tensor) -> torch.Tensor:
     return a[..., 0, 1] * a[..., 2, 3] - a[..., 0, 2] * a[..., 1, 3] + a[..., 0, 3] * a[..., 1, 2]
 
 
-def cayley(a: torch.Tensor, fast: bool = False) -> torch.Tensor:
+def cayley(a: torch.Tensor, fused: bool = False) -> torch.Tensor:
     """Cayley transform ``(I + A)⁻¹ (I − A)`` of skew-symmetric ``A`` ``(..., m, m)``: a rotation in SO(m).
 
     For m ≤ 4 the characteristic polynomial of a skew matrix is ``λ⁴ + pλ² + q²`` (padding with zeros),
@@ -52,11 +52,11 @@ def cayley(a: torch.Tensor, fast: bool = False) -> torch.Tensor:
     ``Q = [(1 + p − q²) I − 2(1 + p) A + 2A² − 2A³] / (1 + p + q²)``; for m ≤ 3 (q = 0, A³ = −pA) it
     reduces to ``Q = I + 2(A² − A) / (1 + p)``. Larger m use a batched linear solve.
     The chart cannot reach rotations with eigenvalue −1 (use :func:`matrix_exp_rotation` for those).
-    ``fast=True`` computes the powers of A with :func:`~s2hc.mixers.base.small_matmul` (same values).
+    ``fused=True`` computes the powers of A with :func:`~s2hc.mixers.base.small_matmul` (same values).
     """
     from .base import small_matmul
 
-    matmul = small_matmul if fast else torch.matmul
+    matmul = small_matmul if fused else torch.matmul
     m = a.shape[-1]
     eye = torch.eye(m, dtype=a.dtype, device=a.device)
     if m == 1:
@@ -72,7 +72,7 @@ def cayley(a: torch.Tensor, fast: bool = False) -> torch.Tensor:
     return torch.linalg.solve(eye + a, eye - a)
 
 
-def matrix_exp_rotation(a: torch.Tensor, fast: bool = False) -> torch.Tensor:
+def matrix_exp_rotation(a: torch.Tensor, fused: bool = False) -> torch.Tensor:
     """``exp(A)`` of skew-symmetric ``A`` ``(..., m, m)``: reaches all of SO(m), including eigenvalue −1."""
     return torch.linalg.matrix_exp(a)
 
@@ -105,13 +105,13 @@ class Rotation(torch.nn.Module):
         self.bias = torch.nn.Parameter(torch.zeros(self.num_inputs))
         self.gamma = scale_parameter(1.0)
 
-    def forward(self, d: torch.Tensor, fast: bool = False) -> torch.Tensor:
+    def forward(self, d: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """``d`` ``(..., k)`` in the coefficient dtype -> rotation ``(..., m, m)`` in the same dtype.
 
-        ``fast``: the chart's fast path (closed-form Cayley without batched tiny matrix products)."""
+        ``fused``: the chart's fused form (closed-form Cayley without batched tiny matrix products)."""
         alpha, bias, gamma = (p.to(d.dtype) for p in (self.alpha, self.bias, self.gamma))
         z = gamma * torch.tanh(alpha * d + bias)
-        return self.chart(skew_from_vector(z, self.size), fast=fast)
+        return self.chart(skew_from_vector(z, self.size), fused=fused)
 
     def extra_repr(self) -> str:
         return f"size={self.size}, chart={self.chart_name!r}"

@@ -39,17 +39,17 @@ class ZeroSumMixer(Mixer):
         self.rotation_u = Rotation(self.m, rotation, alpha)
         self.rotation_v = Rotation(self.m, rotation, alpha)
 
-    def deviation_core(self, d_res: torch.Tensor, fast: bool = False) -> torch.Tensor:
+    def deviation_core(self, d_res: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """``M`` ``(..., m, m)`` from ``d_res`` ``(..., K)``; ``‖M‖₂ ≤ 1`` for every family built on this."""
         raise NotImplementedError  # pragma: no cover
 
     def rotations(
-        self, d_res: torch.Tensor, fast: bool = False
+        self, d_res: torch.Tensor, fused: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(U_core, V_core, rest)``: the two rotations and the inputs left after theirs."""
         k = self.rotation_u.num_inputs
         d_u, d_v, rest = d_res.split([k, k, d_res.shape[-1] - 2 * k], dim=-1)
-        return self.rotation_u(d_u, fast=fast), self.rotation_v(d_v, fast=fast), rest
+        return self.rotation_u(d_u, fused=fused), self.rotation_v(d_v, fused=fused), rest
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:
         basis = self.basis.to(d_res.dtype)
@@ -58,12 +58,12 @@ class ZeroSumMixer(Mixer):
         eye_n = torch.eye(self.n_streams, dtype=d_res.dtype, device=d_res.device)
         return eye_n + basis @ (core - eye_m) @ basis.T
 
-    def mix_fast(self, d_res: torch.Tensor) -> torch.Tensor:
+    def mix_fused(self, d_res: torch.Tensor) -> torch.Tensor:
         """:meth:`mix` without batched tiny products: the per-token products are broadcast
         multiply-adds, and the fixed-basis conjugation is two GEMMs over all tokens at once
         (``(M − I) U_Zᵀ``, then ``(U_Z Y)ᵀ = Yᵀ U_Zᵀ``, each a matrix with a shared right operand)."""
         basis_t = self.basis.to(d_res.dtype).T  # (m, n)
-        core = self.deviation_core(d_res, fast=True)
+        core = self.deviation_core(d_res, fused=True)
         eye_m = torch.eye(self.m, dtype=d_res.dtype, device=d_res.device)
         eye_n = torch.eye(self.n_streams, dtype=d_res.dtype, device=d_res.device)
         y = (core - eye_m) @ basis_t  # (..., m, n)
@@ -87,7 +87,7 @@ class S2HCMixer(ZeroSumMixer):
     """
 
     name = "s2hc"
-    guarantees = Guarantees(True, True, False, True, False, True)
+    guarantees = Guarantees(row_sums_one=True, col_sums_one=True, spectral_norm_at_most_one=True, closed_under_products=True)
 
     def __init__(
         self,
@@ -108,9 +108,9 @@ class S2HCMixer(ZeroSumMixer):
         z = self.spectrum_alpha.to(d_s.dtype) * d_s + self.spectrum_bias.to(d_s.dtype)
         return reflect_into_unit_interval(z) if self.exact_identity_init else torch.tanh(z)
 
-    def deviation_core(self, d_res: torch.Tensor, fast: bool = False) -> torch.Tensor:
-        u, v, d_s = self.rotations(d_res, fast)
-        matmul = small_matmul if fast else torch.matmul
+    def deviation_core(self, d_res: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        u, v, d_s = self.rotations(d_res, fused)
+        matmul = small_matmul if fused else torch.matmul
         return matmul(u * self.spectrum(d_s).unsqueeze(-2), v.transpose(-1, -2))
 
     def extra_repr(self) -> str:

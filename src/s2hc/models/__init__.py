@@ -1,15 +1,15 @@
 """Decoder-only transformers whose sublayers are wrapped by hyper-connections, and their presets.
 
 >>> from s2hc.models import Transformer, get_preset
->>> model = Transformer(get_preset("tiny", mixer="s2hc", n_streams=4))
->>> (model.config.n_streams, model.aux_params() > 0)
+>>> model = Transformer(get_preset("tiny", family="s2hc", n_streams=4))
+>>> (model.config.n_streams, model.num_hc_params() > 0)
 (4, True)
 
 - :class:`ModelConfig` (``config.py``): every shape and architecture switch, and ``mixer`` / ``n_streams`` /
-  ``mixer_options``; ``to_dict`` / ``from_dict`` for YAML and JSON.
+  ``family_options``; ``to_dict`` / ``from_dict`` for YAML and JSON.
 - :data:`PRESETS` / :func:`get_preset`: ``tiny`` and ``small`` for CPUs; ``gpt2-small`` (124 M),
   ``gpt2-medium`` (355 M), ``qwen3-0.6b`` (untied, 752 M), ``gemma3-1b`` (1.00 B), ``qwen2.5-1.5b``
-  (1.54 B), all with ``mixer="residual"`` until overridden.
+  (1.54 B), all with ``family="residual"`` until overridden.
 - :class:`Transformer` (``transformer.py``): ``forward(input_ids (B, T)) -> logits (B, T, vocab)``.
 - ``hf_convert.py``: Hugging Face Qwen3 / Qwen2.5 / Gemma3 configs and weights (logit parity tested).
 

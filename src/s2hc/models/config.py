@@ -1,7 +1,7 @@
 """The model configuration (a plain, YAML/JSON-serialisable dataclass) and the named presets.
 
->>> cfg = get_preset("tiny", mixer="s2hc", n_streams=4)
->>> (cfg.dim, cfg.n_layers, cfg.mixer, cfg.n_streams)
+>>> cfg = get_preset("tiny", family="s2hc", n_streams=4)
+>>> (cfg.dim, cfg.n_layers, cfg.family, cfg.n_streams)
 (128, 4, 's2hc', 4)
 >>> ModelConfig.from_dict(cfg.to_dict()) == cfg
 True
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .. import mixers
-from ..connection import RESIDUAL, methods
+from ..mixers import RESIDUAL, check_family
 
 __all__ = ["ModelConfig", "PRESETS", "get_preset"]
 
@@ -95,8 +95,8 @@ class ModelConfig:
             keys ``t - W < s <= t`` and uses RoPE base ``local_rope_theta``.
         init_std: standard deviation of the normal initialisation (see ``Transformer.init_weights``).
 
-    Residual family: ``mixer`` (a name from :func:`s2hc.methods`), ``n_streams`` (1 for ``"residual"``)
-    and ``mixer_options`` (the family's options, see :func:`s2hc.mixers.options`, plus ``eps``), passed
+    Residual family: ``family`` (a name from :func:`s2hc.families`), ``n_streams`` (1 for ``"residual"``)
+    and ``family_options`` (the family's options, see :func:`s2hc.mixers.options`, plus ``eps``), passed
     to every :class:`s2hc.HyperConnection` of the model.
     """
 
@@ -126,9 +126,9 @@ class ModelConfig:
     sliding_window_pattern: int = 6
     local_rope_theta: float | None = None
     init_std: float = 0.02
-    mixer: str = RESIDUAL
+    family: str = RESIDUAL
     n_streams: int = 1
-    mixer_options: dict[str, Any] = field(default_factory=dict)
+    family_options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len", "sliding_window_pattern", "n_streams"):
@@ -173,20 +173,20 @@ class ModelConfig:
         self._check_mixer()
 
     def _check_mixer(self) -> None:
-        _check_choice("mixer", self.mixer, methods())
-        if not isinstance(self.mixer_options, Mapping):
-            raise _fail("mixer_options", self.mixer_options, "a dict of the mixer's options")
-        self.mixer_options = dict(self.mixer_options)
-        if self.mixer == RESIDUAL:
+        check_family(self.family)
+        if not isinstance(self.family_options, Mapping):
+            raise _fail("family_options", self.family_options, "a dict of the family's options")
+        self.family_options = dict(self.family_options)
+        if self.family == RESIDUAL:
             if self.n_streams != 1:
-                raise ValueError(f"n_streams must be 1 for mixer='residual', got n_streams={self.n_streams}")
-            if self.mixer_options:
-                raise ValueError(f"mixer='residual' takes no mixer_options, got {sorted(self.mixer_options)}")
+                raise ValueError(f"n_streams must be 1 for family='residual', got n_streams={self.n_streams}")
+            if self.family_options:
+                raise ValueError(f"family='residual' takes no family_options, got {sorted(self.family_options)}")
             return
-        allowed = sorted({*mixers.options(self.mixer), *CONNECTION_OPTIONS})
-        unknown = sorted(set(self.mixer_options) - set(allowed))
+        allowed = sorted({*mixers.options(self.family), *CONNECTION_OPTIONS})
+        unknown = sorted(set(self.family_options) - set(allowed))
         if unknown:
-            raise ValueError(f"unknown mixer_options {unknown} for mixer {self.mixer!r}; allowed: {allowed}")
+            raise ValueError(f"unknown family_options {unknown} for family {self.family!r}; allowed: {allowed}")
 
     # ---- derived -------------------------------------------------------------------------------------
 
@@ -253,7 +253,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def get_preset(name: str, **overrides: Any) -> ModelConfig:
-    """The :class:`ModelConfig` of preset ``name`` with ``overrides`` applied (e.g. ``mixer="s2hc", n_streams=4``).
+    """The :class:`ModelConfig` of preset ``name`` with ``overrides`` applied (e.g. ``family="s2hc", n_streams=4``).
 
     ValueError naming the allowed presets for an unknown ``name``, and the allowed keys for an unknown override.
     """

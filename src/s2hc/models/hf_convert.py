@@ -2,7 +2,7 @@
 
 ``config_from_hf`` maps a ``Qwen3Config``, ``Qwen2Config``, ``Gemma3TextConfig`` (or a ``Gemma3Config``,
 whose text part is used) to a :class:`ModelConfig`; ``load_hf_state_dict`` copies the weights of the matching
-``*ForCausalLM`` into a :class:`Transformer`. With ``mixer="residual"`` the two models then give the same
+``*ForCausalLM`` into a :class:`Transformer`. With ``family="residual"`` the two models then give the same
 logits (``tests/test_hf_parity.py``). With another mixer the transformer weights are loaded the same way and
 the hyper-connections keep their initialisation. Neither function imports ``transformers``; they read the
 config's attributes, so a config loaded from a ``config.json`` works the same way.
@@ -24,7 +24,7 @@ from .transformer import Transformer
 
 __all__ = ["config_from_hf", "load_hf_state_dict"]
 
-FAMILIES = ("qwen3", "qwen2", "gemma3_text")
+ARCHITECTURES = ("qwen3", "qwen2", "gemma3_text")
 
 
 def _get(hf_config: Any, name: str, default: Any = None) -> Any:
@@ -74,13 +74,13 @@ def _sliding_pattern(layer_types: list[str], declared: int | None) -> int:
 def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
     """The :class:`ModelConfig` of a Hugging Face Qwen3, Qwen2 (Qwen2.5) or Gemma3 text config.
 
-    ``overrides`` are applied last (e.g. ``mixer="s2hc", n_streams=4``). ValueError for another model type
+    ``overrides`` are applied last (e.g. ``family="s2hc", n_streams=4``). ValueError for another model type
     or a feature this model does not have.
     """
     hf_config = _text_config(hf_config)
     model_type = _get(hf_config, "model_type")
-    if model_type not in FAMILIES:
-        raise ValueError(f"model_type must be one of {list(FAMILIES)} (or 'gemma3'), got {model_type!r}")
+    if model_type not in ARCHITECTURES:
+        raise ValueError(f"model_type must be one of {list(ARCHITECTURES)} (or 'gemma3'), got {model_type!r}")
     n_heads = _get(hf_config, "num_attention_heads")
     dim = _get(hf_config, "hidden_size")
     fields: dict[str, Any] = dict(

@@ -7,7 +7,7 @@ Data flow (``n = config.n_streams``)::
       -> reduce_streams (B, T, C) -> final norm -> LM head -> logits (B, T, vocab)
 
 A branch is everything between the connection's read and write: the pre-norm, the sublayer and, with
-``post_norms`` (Gemma3), the norm on its output. With ``mixer="residual"`` the model is the plain pre-norm
+``post_norms`` (Gemma3), the norm on its output. With ``family="residual"`` the model is the plain pre-norm
 architecture of GPT-2, Qwen2.5, Qwen3 or Gemma3 (``tests/test_hf_parity.py`` checks the last three against
 Hugging Face ``transformers`` logit for logit).
 
@@ -19,7 +19,7 @@ batches.
 
 >>> import torch
 >>> from s2hc.models import Transformer, get_preset
->>> model = Transformer(get_preset("tiny", n_layers=1, mixer="s2hc", n_streams=2))
+>>> model = Transformer(get_preset("tiny", n_layers=1, family="s2hc", n_streams=2))
 >>> model(torch.zeros(2, 8, dtype=torch.long)).shape
 torch.Size([2, 8, 4096])
 """
@@ -270,7 +270,7 @@ class Block(nn.Module):
         self.mlp_norm = make_norm(config)
         self.mlp = MLP(config)
         self.mlp_post_norm = make_norm(config) if config.post_norms else None
-        options = dict(mixer=config.mixer, **config.mixer_options)
+        options = dict(family=config.family, **config.family_options)
         self.attn_hc = HyperConnection(config.dim, config.n_streams, layer_index=2 * layer, **options)
         self.mlp_hc = HyperConnection(config.dim, config.n_streams, layer_index=2 * layer + 1, **options)
 
@@ -367,15 +367,15 @@ class Transformer(nn.Module):
                 total -= self.pos_embed.weight.numel()
         return total
 
-    def aux_params(self) -> int:
-        """Number of parameters of the :class:`s2hc.HyperConnection` modules (0 for ``mixer="residual"``).
+    def num_hc_params(self) -> int:
+        """Number of parameters of the :class:`s2hc.HyperConnection` modules (0 for ``family="residual"``).
 
         The parameters themselves: :meth:`hyper_connection_parameters`.
         """
         return sum(p.numel() for p in self.hyper_connection_parameters())
 
     def hyper_connection_parameters(self) -> list[nn.Parameter]:
-        """The parameters of every :class:`s2hc.HyperConnection` (empty for ``mixer="residual"``), e.g. for
+        """The parameters of every :class:`s2hc.HyperConnection` (empty for ``family="residual"``), e.g. for
         an optimiser group of their own; :meth:`init_weights` never touches them."""
         return [p for module in self.modules() if isinstance(module, HyperConnection) for p in module.parameters()]
 
@@ -486,4 +486,4 @@ class Transformer(nn.Module):
 
     def extra_repr(self) -> str:
         c = self.config
-        return f"mixer={c.mixer!r}, n_streams={c.n_streams}, params={self.num_params() / 1e6:.2f}M"
+        return f"family={c.family!r}, n_streams={c.n_streams}, params={self.num_params() / 1e6:.2f}M"

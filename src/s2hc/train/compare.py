@@ -7,12 +7,13 @@ import statistics
 from pathlib import Path
 
 from ..io import atomic_write_text
-from .config import DEFAULT_STREAMS, TrainConfig
+from ..mixers import RESIDUAL, default_streams
+from .config import TrainConfig
 from .loop import RunResult, read_metrics, train
 
 
-def run_name(mixer: str, seed: int, seeds: int) -> str:
-    return mixer if seeds == 1 else f"{mixer}-seed{seed}"
+def run_name(family: str, seed: int, seeds: int) -> str:
+    return family if seeds == 1 else f"{family}-seed{seed}"
 
 
 def compare(base: TrainConfig, mixers: list[str], seeds: int = 1, out: str | Path = "runs/compare",
@@ -20,20 +21,20 @@ def compare(base: TrainConfig, mixers: list[str], seeds: int = 1, out: str | Pat
     """Train ``base`` once per family in ``mixers`` (and per seed), then write ``out/report.md``.
 
     ``residual`` always runs with one stream; every other family with ``n_streams`` (default 4).
-    Runs go to ``out/<mixer>[-seed<k>]/``; with ``resume``, finished runs are kept and unfinished ones resumed.
+    Runs go to ``out/<family>[-seed<k>]/``; with ``resume``, finished runs are kept and unfinished ones resumed.
     Returns the report's path.
     """
     out = Path(out).expanduser()
     results: dict[str, list[RunResult]] = {}
-    for mixer in mixers:
+    for family in mixers:
         for k in range(seeds):
             config = base.replace(
-                mixer=mixer,
-                n_streams=1 if mixer == "residual" else (n_streams or DEFAULT_STREAMS),
+                family=family,
+                n_streams=n_streams if family != RESIDUAL and n_streams else default_streams(family),
                 seed=base.seed + k,
-                out=str(out / run_name(mixer, k, seeds)),
+                out=str(out / run_name(family, k, seeds)),
             )
-            results.setdefault(mixer, []).append(train(config, resume=resume))
+            results.setdefault(family, []).append(train(config, resume=resume))
     return write_report(out, base, results)
 
 
@@ -55,16 +56,16 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
     reference = results.get("residual")
     ref_speed = statistics.mean(r.tokens_per_s for r in reference) if reference else None
     rows = []
-    for mixer, runs in results.items():
+    for family, runs in results.items():
         speed = statistics.mean(r.tokens_per_s for r in runs)
         rows.append({
-            "mixer": mixer,
+            "family": family,
             "runs": [r.out.name for r in runs],
             "train_loss": [final_train_loss(r.out) for r in runs],
             "val_loss": [r.val_loss for r in runs],
             "tokens_per_s": speed,
             "params": runs[0].params,
-            "aux_params": runs[0].aux_params,
+            "hc_params": runs[0].hc_params,
             "step_time_vs_residual": ref_speed / speed if ref_speed else None,
         })
     lines = [
@@ -77,8 +78,8 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
     for row in rows:
         ratio = "–" if row["step_time_vs_residual"] is None else f"{row['step_time_vs_residual']:.2f}×"
         lines.append(
-            f"| {row['mixer']} | {_mean_std(row['train_loss'])} | {_mean_std(row['val_loss'])} | "
-            f"{row['tokens_per_s']:,.0f} | {row['params']:,} | {row['aux_params']:,} | {ratio} |"
+            f"| {row['family']} | {_mean_std(row['train_loss'])} | {_mean_std(row['val_loss'])} | "
+            f"{row['tokens_per_s']:,.0f} | {row['params']:,} | {row['hc_params']:,} | {ratio} |"
         )
     lines += [
         "",
@@ -114,13 +115,13 @@ def plot_loss_curves(out: Path, results: dict[str, list[RunResult]]) -> Path | N
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(8, 5))
-    for index, (mixer, runs) in enumerate(results.items()):
+    for index, (family, runs) in enumerate(results.items()):
         color = f"C{index}"
         for k, run in enumerate(runs):
             records = read_metrics(run.out)
             train_points = [(r["step"], r["loss"]) for r in records if "loss" in r]
             val_points = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
-            label = mixer if k == 0 else None
+            label = family if k == 0 else None
             if train_points:
                 ax.plot(*zip(*train_points), color=color, alpha=0.6, linewidth=1, label=label)
             if val_points:

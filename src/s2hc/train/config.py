@@ -10,25 +10,24 @@ from typing import Any
 import yaml
 
 from ..checks import check_int
+from ..mixers import default_streams
 from ..connection import COMPUTE_OPTIONS
-
-DEFAULT_STREAMS = 4  # what `--mixer s2hc` means without `--streams`: the papers' n
 
 
 @dataclass
 class TrainConfig:
     """Everything a run needs; stored in every checkpoint so that a run can be resumed or rebuilt.
 
-    The model is a preset (``s2hc.models.PRESETS``) with ``mixer``, ``n_streams``, ``mixer_options`` and
+    The model is a preset (``s2hc.models.PRESETS``) with ``family``, ``n_streams``, ``family_options`` and
     any other ``ModelConfig`` field overridden through ``model_overrides``. ``batch_size`` is per process
     and micro-step: the global batch is ``batch_size × grad_accum × world_size`` sequences.
     """
 
     # model
     preset: str = "tiny"
-    mixer: str = "residual"
+    family: str = "residual"
     n_streams: int | None = None  # None: 1 for residual, 4 otherwise
-    mixer_options: dict = field(default_factory=dict)
+    family_options: dict = field(default_factory=dict)
     model_overrides: dict = field(default_factory=dict)
     # data
     data: str = "embedded"
@@ -63,7 +62,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         if self.n_streams is None:
-            self.n_streams = 1 if self.mixer == "residual" else DEFAULT_STREAMS
+            self.n_streams = default_streams(self.family)
         positive = ("seq_len", "batch_size", "grad_accum", "max_steps", "eval_batches", "log_every", "n_streams")
         for name in positive:
             check_int(name, getattr(self, name))
@@ -97,9 +96,9 @@ class TrainConfig:
         return cls(**values)
 
     def replace(self, **changes: Any) -> "TrainConfig":
-        """A copy with ``changes``; ``n_streams`` is re-derived when only ``mixer`` changes."""
+        """A copy with ``changes``; ``n_streams`` is re-derived when only ``family`` changes."""
         values = self.to_dict()
-        if "mixer" in changes and "n_streams" not in changes:
+        if "family" in changes and "n_streams" not in changes:
             values["n_streams"] = None
         values.update(changes)
         return TrainConfig.from_dict(values)
@@ -109,7 +108,7 @@ class TrainConfig:
         from ..models import get_preset
 
         overrides = dict(self.model_overrides)
-        overrides.update(mixer=self.mixer, n_streams=self.n_streams, mixer_options=dict(self.mixer_options))
+        overrides.update(family=self.family, n_streams=self.n_streams, family_options=dict(self.family_options))
         overrides.setdefault("max_seq_len", max(self.seq_len, get_preset(self.preset).max_seq_len))
         return get_preset(self.preset, **overrides)
 

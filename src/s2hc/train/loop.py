@@ -62,7 +62,7 @@ class RunResult:
     val_loss: float | None
     tokens_per_s: float
     params: int
-    aux_params: int
+    hc_params: int
 
 
 def resolve_device(name: str) -> torch.device:
@@ -229,7 +229,7 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
 
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     model = set_connection_options(Transformer(model_config).to(device), **config.connection)
-    params, aux = model.num_params(), model.aux_params()
+    params, aux = model.num_params(), model.num_hc_params()
     forward = distributed.wrap(model, ctx, config.compile, amp_dtype)
     optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
     torch.manual_seed(config.seed + ctx.rank)  # per-rank streams from here on
@@ -282,7 +282,7 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
         step_times = list(saved["history"]["step_times"])
         train_loss, val_loss = saved["history"]["train_loss"], saved["history"]["val_loss"]
     bar = tqdm(total=config.max_steps, initial=step, disable=not (config.progress and ctx.is_main),
-               desc=f"{config.mixer}", unit="step")
+               desc=f"{config.family}", unit="step")
     model.train()
     with stop_on_signals() as received:
         while step < config.max_steps:
@@ -340,7 +340,7 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
     median_step = statistics.median(step_times) if step_times else math.nan
     return RunResult(
         out=out, step=step, train_loss=train_loss, val_loss=val_loss,
-        tokens_per_s=tokens_per_step / median_step, params=params, aux_params=aux,
+        tokens_per_s=tokens_per_step / median_step, params=params, hc_params=aux,
     )
 
 
