@@ -20,7 +20,8 @@ import statistics
 import torch
 
 from s2hc import HyperConnection
-from s2hc.bench.core import DEVICES, resolve_device, timed
+from s2hc.bench.core import timed
+from s2hc.devices import resolve_device
 from s2hc.connection import read_and_mix
 
 
@@ -40,7 +41,7 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--device", choices=DEVICES, default="auto", help="auto: cuda when available, else cpu")
+    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda or cuda:N")
     args = parser.parse_args()
     try:
         device = resolve_device(args.device)

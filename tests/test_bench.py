@@ -11,6 +11,7 @@ import torch
 
 from s2hc.bench import core
 from s2hc.cli import main
+from s2hc.devices import resolve_device
 
 TINY = dict(batch_size=1, seq_len=8, repeats=1, steps=1, warmup=1, overrides={"n_layers": 1})
 STEP_KEYS = {"family", "label", "n_streams", "compiled", "step_s", "step_ratio_vs_residual", "step_ratio_min",
@@ -60,9 +61,9 @@ def test_parse_variant():
     assert core.parse_variant("residual", 4).n_streams == 1
     assert core.parse_variant("s2hc:fused=False", 4).options == {"fused": False}
     assert core.parse_variant("hyper-connections", 4).family == core.PEER
-    with pytest.raises(ValueError, match="argument --families: unknown family 'sinkhorn'"):
+    with pytest.raises(ValueError, match="argument --families must be one of .*got 'sinkhorn'"):
         core.parse_variant("sinkhorn", 4)
-    with pytest.raises(ValueError, match="must be KEY=VALUE"):
+    with pytest.raises(ValueError, match="expects KEY=VALUE"):
         core.parse_variant("s2hc:fused", 4)
 
 
@@ -84,7 +85,7 @@ def test_cli_table_and_bad_mixer(capsys):
     text = capsys.readouterr().out
     assert "| identity | 4 |" in text and "Hyper-connection parameters" in text
     assert main(["bench", "--families", "sinkhorn"]) == 2
-    assert "unknown family 'sinkhorn'" in capsys.readouterr().err
+    assert "got 'sinkhorn'" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------- devices
@@ -92,14 +93,17 @@ def test_cli_table_and_bad_mixer(capsys):
 
 def test_resolve_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert core.resolve_device("auto") == torch.device("cpu")
-    assert core.resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto") == torch.device("cpu")
+    assert resolve_device("cpu") == torch.device("cpu")
     with pytest.raises(ValueError, match=r"argument --device: 'cuda' needs a CUDA GPU.*allowed: auto, cpu, cuda"):
-        core.resolve_device("cuda")
+        resolve_device("cuda", "argument --device")
     with pytest.raises(ValueError, match=r"argument --device: invalid choice 'tpu'; allowed: auto, cpu, cuda"):
-        core.resolve_device("tpu")
+        resolve_device("tpu", "argument --device")
+    with pytest.raises(ValueError, match=r"^device: invalid choice 'cuda:x'"):
+        resolve_device("cuda:x")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert core.resolve_device("auto") == core.resolve_device("cuda") == torch.device("cuda")
+    assert resolve_device("auto") == resolve_device("cuda") == torch.device("cuda")
+    assert resolve_device("cuda:1") == torch.device("cuda", 1)
 
 
 def test_cli_cuda_without_cuda_exits_2(monkeypatch, capsys):
@@ -108,7 +112,7 @@ def test_cli_cuda_without_cuda_exits_2(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "argument --device: 'cuda' needs a CUDA GPU" in err and "allowed: auto, cpu, cuda" in err
     assert main([*CLI_TINY, "--device", "tpu"]) == 2
-    assert "argument --device: invalid choice: 'tpu'" in capsys.readouterr().err
+    assert "argument --device: invalid choice 'tpu'" in capsys.readouterr().err
 
 
 def test_timing_synchronises_only_on_cuda(monkeypatch):

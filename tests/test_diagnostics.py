@@ -40,7 +40,9 @@ from s2hc.diagnostics import (
 )
 from s2hc.diagnostics.synthetic import logit_scale_sweep, scaled_mixer
 from s2hc.mixers.orthomaps import helmert_basis
-from s2hc.train import compare, load_checkpoint, read_metrics, train
+from s2hc.compare import compare
+from s2hc.rundir import load_checkpoint, read_metrics
+from s2hc.train import train
 
 from helpers import SMALL_MODEL, randomize_, small_config
 
@@ -423,7 +425,7 @@ def test_bad_checkpoints_exit_2_with_one_line(kind, tmp_path, capsys):
         (["somewhere", "--synthetic"], "exactly one"),
         (["--synthetic", "--data", "x.txt"], "--data"),
         (["ckpt", "--logit-scale", "2"], "--logit-scale"),
-        (["--synthetic", "--families", "sinkhorn"], "unknown family"),
+        (["--synthetic", "--families", "sinkhorn"], "must be one of"),
         (["--synthetic", "--logit-scale", "-1"], "logit-scale"),
     ],
 )
@@ -461,7 +463,7 @@ def _diagnostics(run_dir) -> list:
 
 
 def test_training_logs_diagnostics_and_resumes_exactly(corpus_file, tmp_path):
-    import s2hc.train.loop as loop
+    import s2hc.train.state as training_state
 
     config = small_config(corpus_file, tmp_path, max_steps=6, diagnostics_every=2, checkpoint_every=2, log_every=1,
                           eval_every=0, lr=3e-3)
@@ -480,19 +482,19 @@ def test_training_logs_diagnostics_and_resumes_exactly(corpus_file, tmp_path):
     assert not _diagnostics(plain.out)
 
     interrupted = config.replace(out=str(tmp_path / "interrupted"))
-    original = loop.save_checkpoint
+    original = training_state.save_checkpoint
 
     def save_then_crash(path, state):
         original(path, state)
         if state["step"] == 4:
             raise KeyboardInterrupt
 
-    loop.save_checkpoint = save_then_crash
+    training_state.save_checkpoint = save_then_crash
     try:
         with pytest.raises(KeyboardInterrupt):
             train(interrupted)
     finally:
-        loop.save_checkpoint = original
+        training_state.save_checkpoint = original
     assert load_checkpoint(interrupted.out)["step"] == 4
     train(interrupted, resume=True)
     assert _losses(interrupted.out) == _losses(config.out)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from s2hc.train import load_checkpoint, load_model, read_metrics
+from s2hc.rundir import load_checkpoint, load_model, read_metrics
 
 MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64}
 # Float32 sums of the same numbers in another order (the all-reduce averages two half-batch gradients,

@@ -21,7 +21,7 @@ from s2hc.data import get_tokenizer
 from s2hc.evaluate import checkpoint_perplexity, generate_tokens, perplexity, tasks_dir
 from s2hc.evaluate.offline import DATA_FILES, build, read_jsonl_gz
 from s2hc.models.transformer import KVCache
-from s2hc.train import load_model
+from s2hc.rundir import load_model
 
 lm_eval = pytest.importorskip("lm_eval")
 
@@ -354,7 +354,7 @@ def test_bad_generation_options(tiny, capsys):
     assert main(["generate", str(tiny), "--prompt", "x", "--max-new-tokens", "256"]) == 2
     assert "leaves no room for a prompt" in error_line(capsys)
     assert main(["generate", str(tiny), "--prompt", "x", "--temperature", "-1"]) == 2
-    assert "must be a number >= 0" in error_line(capsys)
+    assert "must be a finite number >= 0" in error_line(capsys)
 
 
 # ---- lm-eval's command line -----------------------------------------------------------------------------

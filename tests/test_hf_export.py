@@ -17,7 +17,7 @@ from s2hc.cli import main
 from s2hc.data import get_tokenizer
 from s2hc.evaluate import generate_tokens
 from s2hc.models import Transformer, get_preset
-from s2hc.train import load_model
+from s2hc.rundir import load_model
 
 transformers = pytest.importorskip("transformers")
 

@@ -15,17 +15,10 @@ import pytest
 import torch
 
 from s2hc.cli import main
-from s2hc.train import (
-    TrainConfig,
-    TrainingError,
-    compare,
-    learning_rate,
-    load_checkpoint,
-    load_model,
-    read_metrics,
-    save_checkpoint,
-    train,
-)
+from s2hc.compare import compare
+from s2hc.rundir import load_checkpoint, load_model, read_metrics
+from s2hc.rundir.checkpoint import save_checkpoint
+from s2hc.train import TrainConfig, TrainingError, learning_rate, train
 from s2hc.train.optim import parameter_groups
 
 from helpers import SMALL_MODEL
@@ -120,21 +113,21 @@ def test_resume_in_process_equals_uninterrupted(small, tmp_path):
 
 def _run_until(config: TrainConfig, stop_after: int) -> None:
     """Train, stopping right after the checkpoint of step ``stop_after`` (simulates a crash there)."""
-    import s2hc.train.loop as loop
+    import s2hc.train.state as state
 
-    original = loop.save_checkpoint
+    original = state.save_checkpoint
 
     def save_then_crash(path, state):
         original(path, state)
         if state["step"] == stop_after:
             raise KeyboardInterrupt
 
-    loop.save_checkpoint = save_then_crash
+    state.save_checkpoint = save_then_crash
     try:
         with pytest.raises(KeyboardInterrupt):
             train(config)
     finally:
-        loop.save_checkpoint = original
+        state.save_checkpoint = original
 
 
 def _cli_args(config: TrainConfig) -> list[str]:
@@ -262,7 +255,7 @@ def test_compare_writes_the_report(small, tmp_path):
 
 
 def test_every_shipped_config_builds(tmp_path):
-    from s2hc.train.config import load_yaml_config
+    from s2hc.config import load_yaml_config
 
     configs = sorted(Path(__file__).resolve().parents[1].glob("configs/*.yaml"))
     assert len(configs) >= 5

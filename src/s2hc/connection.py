@@ -9,20 +9,29 @@ Per token, with streams ``X ∈ R^{n×C}`` (DESIGN.md section 1)::
 The coefficient path (norm, projection, gates, constraint map) runs in at least float32 whatever the
 model's dtype; the three matrices are cast back to the stream dtype for the mixing itself.
 
-Two implementations of the same equations (``tests/test_fastpath.py`` checks they agree, values and
-gradients): the reference (``fused=False``: ``F.rms_norm``, a projection of the normed features, the
-family's :meth:`~s2hc.mixers.Mixer.mix`, einsum read and write) and the fast path (``fused=True``, the
-default): the RMSNorm weight folded into the projection (``d = r · X (diag(w) W)``, ``r = 1/rms(X)``, so
-no normed n·C-wide copy is written or stored), under ``torch.compile`` the family's ``mix_fused`` (no
-batched tiny matrix products, so inductor fuses the constraint map), and the read ``H_pre X`` and mixing ``H_res X`` in one autograd function that stores only
-``X`` and the matrices (eager), or as broadcast multiply-adds that ``torch.compile`` fuses into one
-pass over ``X`` (compiled). ``kernels="triton"`` runs the fast path's three n-wide passes (norm and
-projection, read and mix, write) as Triton kernels (:mod:`s2hc.triton_kernels`) on CUDA, or on CPU under
-``TRITON_INTERPRET=1``. Measurements: ``docs/benchmarks.md``.
+The n-wide work (norm and projection, read and mix, write) has four implementations, the compute paths
+(:class:`ComputePath`); :func:`select_path` picks one per call, from ``fused``, ``kernels`` and whether
+``torch.compile`` is tracing. All compute the same function (``tests/test_fastpath.py`` and
+``tests/test_triton_kernels.py`` check values and gradients):
+
+- ``reference`` (``fused=False``): ``F.rms_norm`` then the projection, the family's
+  :meth:`~s2hc.mixers.Mixer.mix`, einsum read and write; the equations as written.
+- ``eager`` (``fused=True``, the default, outside ``torch.compile``): the RMSNorm weight folded into the
+  projection, ``d = r · X (diag(w) W)`` with ``r = 1/rms(X)``, so no normed n·C-wide copy is written or
+  stored; the read and the mixing in one autograd function that stores only ``X`` and the matrices; the
+  write as one ``addcmul``.
+- ``compiled`` (``fused=True`` under ``torch.compile``, whatever ``kernels``): the same fold, read and
+  mixing as broadcast multiply-adds, and the family's ``mix_fused``, which inductor fuses into a few
+  loops over ``X``.
+- ``triton`` (``fused=True, kernels="triton"``, outside ``torch.compile``): the three n-wide passes as
+  Triton kernels (:mod:`s2hc.triton_kernels`), on CUDA, or on CPU under ``TRITON_INTERPRET=1``.
+
+Measurements of each: ``docs/benchmarks.md``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Any, Callable
 
@@ -48,13 +57,23 @@ def expand_streams(h: torch.Tensor, n_streams: int) -> torch.Tensor:
     return h.unsqueeze(-2).expand(*h.shape[:-1], n_streams, h.shape[-1]).contiguous()
 
 
+def reduce_streams(x: torch.Tensor) -> torch.Tensor:
+    """Sum streams ``x`` ``(B, T, n, C)`` into ``(B, T, C)`` (before the final norm)."""
+    if x.dim() != 4:
+        raise ValueError(f"x must have shape (batch, time, n_streams, dim), got shape {tuple(x.shape)}")
+    return x.sum(dim=-2)
+
+
+# ------------------------------------------------------------------- the eager fast path's autograd functions
+
+
 class _NormProject(torch.autograd.Function):
     """``d = RMSNorm(x) W`` with the norm's weight folded into ``weight`` ``(D, K)``: ``d = r · (x @ weight)``.
 
-    Eager fast path of the coefficient projection. ``r = 1/rms(x)`` comes from one reduction pass; the
-    backward is one GEMM and one in-place multiply-add over ``x`` (``dx = r dd Wᵀ − (r³/D)(dd · xW) x``),
-    where autograd through the unfused form writes several D-wide temporaries. Saves ``x`` (a view of
-    the streams, alive anyway), ``r`` and ``x @ weight`` (K per token).
+    ``r = 1/rms(x)`` comes from one reduction pass; the backward is one GEMM and one in-place
+    multiply-add over ``x`` (``dx = r dd Wᵀ − (r³/D)(dd · xW) x``), where autograd through the unfused
+    form writes several D-wide temporaries. Saves ``x`` (a view of the streams, alive anyway), ``r`` and
+    ``x @ weight`` (K per token).
     """
 
     @staticmethod
@@ -77,23 +96,12 @@ class _NormProject(torch.autograd.Function):
         return grad_x, grad_weight, None
 
 
-def norm_project(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``RMSNorm(x) @ W`` for ``x`` ``(..., D)`` and ``weight = diag(norm weight) W`` ``(D, K)``: ``(..., K)``.
-
-    Eager: :class:`_NormProject`; under ``torch.compile`` the plain formula, which inductor fuses.
-    """
-    if torch.compiler.is_compiling():
-        return (x @ weight) * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
-    return _NormProject.apply(x, weight, eps)
-
-
 class _ReadMix(torch.autograd.Function):
     """``(H_pre X, H_res X)`` for streams ``x`` ``(..., n, C)`` and ``pre`` ``(..., n)``, ``res`` ``(..., n, n)``.
 
-    Eager fast path of the read and the mixing. Autograd through einsum would save permuted copies
-    and run per-matrix GEMMs in backward; this saves only ``x`` (kept alive by the previous layer
-    anyway) and the small matrices, and its backward is two batched products:
-    ``dX = H_resᵀ dM + H_preᵀ dh`` and ``[dH_pre; dH_res] = [dh; dM] Xᵀ``.
+    Autograd through einsum would save permuted copies and run per-matrix GEMMs in backward; this saves
+    only ``x`` (kept alive by the previous layer anyway) and the small matrices, and its backward is two
+    batched products: ``dX = H_resᵀ dM + H_preᵀ dh`` and ``[dH_pre; dH_res] = [dh; dM] Xᵀ``.
     """
 
     @staticmethod
@@ -114,18 +122,178 @@ class _ReadMix(torch.autograd.Function):
         return grad_x, grad_rows[..., 0, :], grad_rows[..., 1:, :]
 
 
-def read_and_mix(x: torch.Tensor, pre: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fast path's ``(H_pre X (..., C), H_res X (..., n, C))`` for ``x`` ``(..., n, C)``, in x's dtype.
+# ---------------------------------------------------------------------------------------- compute paths
 
-    Eager: :class:`_ReadMix`. Under ``torch.compile``: n broadcast multiply-adds over C per output,
-    which inductor fuses into one loop over ``x`` (a batched GEMM would stay an opaque library call).
+
+def _folded_weight(norm_weight: torch.Tensor, projection: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``diag(w) W`` ``(nC, K)`` in ``dtype``: ``RMSNorm(X) W = r · X (diag(w) W)``, so the fast paths never
+    write (or store for backward) the normed n·C-wide features."""
+    return norm_weight.to(dtype).unsqueeze(-1) * projection.to(dtype)
+
+
+class ComputePath:
+    """How a connection runs its three n-wide operations; :func:`select_path` picks one.
+
+    Shapes: streams ``x`` ``(B, T, n, C)``; ``pre``, ``post`` ``(B, T, n)`` and ``res`` ``(B, T, n, n)`` in
+    the coefficient dtype (at least float32); the branch's output ``(B, T, C)``. ``read_mix`` and
+    ``write`` return results in the streams' dtype, ``norm_project`` in the coefficient dtype.
     """
-    pre, res = pre.to(x.dtype), res.to(x.dtype)
-    if torch.compiler.is_compiling():
+
+    name: str = ""
+    #: whether the constraint map runs the family's broadcast form (``Mixer(d_res, fused=True)``)
+    fused_mixer: bool = False
+
+    def norm_project(
+        self, flat: torch.Tensor, norm_weight: torch.Tensor, projection: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """``d = RMSNorm(flat) W``: ``flat`` ``(..., nC)`` (the flattened streams, in their dtype), the norm's
+        ``norm_weight`` ``(nC,)`` and ``projection`` W ``(nC, K)`` -> ``(..., K)`` in the coefficient dtype."""
+        raise NotImplementedError
+
+    def read_mix(self, x: torch.Tensor, pre: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The branch input ``H_pre X`` ``(B, T, C)`` and the mixed streams ``H_res X`` ``(B, T, n, C)``."""
+        raise NotImplementedError
+
+    def write(self, mixed: torch.Tensor, post: torch.Tensor, branch_out: torch.Tensor) -> torch.Tensor:
+        """The new streams ``H_res X + H_postᵀ F`` ``(B, T, n, C)`` from ``mixed`` = ``H_res X``."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<compute path {self.name!r}>"
+
+
+class ReferencePath(ComputePath):
+    """``fused=False``: the equations as written (``F.rms_norm``, the projection, einsum read and mixing,
+    the family's batched-matrix ``mix``), to check the other paths against."""
+
+    name = "reference"
+    fused_mixer = False
+
+    def norm_project(self, flat, norm_weight, projection, eps):
+        dtype = coefficient_dtype(flat.dtype)
+        flat = flat.to(dtype)
+        normed = F.rms_norm(flat, (flat.shape[-1],), norm_weight.to(dtype), eps)
+        return normed @ projection.to(dtype)
+
+    def read_mix(self, x, pre, res):
+        h = torch.einsum("btn,btnc->btc", pre.to(x.dtype), x)
+        return h, torch.einsum("btij,btjc->btic", res.to(x.dtype), x)
+
+    def write(self, mixed, post, branch_out):
+        return mixed + post.to(mixed.dtype).unsqueeze(-1) * branch_out.unsqueeze(-2)
+
+
+class EagerPath(ComputePath):
+    """``fused=True`` outside ``torch.compile``: hand-written backward passes (:class:`_NormProject`,
+    :class:`_ReadMix`) that store only ``X`` and per-token vectors, and the family's ``mix``: without a
+    compiler each broadcast operation is its own pass over memory, where a batched GEMM is one call."""
+
+    name = "eager"
+    fused_mixer = False
+
+    def norm_project(self, flat, norm_weight, projection, eps):
+        dtype = coefficient_dtype(flat.dtype)
+        return _NormProject.apply(flat.to(dtype), _folded_weight(norm_weight, projection, dtype), eps)
+
+    def read_mix(self, x, pre, res):
+        return _ReadMix.apply(x, pre.to(x.dtype), res.to(x.dtype))
+
+    def write(self, mixed, post, branch_out):
+        return torch.addcmul(mixed, post.to(mixed.dtype).unsqueeze(-1), branch_out.unsqueeze(-2))
+
+
+class CompiledPath(EagerPath):
+    """``fused=True`` under ``torch.compile``: the fold, read and mixing as plain broadcast multiply-adds
+    (n per output over C) and the family's ``mix_fused``. Inductor fuses these, with the write's
+    ``addcmul``, into a few loops over ``X``; an autograd function or a batched GEMM would stay an opaque
+    call between fused kernels."""
+
+    name = "compiled"
+    fused_mixer = True
+
+    def norm_project(self, flat, norm_weight, projection, eps):
+        dtype = coefficient_dtype(flat.dtype)
+        flat = flat.to(dtype)
+        weight = _folded_weight(norm_weight, projection, dtype)
+        return (flat @ weight) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + eps)
+
+    def read_mix(self, x, pre, res):
+        pre, res = pre.to(x.dtype), res.to(x.dtype)
         h = (pre.unsqueeze(-1) * x).sum(-2)
         mixed = (res.unsqueeze(-1) * x.unsqueeze(-3)).sum(-2)
         return h, mixed
-    return _ReadMix.apply(x, pre, res)
+
+
+class TritonPath(ComputePath):
+    """``fused=True, kernels="triton"`` outside ``torch.compile``: :mod:`s2hc.triton_kernels`, one pass over
+    ``X`` per operation, forward and backward. The kernels read the streams in any dtype and accumulate in
+    float32, so nothing is cast first. The constraint map (tens of floats per token) stays in PyTorch."""
+
+    name = "triton"
+    fused_mixer = False
+
+    def __init__(self, kernels):
+        self.kernels = kernels
+
+    def norm_project(self, flat, norm_weight, projection, eps):
+        weight = _folded_weight(norm_weight, projection, coefficient_dtype(flat.dtype))
+        return self.kernels.norm_project(flat, weight, eps)
+
+    def read_mix(self, x, pre, res):
+        return self.kernels.read_mix(x, pre, res)
+
+    def write(self, mixed, post, branch_out):
+        return self.kernels.write(mixed, post, branch_out)
+
+
+REFERENCE, EAGER, COMPILED = ReferencePath(), EagerPath(), CompiledPath()
+
+
+@functools.cache
+def _triton_path() -> TritonPath:
+    from . import triton_kernels  # needs the triton package: imported only when asked for
+
+    return TritonPath(triton_kernels)
+
+
+def select_path(fused: bool, kernels: str, device: torch.device | str, compiling: bool) -> ComputePath:
+    """The compute path for one call: ``fused`` and ``kernels`` as in :class:`HyperConnection`, ``device``
+    the streams' device, ``compiling`` whether ``torch.compile`` is tracing the call
+    (``torch.compiler.is_compiling()``, which dynamo resolves while tracing, so the choice costs no graph break).
+
+    ``fused=False`` is the reference whatever ``kernels`` (``kernels`` picks among the fast paths;
+    :meth:`HyperConnection.set_options` refuses the pair as a module setting). Under ``torch.compile`` the
+    fast path is always the compiled one: inductor already emits fused Triton for it, and the
+    hand-written kernels would be opaque calls between its kernels.
+
+    >>> select_path(False, "torch", "cpu", compiling=False).name
+    'reference'
+    >>> select_path(True, "torch", "cpu", compiling=False).name
+    'eager'
+    >>> select_path(True, "triton", "cuda", compiling=True).name
+    'compiled'
+    """
+    if not isinstance(fused, bool):
+        raise ValueError(f"fused must be True or False, got {fused!r}")
+    if kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
+    if not fused:
+        return REFERENCE
+    if compiling:
+        return COMPILED
+    if kernels == "torch":
+        return EAGER
+    path = _triton_path()
+    device = torch.device(device)
+    if device.type != "cuda" and not path.kernels.interpreted():
+        raise ValueError(
+            f"kernels='triton' runs on CUDA tensors, or on CPU with TRITON_INTERPRET=1 set before triton is "
+            f"imported; got x on device {device.type!r}"
+        )
+    return path
+
+
+# ------------------------------------------------------------------------------------------ the module
 
 
 def set_connection_options(model: nn.Module, **options: Any) -> nn.Module:
@@ -141,13 +309,6 @@ def set_connection_options(model: nn.Module, **options: Any) -> nn.Module:
     return model
 
 
-def reduce_streams(x: torch.Tensor) -> torch.Tensor:
-    """Sum streams ``x`` ``(B, T, n, C)`` into ``(B, T, C)`` (before the final norm)."""
-    if x.dim() != 4:
-        raise ValueError(f"x must have shape (batch, time, n_streams, dim), got shape {tuple(x.shape)}")
-    return x.sum(dim=-2)
-
-
 class HyperConnection(nn.Module):
     """A multi-stream residual connection around a branch, with the stream-mixing family ``family``.
 
@@ -158,7 +319,7 @@ class HyperConnection(nn.Module):
         layer_index: index of the wrapped sublayer; the read/write gates start favouring stream
             ``layer_index mod n``.
         eps: epsilon of the RMSNorm over all n·C features.
-        fused: the fast path (default) or, with False, the reference implementation; both compute the
+        fused: a fast path (default) or, with False, the reference implementation; all compute the
             same function (see the module docstring).
         recompute: recompute the coefficient path (norm, projection, gates, constraint map) in backward
             instead of storing its intermediates (``torch.utils.checkpoint``, non-reentrant). Costs one
@@ -170,6 +331,8 @@ class HyperConnection(nn.Module):
 
     ``forward(x, branch, *args, **kwargs)``: ``x`` ``(B, T, n, C)``, ``branch`` any callable
     ``(B, T, C) -> (B, T, C)`` called as ``branch(h, *args, **kwargs)``; returns ``(B, T, n, C)`` in x's dtype.
+    ``self.family`` is the family's name, ``self.mixer`` its constraint map (a :class:`s2hc.mixers.Mixer`;
+    None for ``"residual"``).
     """
 
     def __init__(
@@ -238,18 +401,11 @@ class HyperConnection(nn.Module):
         self.fused, self.recompute, self.kernels = fused, recompute, kernels
         return self
 
-    def _triton(self, x: torch.Tensor):
-        """The kernels module when this call runs the Triton path, else None."""
-        if self.kernels != "triton" or torch.compiler.is_compiling():
-            return None
-        from . import triton_kernels
-
-        if x.device.type != "cuda" and not triton_kernels.interpreted():
-            raise ValueError(
-                f"kernels='triton' runs on CUDA tensors, or on CPU with TRITON_INTERPRET=1 set before triton is "
-                f"imported; got x on device {x.device.type!r}"
-            )
-        return triton_kernels
+    def compute_path(self, x: torch.Tensor, fused: bool | None = None) -> ComputePath:
+        """The :class:`ComputePath` a call on streams ``x`` takes (:func:`select_path` with this module's
+        options; ``fused`` overrides the module's)."""
+        fused = self.fused if fused is None else fused
+        return select_path(fused, self.kernels, x.device, torch.compiler.is_compiling())
 
     def _check_streams(self, x: torch.Tensor) -> None:
         if x.dim() != 4:
@@ -266,31 +422,30 @@ class HyperConnection(nn.Module):
             raise ValueError(f"branch must return the shape it was given, {tuple(h.shape)}, got {tuple(out.shape)}")
         return out
 
-    def matrices(self, x: torch.Tensor, fused: bool | None = None) -> dict[str, torch.Tensor]:
-        """The per-token matrices for streams ``x`` ``(B, T, n, C)``, in at least float32.
+    def coefficients(
+        self, x: torch.Tensor, fused: bool | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The per-token matrices ``(pre, post, res)`` for streams ``x`` ``(B, T, n, C)``, differentiable.
 
-        Returns ``pre`` ``(B, T, n)``, ``post`` ``(B, T, n)`` and ``res`` ``(B, T, n, n)``.
-        ``fused`` (default: the module's setting) picks the fast or the reference implementation.
+        ``pre`` ``(B, T, n)``, ``post`` ``(B, T, n)`` and ``res`` ``(B, T, n, n)``, in at least float32
+        (x's dtype promoted to float32). ``fused`` (default: the module's setting) picks a fast path or the
+        reference (:func:`select_path`). For ``family="residual"``: ones, with n = 1.
         """
         self._check_streams(x)
-        dtype = coefficient_dtype(x.dtype)
         if self.is_residual:
-            ones = torch.ones(*x.shape[:2], 1, dtype=dtype, device=x.device)
-            return {"pre": ones, "post": ones, "res": ones.unsqueeze(-1)}
-        fused = self.fused if fused is None else fused
-        pre, post, res = self._coefficients(x, fused)
-        return {"pre": pre, "post": post, "res": res}
+            ones = torch.ones(*x.shape[:2], 1, dtype=coefficient_dtype(x.dtype), device=x.device)
+            return ones, ones, ones.unsqueeze(-1)
+        return self._coefficients_on(x, self.compute_path(x, fused))
 
-    def _coefficients(self, x: torch.Tensor, fused: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def matrices(self, x: torch.Tensor, fused: bool | None = None) -> dict[str, torch.Tensor]:
+        """:meth:`coefficients` as a dict: ``pre`` ``(B, T, n)``, ``post`` ``(B, T, n)``, ``res`` ``(B, T, n, n)``."""
+        return dict(zip(("pre", "post", "res"), self.coefficients(x, fused)))
+
+    def _coefficients_on(
+        self, x: torch.Tensor, path: ComputePath
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dtype = coefficient_dtype(x.dtype)
-        kernels = self._triton(x) if fused else None
-        flat = x.flatten(-2) if kernels is not None else x.flatten(-2).to(dtype)  # the kernel reads any dtype
-        if fused:  # RMSNorm(X) W = r · X (diag(w) W): the normed features are never materialised
-            weight = self.norm_weight.to(dtype).unsqueeze(-1) * self.projection.to(dtype)
-            d = (kernels.norm_project if kernels is not None else norm_project)(flat, weight, self.eps)
-        else:
-            normed = F.rms_norm(flat, (flat.shape[-1],), self.norm_weight.to(dtype), self.eps)
-            d = normed @ self.projection.to(dtype)
+        d = path.norm_project(x.flatten(-2), self.norm_weight, self.projection, self.eps)
         n = self.n_streams
         d_pre, d_post, d_res = d.split([n, n, self.mixer.num_inputs], dim=-1)
         alpha_pre, alpha_post = self.alpha_pre.to(dtype), self.alpha_post.to(dtype)
@@ -301,33 +456,24 @@ class HyperConnection(nn.Module):
         else:
             pre = torch.sigmoid(alpha_pre * d_pre + bias_pre)
             post = 2.0 * torch.sigmoid(alpha_post * d_post + bias_post)
-        # The families' broadcast forms (mix_fused) fuse under torch.compile (s2hc n = 4: 4.0 ms against
-        # 18.9 ms compiled from the batched-GEMM form, 2 048 tokens); in eager the batched GEMMs are faster
-        # on one thread (7.6 ms against 21 ms), so eager keeps them (docs/benchmarks.md).
-        return pre, post, self.mixer(d_res, fused=fused and torch.compiler.is_compiling())
+        return pre, post, self.mixer(d_res, fused=path.fused_mixer)
 
     def forward(self, x: torch.Tensor, branch: Callable[..., torch.Tensor], *args, **kwargs) -> torch.Tensor:
         self._check_streams(x)
         if self.is_residual:
             return x + self._call_branch(branch, x.squeeze(-2), args, kwargs).unsqueeze(-2)
+        path = self.compute_path(x)
         if self.recompute and torch.is_grad_enabled():
-            pre, post, res = checkpoint(self._coefficients, x, self.fused, use_reentrant=False)
+            pre, post, res = checkpoint(self._coefficients_on, x, path, use_reentrant=False)
         else:
-            pre, post, res = self._coefficients(x, self.fused)
-        if not self.fused:
-            h = {"pre": pre, "post": post, "res": res}
-            return self.write(x, h, self._call_branch(branch, self.read(x, h), args, kwargs))
-        kernels = self._triton(x)
-        if kernels is not None:
-            branch_in, mixed = kernels.read_mix(x, pre, res)
-            return kernels.write(mixed, post, self._call_branch(branch, branch_in, args, kwargs))
-        branch_in, mixed = read_and_mix(x, pre, res)
-        branch_out = self._call_branch(branch, branch_in, args, kwargs)
-        return torch.addcmul(mixed, post.to(x.dtype).unsqueeze(-1), branch_out.unsqueeze(-2))
+            pre, post, res = self._coefficients_on(x, path)
+        branch_in, mixed = path.read_mix(x, pre, res)
+        return path.write(mixed, post, self._call_branch(branch, branch_in, args, kwargs))
 
     @staticmethod
     def read(x: torch.Tensor, h: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Branch input ``H_pre X``: streams ``(B, T, n, C)`` -> ``(B, T, C)``, in x's dtype."""
+        """Branch input ``H_pre X``: streams ``(B, T, n, C)`` -> ``(B, T, C)``, in x's dtype (the reference's
+        form; ``h`` as returned by :meth:`matrices`)."""
         return torch.einsum("btn,btnc->btc", h["pre"].to(x.dtype), x)
 
     @staticmethod

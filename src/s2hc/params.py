@@ -19,14 +19,10 @@ import torch
 
 from . import mixers
 from .checks import check_int
-from .connection import RESIDUAL, HyperConnection, families
+from .connection import HyperConnection
+from .mixers import RESIDUAL, check_family, families
 
-__all__ = ["build_options", "count_hc_params", "param_table"]
-
-
-def _check_mixer(family: Any) -> None:
-    if family not in families():
-        raise ValueError(f"family must be one of {families()}, got {family!r}")
+__all__ = ["build_options", "count_hc_params", "format_table", "human", "param_table"]
 
 
 def build_options(family: str, **family_options: Any) -> dict[str, Any]:
@@ -34,7 +30,7 @@ def build_options(family: str, **family_options: Any) -> dict[str, Any]:
     for every family that takes it (mhc-lite, kromhc), since counting builds nothing real.
     An explicit ``allow_large`` in ``family_options`` wins.
     """
-    _check_mixer(family)
+    check_family(family)
     if family == RESIDUAL:
         return dict(family_options)
     options = dict(family_options)
@@ -47,7 +43,7 @@ def _count(
     family: str, *, layers: int, dim: int, n_streams: int, sublayers_per_layer: int, **family_options: Any
 ) -> dict[str, Any]:
     """Build one connection per wrapped sublayer on the meta device and count; also report K."""
-    _check_mixer(family)
+    check_family(family)
     for name, value in (
         ("layers", layers),
         ("dim", dim),
@@ -102,25 +98,25 @@ def count_hc_params(
 
 
 def param_table(
-    mixers: Iterable[str] | None = None,  # shadows the module import, unused here
+    names: Iterable[str] | None = None,
     *,
     layers: int,
     dim: int,
     n_streams: int,
     sublayers_per_layer: int = 2,
 ) -> list[dict[str, Any]]:
-    """One row per family in ``mixers`` (default: every name in :func:`s2hc.families`), in that order.
+    """One row per family in ``names`` (default: every name in :func:`s2hc.families`), in that order.
 
     Each row has ``family``, ``K`` (inputs per token of the constraint map, 0 for residual),
     ``per_sublayer``, ``hc_params`` (the total), ``n_streams`` (1 for residual), ``layers``, ``dim``,
     ``sublayers_per_layer``, ``sublayers`` and ``vs_mhc``: the ratio to ``mhc``'s total when ``mhc`` is in the table,
     else None.
     """
-    names = families() if mixers is None else list(dict.fromkeys(mixers))
+    names = families() if names is None else list(dict.fromkeys(names))
     if not names:
-        raise ValueError("mixers must name at least one family, got none")
+        raise ValueError("names must name at least one family, got none")
     for name in names:
-        _check_mixer(name)
+        check_family(name)
     rows = [
         _count(name, layers=layers, dim=dim, n_streams=n_streams, sublayers_per_layer=sublayers_per_layer)
         for name in names
@@ -129,3 +125,39 @@ def param_table(
     for row in rows:
         row["vs_mhc"] = row["hc_params"] / reference if reference else None
     return rows
+
+
+def human(count: float) -> str:
+    """``25693808 -> '25.7 M'``, ``2029400632 -> '2.03 B'``: three significant digits, K/M/B/T."""
+    if count < 1000:
+        return f"{count:g}"
+    for scale, unit in ((1e3, "K"), (1e6, "M"), (1e9, "B"), (1e12, "T")):
+        text = f"{count / scale:.3g}"
+        if float(text) < 1000 or unit == "T":
+            return f"{text} {unit}"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows of :func:`param_table` as a Markdown table, with a one-line caption."""
+    first = rows[0]
+    n_values = sorted({row["n_streams"] for row in rows if row["family"] != "residual"})
+    streams = f"n = {n_values[0]} streams" if len(n_values) == 1 else "n = 1 stream"
+    if any(row["family"] == "residual" for row in rows) and n_values:
+        streams += " (residual: 1)"
+    lines = [
+        f"Hyper-connection parameters: {first['layers']} layers x {first['sublayers_per_layer']} sublayers = "
+        f"{first['sublayers']} connections, C = {first['dim']}, {streams}",
+        "",
+        "| family | K | per sublayer | total | vs mHC |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        per = row["per_sublayer"]
+        per_text = f"{human(per)} ({per:,})" if isinstance(per, int) else f"{human(per)} ({per:,.1f})"
+        ratio = "-" if row["vs_mhc"] is None else f"{row['vs_mhc']:.2f}x"
+        lines.append(
+            f"| {row['family']} | {row['K']:,} | {per_text} | {human(row['hc_params'])} ({row['hc_params']:,}) "
+            f"| {ratio} |"
+        )
+    return "\n".join(lines)

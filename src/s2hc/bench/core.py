@@ -15,7 +15,6 @@ read from the allocator's own allocation and free events (``torch.profiler`` wit
 
 from __future__ import annotations
 
-import ast
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,7 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..connection import RESIDUAL, HyperConnection, families, set_connection_options
+from ..config import parse_assignment
+from ..connection import HyperConnection, set_connection_options
+from ..mixers import RESIDUAL, check_family
 from ..models import Transformer, get_preset
 
 PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the same model
@@ -46,25 +47,17 @@ class Variant:
 
 
 def parse_variant(text: str, n_streams: int) -> Variant:
-    """``"s2hc"``, ``"s2hc:recompute=True"``, ``"mhc:iterations=10"`` or :data:`PEER` -> :class:`Variant`.
+    """``"s2hc"``, ``"s2hc:recompute=true"``, ``"mhc:iterations=10"`` or :data:`PEER` -> :class:`Variant`.
 
-    Values are Python literals (``True``, ``10``, ``'expm'``) or bare words. ValueError naming
-    ``--families`` for an unknown family.
+    Values are parsed as YAML (:func:`s2hc.config.parse_assignment`: ``true``, ``10``, bare words).
+    ValueError naming ``--families`` for an unknown family or an option without ``=``.
     """
     name, *assignments = [part.strip() for part in text.split(":")]
     if name == "hyper-connections":
         name, assignments = PEER, [a for a in assignments if a != "mhc"]
-    if name not in (*families(), PEER):
-        raise ValueError(f"argument --families: unknown family {name!r}; allowed: {','.join((*families(), PEER))}")
-    options = {}
-    for assignment in assignments:
-        if "=" not in assignment:
-            raise ValueError(f"argument --families: option {assignment!r} of {name!r} must be KEY=VALUE")
-        key, value = assignment.split("=", 1)
-        try:
-            options[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            options[key.strip()] = value.strip()
+    if name != PEER:
+        check_family(name, "argument --families")
+    options = dict(parse_assignment(a, f"argument --families: option {a!r} of {name!r}") for a in assignments)
     return Variant(name, 1 if name == RESIDUAL else n_streams, options)
 
 
@@ -75,30 +68,6 @@ def peer_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-DEVICES = ("auto", "cpu", "cuda")  # what --device accepts
-
-
-def resolve_device(name: str | torch.device = "auto") -> torch.device:
-    """``"auto"`` (CUDA when ``torch.cuda.is_available()``, else CPU), ``"cpu"`` or ``"cuda"`` -> a device;
-    a :class:`torch.device` is returned as it is.
-
-    ValueError naming ``--device``, the value and the allowed values for any other name, or for ``"cuda"``
-    when no CUDA device is available.
-    """
-    if isinstance(name, torch.device):
-        return name
-    if name not in DEVICES:
-        raise ValueError(f"argument --device: invalid choice {name!r}; allowed: {', '.join(DEVICES)}")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"argument --device: 'cuda' needs a CUDA GPU, and torch.cuda.is_available() is False here "
-            f"(torch {torch.__version__}); allowed: {', '.join(DEVICES)} (auto picks cpu here)"
-        )
-    return torch.device(name)
 
 
 def _sync(device: torch.device) -> None:
@@ -500,7 +469,6 @@ def format_coefficient_table(rows: list[dict[str, Any]]) -> str:
 
 
 __all__ = [
-    "DEVICES",
     "PEER",
     "PeerTransformer",
     "StepRunner",
@@ -516,6 +484,5 @@ __all__ = [
     "parse_variant",
     "peak_step_bytes",
     "peer_available",
-    "resolve_device",
     "timed",
 ]

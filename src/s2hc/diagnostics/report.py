@@ -15,6 +15,12 @@ from typing import Any, Sequence
 
 import torch
 
+from ..connection import HyperConnection
+from ..data.loader import eval_batches
+from ..data.shards import prepare_tokens
+from ..devices import autocast_dtype, resolve_device
+from ..io import atomic_write_text
+from ..rundir import METRICS, load_model, read_metrics, resolve_checkpoint
 from . import plots
 from .collect import collect, mixing_connections
 from .synthetic import DEFAULT_SWEEP, logit_scale_sweep, synthetic_summaries
@@ -44,15 +50,11 @@ def _json_ready(value: Any) -> Any:
 
 def write_json(path: Path, obj: dict[str, Any]) -> Path:
     """``obj`` as indented strict JSON, written to a temporary file and renamed."""
-    from ..io import atomic_write_text
-
     atomic_write_text(Path(path), json.dumps(_json_ready(obj), indent=1, allow_nan=False) + "\n")
     return Path(path)
 
 
 def _write_text(path: Path, text: str) -> Path:
-    from ..io import atomic_write_text
-
     atomic_write_text(Path(path), text)
     return Path(path)
 
@@ -176,15 +178,10 @@ def default_out(checkpoint: str | Path) -> Path:
     """Where ``s2hc diagnose CHECKPOINT`` writes without ``--out``: ``RUN/diagnostics``, RUN being the run
     directory given or the one holding the checkpoint given (a file or a sharded ``checkpoint.dcp/``).
     ValueError when there is no checkpoint there."""
-    from ..train.checkpoint import resolve_checkpoint
-
     return resolve_checkpoint(checkpoint).parent / "diagnostics"
 
 
 def _validation_ids(data: str, config, cache_dir, tokens: int, seq_len: int, batch_size: int) -> torch.Tensor:
-    from ..data.loader import eval_batches
-    from ..data.shards import prepare_tokens
-
     val = prepare_tokens(data, config.tokenizer, cache_dir, "val", progress=False)
     windows = max(1, math.ceil(tokens / seq_len))
     batches = eval_batches(val, seq_len, batch_size, max_batches=math.ceil(windows / batch_size))
@@ -193,8 +190,6 @@ def _validation_ids(data: str, config, cache_dir, tokens: int, seq_len: int, bat
 
 
 def _nothing_to_measure(path: Path, model, config) -> dict[str, Any]:
-    from ..connection import HyperConnection
-
     connections = [m for m in model.modules() if isinstance(m, HyperConnection)]
     c = model.config
     return {
@@ -238,9 +233,6 @@ def diagnose_checkpoint(
     :func:`s2hc.diagnostics.summary.summarize`); for a model without stream mixing (``residual``)
     ``nothing_to_measure: true`` with what was ``checked``. ValueError for a missing, corrupt or foreign file.
     """
-    from ..train.checkpoint import load_model, resolve_checkpoint
-    from ..train.loop import autocast_dtype, resolve_device
-
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
         raise ValueError(f"tokens must be an integer >= 1, got {tokens!r}")
     path = resolve_checkpoint(checkpoint)
@@ -287,8 +279,6 @@ def diagnose_checkpoint(
 
 
 def _history_figure(run_dir: Path, out: Path) -> Path | None:
-    from ..train.loop import METRICS, read_metrics
-
     if not (run_dir / METRICS).is_file() or not plots.have_matplotlib():
         return None
     try:

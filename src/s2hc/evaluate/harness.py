@@ -34,7 +34,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
 from .generation import generate_tokens
-from .loading import load_for_eval, resolve_device, resolve_dtype
+from ..devices import resolve_device, resolve_dtype
+from .loading import load_for_eval
 
 MODEL_NAME = "s2hc"
 DEFAULT_BATCH_SIZE = 8

@@ -1,4 +1,9 @@
-"""Hugging Face ``transformers`` integration (the ``hf`` extra): configuration, model, Auto classes, export.
+"""Hugging Face ``transformers`` integration (the ``hf`` extra): both directions between s2hc and ``transformers``.
+
+- :mod:`~s2hc.hf.convert`: Qwen3 / Qwen2.5 / Gemma3 configs and weights into an s2hc :class:`~s2hc.models.Transformer`
+  (:func:`config_from_hf`, :func:`load_hf_state_dict`; logit parity tested).
+- :mod:`~s2hc.hf.configuration`, :mod:`~s2hc.hf.modeling`, :mod:`~s2hc.hf.export`: an s2hc checkpoint as a
+  ``transformers`` model (``S2HCConfig``, ``S2HCForCausalLM``, :func:`export`).
 
 Importing this package registers the model type ``"s2hc"`` with ``AutoConfig`` and ``AutoModelForCausalLM``::
 
@@ -25,10 +30,13 @@ except ImportError:  # pragma: no cover - depends on the environment
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .configuration import MODEL_TYPE, S2HCConfig
+from .convert import config_from_hf, load_hf_state_dict
 from .export import export, from_s2hc
 from .modeling import S2HCForCausalLM, S2HCPreTrainedModel
 
 AutoConfig.register(MODEL_TYPE, S2HCConfig, exist_ok=True)
 AutoModelForCausalLM.register(S2HCConfig, S2HCForCausalLM, exist_ok=True)
 
-__all__ = ["S2HCConfig", "S2HCForCausalLM", "S2HCPreTrainedModel", "export", "from_s2hc"]
+__all__ = [
+    "S2HCConfig", "S2HCForCausalLM", "S2HCPreTrainedModel", "config_from_hf", "export", "from_s2hc", "load_hf_state_dict",
+]  # fmt: skip

@@ -8,6 +8,9 @@ from pathlib import Path
 
 import torch
 
+from ..data.tokenizer import HFTokenizer, TiktokenTokenizer, get_tokenizer, gpt2_files
+from ..devices import resolve_dtype
+from ..rundir import load_checkpoint, load_model
 from .configuration import S2HCConfig
 from .modeling import S2HCForCausalLM
 
@@ -27,7 +30,6 @@ AUTO_MAP = {
     "AutoConfig": "configuration_s2hc.S2HCConfig",
     "AutoModelForCausalLM": "modeling_s2hc.S2HCForCausalLM",
 }
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def hf_tokenizer(tokenizer, model_max_length: int | None = None):
@@ -40,8 +42,6 @@ def hf_tokenizer(tokenizer, model_max_length: int | None = None):
     """
     import tokenizers
     from transformers import PreTrainedTokenizerFast
-
-    from ..data.tokenizer import HFTokenizer, TiktokenTokenizer, gpt2_files
 
     if isinstance(tokenizer, HFTokenizer):
         backend = tokenizers.Tokenizer.from_str(tokenizer._tok.to_str())  # a fresh copy: normal special tokens
@@ -91,20 +91,16 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
     ``dtype``: ``"float32"`` (default: the checkpoint's), ``"bfloat16"`` or ``"float16"``.
     ValueError in one sentence for a missing or foreign checkpoint, or an ``out_dir`` that is a file.
     """
-    from ..data.tokenizer import get_tokenizer
-    from ..train.checkpoint import load_checkpoint, load_model
-
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    torch_dtype = resolve_dtype(dtype)
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise ValueError(f"output {str(out)!r} exists and is not a directory")
     model, train_config = load_model(checkpoint)
-    payload = load_checkpoint(checkpoint, with_model=False) if _accepts_with_model() else load_checkpoint(checkpoint)
+    payload = load_checkpoint(checkpoint, with_model=False)
     tokenizer = get_tokenizer(train_config.tokenizer)
     hf_model = from_s2hc(model, tokenizer)
-    if dtype is not None:
-        hf_model = hf_model.to(DTYPES[dtype])
+    if torch_dtype is not None:
+        hf_model = hf_model.to(torch_dtype)
     config = hf_model.config
     config.auto_map = dict(AUTO_MAP)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,11 +115,3 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
     provenance = {"step": payload.get("step"), "train_config": train_config.to_dict(), "tokenizer": tokenizer.name}
     (out / "s2hc_training.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
     return out
-
-
-def _accepts_with_model() -> bool:
-    import inspect
-
-    from ..train.checkpoint import load_checkpoint
-
-    return "with_model" in inspect.signature(load_checkpoint).parameters

@@ -11,7 +11,6 @@
   ``gpt2-medium`` (355 M), ``qwen3-0.6b`` (untied, 752 M), ``gemma3-1b`` (1.00 B), ``qwen2.5-1.5b``
   (1.54 B), all with ``family="residual"`` until overridden.
 - :class:`Transformer` (``transformer.py``): ``forward(input_ids (B, T)) -> logits (B, T, vocab)``.
-- ``hf_convert.py``: Hugging Face Qwen3 / Qwen2.5 / Gemma3 configs and weights (logit parity tested).
 
 Measured cost of one ``tiny`` training step (forward, cross-entropy, backward, AdamW; batch 8 × sequence
 256, float32, torch 2.13 CPU, 2 cores, median of 10 steps with other jobs on the machine): ``residual``

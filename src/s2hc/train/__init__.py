@@ -1,22 +1,10 @@
-"""Pretraining: configuration, optimiser and schedule, checkpoints, the loop, and family comparisons."""
+"""Pretraining: the loop, its optimiser and schedule, multi-process wrapping, and checkpointed state.
 
-from .checkpoint import load_checkpoint, load_model, save_checkpoint
-from .compare import compare
-from .config import TrainConfig
-from .loop import Interrupted, RunResult, TrainingError, read_metrics, train
+The configuration is :class:`s2hc.config.TrainConfig`; what a run writes is described in :mod:`s2hc.rundir`.
+"""
+
+from ..config import TrainConfig
+from .loop import Interrupted, RunResult, TrainingError, train
 from .optim import learning_rate, make_optimizer
 
-__all__ = [
-    "Interrupted",
-    "RunResult",
-    "TrainConfig",
-    "TrainingError",
-    "compare",
-    "learning_rate",
-    "load_checkpoint",
-    "load_model",
-    "make_optimizer",
-    "read_metrics",
-    "save_checkpoint",
-    "train",
-]
+__all__ = ["Interrupted", "RunResult", "TrainConfig", "TrainingError", "learning_rate", "make_optimizer", "train"]

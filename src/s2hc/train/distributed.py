@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
+from ..config import PARALLEL_MODES
+from ..devices import resolve_device
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,6 @@ def setup(device_name: str, parallel: str) -> Context:
     ``parallel``: ``"auto"`` (DDP when there are several processes, else none), ``"none"``, ``"ddp"`` or
     ``"fsdp"`` (FSDP2; also allowed with one process, for testing the sharded path).
     """
-    from .loop import resolve_device
-
     if parallel not in PARALLEL_MODES:
         raise ValueError(f"parallel must be one of {list(PARALLEL_MODES)}, got {parallel!r}")
     if not launched_by_torchrun():

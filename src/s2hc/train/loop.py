@@ -1,11 +1,14 @@
-"""The training loop: one process, any device; resumable exactly from its last checkpoint."""
+"""The training loop: one process or one rank of several, any device; resumable exactly from its last checkpoint.
+
+:func:`train` reads like nanoGPT's loop: set up (resume check, data, model, optimizer, restore), then per step
+the learning rate, the micro-steps, clipping, the update, logging, evaluation and checkpoints. What a
+checkpoint holds is :class:`~s2hc.train.state.Checkpointer`'s job, the files are :mod:`s2hc.rundir`'s.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import shutil
 import signal
 import statistics
 import time
@@ -17,29 +20,24 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..config import TrainConfig
 from ..connection import set_connection_options
-from ..io import atomic_write_text
+from ..data.loader import TokenBatches, eval_batches
+from ..data.shards import prepare_tokens
+from ..data.tokenizer import get_tokenizer
+from ..devices import autocast_dtype
+from ..diagnostics.collect import gradient_norms, training_diagnostics
+from ..models import ModelConfig, Transformer
+from ..rundir import MetricsLog, checkpoint_paths, load_checkpoint, saved_step, write_config
 from . import distributed
-from .checkpoint import (
-    FILENAME,
-    SHARDED,
-    checkpoint_paths,
-    load_checkpoint,
-    load_sharded_into,
-    rng_state,
-    save_checkpoint,
-    save_sharded_checkpoint,
-    set_rng_state,
-)
-from .config import TrainConfig
 from .optim import learning_rate, make_optimizer
+from .state import Checkpointer
 
-METRICS = "metrics.jsonl"
 # Fields of a run's config that may change on --resume without changing what is computed.
 RESUMABLE_CHANGES = {
     "max_steps", "eval_every", "checkpoint_every", "log_every", "progress", "out", "compile", "device", "parallel",
     "diagnostics_every", "connection",
-}
+}  # fmt: skip
 
 
 class TrainingError(RuntimeError):
@@ -63,53 +61,6 @@ class RunResult:
     tokens_per_s: float
     params: int
     hc_params: int
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} was asked for, but CUDA is not available here")
-    return device
-
-
-def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
-    """bfloat16 autocast where asked or (for ``auto``) where the device supports it; None for float32."""
-    if name == "float32":
-        return None
-    if name == "bfloat16":
-        return torch.bfloat16
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.bfloat16
-    return None
-
-
-class MetricsLog:
-    """``metrics.jsonl``: one JSON object per line. On resume, lines after the checkpoint are dropped so
-    that the file reads as if the run had never stopped."""
-
-    def __init__(self, path: Path, keep_until_step: int | None):
-        self.path = path
-        if keep_until_step is None:
-            atomic_write_text(path, "")
-        else:
-            lines = path.read_text().splitlines() if path.exists() else []
-            kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= keep_until_step]
-            atomic_write_text(path, "".join(line + "\n" for line in kept))
-
-    def write(self, **record: Any) -> None:
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
-
-
-def read_metrics(run_dir: str | Path) -> list[dict]:
-    """The records of a run's ``metrics.jsonl``."""
-    path = Path(run_dir) / METRICS
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 @contextlib.contextmanager
@@ -187,93 +138,30 @@ def train(config: TrainConfig, resume: bool = False) -> RunResult:
 
 
 def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunResult:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
-
-    from ..data.loader import TokenBatches, eval_batches
-    from ..data.shards import prepare_tokens
-    from ..data.tokenizer import get_tokenizer
-    from ..diagnostics.collect import gradient_norms, training_diagnostics
-    from ..models import Transformer
-
     out = Path(config.out).expanduser()
-    found = checkpoint_paths(out) if resume and out.is_dir() else []
-    saved = load_checkpoint(out, with_model=False) if found else None
+    saved = load_checkpoint(out, with_model=False) if resume and out.is_dir() and checkpoint_paths(out) else None
     if saved is not None:
         _check_resumable(saved, config, ctx.world_size)
-
-    device = ctx.device
-    amp_dtype = autocast_dtype(config.dtype, device)
+    device, amp_dtype = ctx.device, autocast_dtype(config.dtype, ctx.device)
     tokenizer = get_tokenizer(config.tokenizer)
-    model_config = config.model_config()
-    if "vocab_size" not in config.model_overrides:
-        model_config = type(model_config).from_dict({**model_config.to_dict(), "vocab_size": tokenizer.vocab_size})
-    elif model_config.vocab_size < tokenizer.vocab_size:
-        raise ValueError(
-            f"model_overrides.vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
-            f"{tokenizer.vocab_size} tokens ({config.tokenizer!r})"
-        )
+    model_config = _model_config(config, tokenizer.vocab_size)
     if saved is not None and saved["model_config"] != model_config.to_dict():
         raise ValueError(f"the checkpoint in {str(out)!r} holds a model of another shape; choose another --out")
-
-    def tokens(split: str):
-        return prepare_tokens(config.data, tokenizer, config.cache_dir, split, progress=config.progress and ctx.is_main)
-
-    if not ctx.is_main:  # rank 0 tokenises once; the others map its shards
-        distributed.barrier(ctx)
-    train_tokens, val_tokens = tokens("train"), tokens("val")
-    if ctx.is_main:
-        distributed.barrier(ctx)
-    loader = TokenBatches(train_tokens, config.seq_len, config.batch_size, seed=config.seed,
-                          rank=ctx.rank, world_size=ctx.world_size)
-    validation = list(eval_batches(val_tokens, config.seq_len, config.batch_size, config.eval_batches))
+    loader, validation = _data(config, tokenizer, ctx)
 
     torch.manual_seed(config.seed)  # the same initial weights on every rank
     model = set_connection_options(Transformer(model_config).to(device), **config.connection)
-    params, aux = model.num_params(), model.num_hc_params()
+    params, hc_params = model.num_params(), model.num_hc_params()
     forward = distributed.wrap(model, ctx, config.compile, amp_dtype)
     optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
     torch.manual_seed(config.seed + ctx.rank)  # per-rank streams from here on
-    sharded = ctx.distributed or ctx.parallel == "fsdp"
-    step = 0
-    if saved is not None:
-        if saved["path"].endswith(SHARDED):
-            state = dict(zip(("model", "optimizer"), get_state_dict(model, optimizer)))
-            load_sharded_into(Path(saved["path"]), state)
-            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        else:
-            full = load_checkpoint(saved["path"], device)
-            set_state_dict(model, optimizer, model_state_dict=full["model"], optim_state_dict=full["optimizer"],
-                           options=StateDictOptions(full_state_dict=True))
-        loader.load_state_dict(saved["loader"])
-        if saved.get("world_size", 1) == 1 and ctx.world_size == 1:
-            set_rng_state(saved["rng"])
-        step = saved["step"]
+    checkpointer = Checkpointer(out, model, optimizer, loader, ctx)
+    step = checkpointer.restore(saved) if saved is not None else 0
     metrics = None
     if ctx.is_main:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out / "config.yaml", _yaml(config.to_dict()))
-        metrics = MetricsLog(out / METRICS, keep_until_step=step if saved is not None else None)
-
-    def checkpoint() -> None:
-        extra = {
-            "config": config.to_dict(),
-            "model_config": model_config.to_dict(),
-            "loader": loader.state_dict(),
-            "rng": rng_state(),
-            "step": step,
-            "world_size": ctx.world_size,
-            "history": {"step_times": list(step_times), "train_loss": train_loss, "val_loss": val_loss},
-        }
-        if sharded:
-            state = dict(zip(("model", "optimizer"), get_state_dict(model, optimizer)))
-            save_sharded_checkpoint(out / SHARDED, state, extra, is_main=ctx.is_main,
-                                    barrier=lambda: distributed.barrier(ctx))
-        else:
-            model_state, optimizer_state = get_state_dict(model, optimizer)
-            save_checkpoint(out / FILENAME, {**extra, "model": model_state, "optimizer": optimizer_state})
-        if ctx.is_main:  # the other kind, if a run changed its process count, is older now
-            stale = out / (FILENAME if sharded else SHARDED)
-            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+        write_config(out, config.to_dict())
+        metrics = MetricsLog(out, keep_until_step=step if saved is not None else None)
 
     tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world_size
     step_times: list[float] = []
@@ -281,16 +169,20 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
     if saved is not None:  # a finished run resumed by `compare --resume` still reports its numbers
         step_times = list(saved["history"]["step_times"])
         train_loss, val_loss = saved["history"]["train_loss"], saved["history"]["val_loss"]
+
+    def save() -> None:
+        history = {"step_times": list(step_times), "train_loss": train_loss, "val_loss": val_loss}
+        checkpointer.save(step, {"config": config.to_dict(), "model_config": model_config.to_dict(),
+                                 "history": history})
+
     bar = tqdm(total=config.max_steps, initial=step, disable=not (config.progress and ctx.is_main),
                desc=f"{config.family}", unit="step")
     model.train()
     with stop_on_signals() as received:
         while step < config.max_steps:
             started = time.perf_counter()
-            lr = learning_rate(
-                step, peak=config.lr, warmup_steps=config.warmup_steps,
-                max_steps=config.max_steps, min_ratio=config.min_lr_ratio,
-            )
+            lr = learning_rate(step, peak=config.lr, warmup_steps=config.warmup_steps, max_steps=config.max_steps,
+                               min_ratio=config.min_lr_ratio)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             loss_sum = 0.0
@@ -330,26 +222,43 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
                 if metrics:
                     metrics.write(step=step, val_loss=val_loss)
             if (config.checkpoint_every and step % config.checkpoint_every == 0) or step == config.max_steps:
-                checkpoint()
+                save()
             if received:
-                checkpoint()
+                save()
                 bar.close()
                 raise Interrupted(f"stopped by signal {received[0]} after step {step}; resume with --resume", received[0])
     bar.close()
     # The median step ignores the first steps' warm-up (and compilation) and any evaluation pauses.
     median_step = statistics.median(step_times) if step_times else math.nan
-    return RunResult(
-        out=out, step=step, train_loss=train_loss, val_loss=val_loss,
-        tokens_per_s=tokens_per_step / median_step, params=params, hc_params=aux,
-    )
+    return RunResult(out=out, step=step, train_loss=train_loss, val_loss=val_loss,
+                     tokens_per_s=tokens_per_step / median_step, params=params, hc_params=hc_params)
 
 
-def saved_step(run_dir: Path) -> int | None:
-    """The step of a run directory's newest checkpoint, or None when there is none."""
-    return load_checkpoint(run_dir, with_model=False)["step"] if checkpoint_paths(run_dir) else None
+def _model_config(config: TrainConfig, vocab_size: int) -> ModelConfig:
+    """The run's ModelConfig, its vocabulary sized to the tokenizer's unless ``model_overrides`` sets one
+    (which must then hold every token)."""
+    model_config = config.model_config()
+    if "vocab_size" not in config.model_overrides:
+        return ModelConfig.from_dict({**model_config.to_dict(), "vocab_size": vocab_size})
+    if model_config.vocab_size < vocab_size:
+        raise ValueError(
+            f"model_overrides.vocab_size={model_config.vocab_size} is smaller than the tokenizer's "
+            f"{vocab_size} tokens ({config.tokenizer!r})"
+        )
+    return model_config
 
 
-def _yaml(values: dict) -> str:
-    import yaml
+def _data(config: TrainConfig, tokenizer, ctx: distributed.Context):
+    """``(training batches, fixed validation batches)``; rank 0 tokenises once, the others map its shards."""
 
-    return yaml.safe_dump(values, sort_keys=False)
+    def tokens(split: str):
+        return prepare_tokens(config.data, tokenizer, config.cache_dir, split, progress=config.progress and ctx.is_main)
+
+    if not ctx.is_main:
+        distributed.barrier(ctx)
+    train_tokens, val_tokens = tokens("train"), tokens("val")
+    if ctx.is_main:
+        distributed.barrier(ctx)
+    loader = TokenBatches(train_tokens, config.seq_len, config.batch_size, seed=config.seed,
+                          rank=ctx.rank, world_size=ctx.world_size)
+    return loader, list(eval_batches(val_tokens, config.seq_len, config.batch_size, config.eval_batches))

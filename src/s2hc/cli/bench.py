@@ -7,12 +7,18 @@ import argparse
 import json
 import sys
 
+import torch
 
-def add_bench_parser(subparsers) -> argparse.ArgumentParser:
-    from ..cli import positive_int
-    from ..connection import families
-    from .core import DEVICES, PEER
+from ..bench import core
+from ..bench.core import PEER
+from ..devices import DEVICE_NAMES, resolve_device
+from ..mixers import families
+from ..models import get_preset
+from ..params import format_table, param_table
+from .common import positive_int
 
+
+def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "bench",
         help="step time, peak memory and coefficient-path cost per family, as ratios to residual",
@@ -33,9 +39,9 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
         f"{','.join(families())},{PEER})",
     )  # fmt: skip
     parser.add_argument(
-        "--device", choices=DEVICES, default="auto",
+        "--device", default="auto", metavar="|".join(DEVICE_NAMES),
         help="where models and data live: auto (cuda when torch.cuda.is_available(), else cpu; the default), "
-        "cpu or cuda. On cuda, timings are synchronised and peak memory comes from torch.cuda's statistics",
+        "cpu, cuda or cuda:N. On cuda, timings are synchronised and peak memory comes from torch.cuda's statistics",
     )  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved repetitions (default 3)")
@@ -49,26 +55,18 @@ def add_bench_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
     parser.add_argument("--no-coefficients", action="store_true", help="skip the coefficient-path table")
     parser.add_argument("--json", action="store_true", help="print a JSON object of lists instead of tables")
-    parser.set_defaults(func=cmd_bench, subparser=parser)
-    return parser
+    parser.set_defaults(func=run, subparser=parser)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    from ..cli import format_params_table
-    from ..models import get_preset
-    from ..params import param_table
-    from . import core
-
+def run(args: argparse.Namespace) -> int:
     try:
         variants = [core.parse_variant(t, args.streams) for t in args.families.split(",") if t.strip()]
         overrides = {} if args.layers is None else {"n_layers": args.layers}
         config = get_preset(args.preset, **overrides)
-        device = core.resolve_device(args.device)
+        device = resolve_device(args.device, "argument --device")
     except ValueError as error:
         args.subparser.error(str(error))
     if args.threads is not None:
-        import torch
-
         torch.set_num_threads(args.threads)
     peer_note = None
     if not args.no_peer and not any(v.family == core.PEER for v in variants):
@@ -104,5 +102,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print()
         print(core.format_coefficient_table(coefficients))
     print()
-    print(format_params_table(params))
+    print(format_table(params))
     return 0

@@ -6,10 +6,12 @@ import json
 import statistics
 from pathlib import Path
 
-from ..io import atomic_write_text
-from ..mixers import RESIDUAL, default_streams
 from .config import TrainConfig
-from .loop import RunResult, read_metrics, train
+from .diagnostics.report import compare_section
+from .io import atomic_write_text
+from .mixers import RESIDUAL, default_streams
+from .rundir import final_train_loss, read_metrics
+from .train import RunResult, train
 
 
 def run_name(family: str, seed: int, seeds: int) -> str:
@@ -36,13 +38,6 @@ def compare(base: TrainConfig, mixers: list[str], seeds: int = 1, out: str | Pat
             )
             results.setdefault(family, []).append(train(config, resume=resume))
     return write_report(out, base, results)
-
-
-def final_train_loss(run_dir: Path, fraction: float = 0.1) -> float:
-    """Mean train loss over the last ``fraction`` of a run's logged steps: one step's loss is too noisy."""
-    losses = [r["loss"] for r in read_metrics(run_dir) if "loss" in r]
-    tail = losses[-max(1, int(len(losses) * fraction)):]
-    return sum(tail) / len(tail)
 
 
 def _mean_std(values: list[float]) -> str:
@@ -95,8 +90,6 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
         lines += [f"![loss curves]({figure.name})", ""]
     else:
         lines += ["(Loss curves need matplotlib: `pip install 's2hc[plot]'`.)", ""]
-    from ..diagnostics.report import compare_section  # each run's residual matrices, the families' figures
-
     lines += compare_section(out, results, data=base.data, device=base.device)
     lines += ["Runs (config, metrics.jsonl, checkpoint): " + ", ".join(f"[`{n}`]({n}/)" for r in rows for n in r["runs"]), ""]
     report = out / "report.md"

@@ -1,6 +1,6 @@
-"""``s2hc diagnose``: the measurements of DESIGN.md section 2 for a checkpoint, or for synthetic matrices.
+"""``s2hc diagnose``: the measurements of docs/design.md section 2 for a checkpoint, or for synthetic matrices.
 
-Registered in :func:`s2hc.cli.build_parser` through :func:`add_diagnose_parser`. Exit status: 0 on success and
+Exit status: 0 on success and
 for a model without stream mixing (nothing to measure, said so); 2 for bad input (a missing, corrupt or
 foreign file, wrong arguments), with one error line.
 """
@@ -8,34 +8,23 @@ foreign file, wrong arguments), with one error line.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
-from ..cli import parse_families, positive_int
-from .synthetic import DEFAULT_SWEEP
+from ..diagnostics.report import REPORT_NAME, default_out, diagnose_checkpoint, diagnose_synthetic, nothing_message
+from ..diagnostics.synthetic import DEFAULT_SWEEP
+from .common import nonnegative_float, parse_families, positive_int
 
 DEFAULT_SYNTHETIC_OUT = "runs/diagnose-synthetic"
 CHECKPOINT_ONLY = ("data", "device", "cache_dir", "seq_len", "batch_size")
 SYNTHETIC_ONLY = ("families", "layers", "streams", "logit_scale", "sweep")
 
 
-def _scale(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
 def _scales(text: str) -> list[float]:
-    return [_scale(part) for part in text.split(",") if part.strip()]
+    return [nonnegative_float(part) for part in text.split(",") if part.strip()]
 
 
-def add_diagnose_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``s2hc diagnose`` on ``subparsers`` (an ``argparse`` sub-parser action); returns its parser."""
+def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "diagnose",
         help="measure what the residual matrices do (a checkpoint, or --synthetic)",
@@ -65,14 +54,13 @@ def add_diagnose_parser(subparsers) -> argparse.ArgumentParser:
                            help="families (default mhc,mhc-lite,kromhc,s2hc,hc)")
     synthetic.add_argument("--layers", type=positive_int, default=None, help="matrices composed per token (default 28)")
     synthetic.add_argument("--streams", type=positive_int, default=None, help="streams n (default 4)")
-    synthetic.add_argument("--logit-scale", type=_scale, default=None, metavar="S",
+    synthetic.add_argument("--logit-scale", type=nonnegative_float, default=None, metavar="S",
                            help="standard deviation of alpha*d_res: every scale alpha set to S, d_res ~ N(0, 1) "
                                 "(default 1)")
     synthetic.add_argument("--sweep", type=_scales, default=None, metavar="S1,S2,...",
                            help="logit scales for the sweep table and figure (default "
                                 f"{','.join(f'{s:g}' for s in DEFAULT_SWEEP)}; '' for none)")
-    parser.set_defaults(func=cmd_diagnose, subparser=parser)
-    return parser
+    parser.set_defaults(func=run, subparser=parser)
 
 
 def _fail(message: str) -> int:
@@ -80,7 +68,7 @@ def _fail(message: str) -> int:
     return 2
 
 
-def cmd_diagnose(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     if args.synthetic == (args.checkpoint is not None):
         args.subparser.error("give either CHECKPOINT or --synthetic (exactly one)")
     wrong = SYNTHETIC_ONLY if not args.synthetic else CHECKPOINT_ONLY
@@ -92,8 +80,6 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
-    from .report import REPORT_NAME, default_out, diagnose_checkpoint, nothing_message
-
     try:
         out = Path(args.out) if args.out else default_out(args.checkpoint)
         result = diagnose_checkpoint(
@@ -119,8 +105,6 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _synthetic(args: argparse.Namespace) -> int:
-    from .report import REPORT_NAME, diagnose_synthetic
-
     out = Path(args.out or DEFAULT_SYNTHETIC_OUT)
     try:
         families = parse_families(args.families or "mhc,mhc-lite,kromhc,s2hc,hc")

@@ -1,46 +1,27 @@
-"""Checkpoints: written atomically, read back with a clear error for anything that is not one."""
+"""Checkpoint files: written atomically, read back with a clear error for anything that is not one.
+
+Two kinds (:mod:`~s2hc.rundir.layout`): ``checkpoint.pt``, one file written by one process, and
+``checkpoint.dcp/``, written by every rank through ``torch.distributed.checkpoint`` and readable by any
+process count. :func:`load_checkpoint` and :func:`load_model` read either; what goes into a training
+checkpoint and how it is restored into a model and optimizer is :mod:`s2hc.train.state`'s job.
+"""
 
 from __future__ import annotations
 
 import os
-import random
+import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from ..config import TrainConfig
 from ..io import atomic_write_bytes
+from ..models import ModelConfig, Transformer
+from .layout import CHECKPOINT, EXTRA, SHARDED
 
 FORMAT = "s2hc-checkpoint"
 VERSION = 1
-FILENAME = "checkpoint.pt"  # one process: a single file
-SHARDED = "checkpoint.dcp"  # several processes or FSDP: a torch.distributed.checkpoint directory
-EXTRA = "extra.pt"  # inside SHARDED: configs, step, data position, RNG
-
-
-def rng_state() -> dict[str, Any]:
-    """Every RNG a run touches, in a form ``torch.load(weights_only=True)`` accepts."""
-    np_state = np.random.get_state()
-    state = {
-        "torch": torch.get_rng_state(),
-        "python": list(random.getstate()[1]),
-        "python_version": random.getstate()[0],
-        "python_gauss": random.getstate()[2],
-        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
-        "numpy_pos": int(np_state[2]),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
-    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
@@ -65,9 +46,7 @@ def save_sharded_checkpoint(directory: Path, state: dict[str, Any], extra: dict[
                             barrier) -> None:
     """Collective: every rank calls this with its ``state`` (``{"model": ..., "optimizer": ...}`` from
     ``get_state_dict``); rank 0 (``is_main``) also writes ``extra`` and swaps the directory in."""
-    import shutil
-
-    import torch.distributed.checkpoint as dcp
+    import torch.distributed.checkpoint as dcp  # imported on use: it is slow to import
 
     directory = Path(directory)
     tmp = directory.with_name(directory.name + ".tmp")
@@ -96,8 +75,6 @@ def load_sharded_into(directory: Path, state: dict[str, Any]) -> None:
 
 def _full_model_state(directory: Path, model_config: dict) -> dict[str, torch.Tensor]:
     """The whole model's state dict assembled from a sharded checkpoint, in one process."""
-    from ..models import ModelConfig, Transformer
-
     with torch.device("cpu"):
         model = Transformer(ModelConfig.from_dict(model_config))
     state = {"model": model.state_dict()}
@@ -111,7 +88,7 @@ def _full_model_state(directory: Path, model_config: dict) -> dict[str, torch.Te
 def checkpoint_paths(run_dir: Path) -> list[Path]:
     """The checkpoints a run directory holds: ``checkpoint.pt`` and/or ``checkpoint.dcp/``."""
     run_dir = Path(run_dir)
-    return [p for p in (run_dir / FILENAME, run_dir / SHARDED) if p.is_file() or _is_sharded(p)]
+    return [p for p in (run_dir / CHECKPOINT, run_dir / SHARDED) if p.is_file() or _is_sharded(p)]
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -124,7 +101,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if path.is_dir() and not _is_sharded(path):
         found = checkpoint_paths(path)
         if not found:
-            raise ValueError(f"run directory {str(path)!r} holds no checkpoint ({FILENAME} or {SHARDED}/)")
+            raise ValueError(f"run directory {str(path)!r} holds no checkpoint ({CHECKPOINT} or {SHARDED}/)")
         return max(found, key=lambda p: _read_header(p)["step"])
     return path
 
@@ -160,9 +137,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu"):
     """``(model, train_config)`` rebuilt from the configuration stored in a checkpoint, weights loaded."""
-    from ..models import ModelConfig, Transformer
-    from .config import TrainConfig
-
     payload = load_checkpoint(path, map_location)
     model = Transformer(ModelConfig.from_dict(payload["model_config"]))
     try:
@@ -174,3 +148,8 @@ def load_model(path: str | Path, map_location: str | torch.device = "cpu"):
             f"it was probably written by another version of s2hc"
         ) from None
     return model, TrainConfig.from_dict(payload["config"])
+
+
+def saved_step(run_dir: str | Path) -> int | None:
+    """The step of a run directory's newest checkpoint, or None when there is none."""
+    return load_checkpoint(run_dir, with_model=False)["step"] if checkpoint_paths(run_dir) else None

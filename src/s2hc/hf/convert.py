@@ -19,8 +19,7 @@ from typing import Any, Mapping
 
 import torch
 
-from .config import ModelConfig
-from .transformer import Transformer
+from ..models import ModelConfig, Transformer
 
 __all__ = ["config_from_hf", "load_hf_state_dict"]
 

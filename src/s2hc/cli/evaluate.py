@@ -1,4 +1,4 @@
-"""The ``s2hc eval``, ``s2hc generate`` and ``s2hc export`` subcommands (registered by :func:`s2hc.cli.build_parser`).
+"""``s2hc eval`` and ``s2hc generate``: a checkpoint's perplexity, lm-evaluation-harness tasks and samples.
 
 Exit status: 0 on success, 2 for bad input (a checkpoint path that does not exist or is not an s2hc
 checkpoint, an unknown task, a bad option, a missing extra), 3 when a task's data cannot be had (offline).
@@ -11,21 +11,14 @@ import json
 import sys
 from pathlib import Path
 
+import torch
 
-def _positive_int(text: str) -> int:
-    from ..cli import positive_int
-
-    return positive_int(text)
-
-
-def _nonnegative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {value}")
-    return value
+from ..data.shards import prepare_tokens
+from ..devices import DTYPES
+from ..evaluate.generation import generate_tokens
+from ..evaluate.loading import load_for_eval
+from ..evaluate.perplexity import perplexity
+from .common import nonnegative_float, positive_int
 
 
 def _limit(text: str) -> float | int:
@@ -41,14 +34,19 @@ def _limit(text: str) -> float | int:
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file")
     parser.add_argument("--device", default="auto", help="'auto' (CUDA if available, else CPU), 'cpu', 'cuda', 'cuda:N'")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+    parser.add_argument("--dtype", default=None, choices=list(DTYPES),
                         help="cast the model (default: as saved, float32)")
 
 
 # ------------------------------------------------------------------------------------------------------ eval
 
 
-def add_eval_parser(subparsers) -> argparse.ArgumentParser:
+def register(subparsers) -> None:
+    _add_eval_parser(subparsers)
+    _add_generate_parser(subparsers)
+
+
+def _add_eval_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "eval", help="perplexity and lm-evaluation-harness benchmarks of a checkpoint",
         description="Evaluate a checkpoint: --perplexity on a token source (default: the embedded corpus's "
@@ -59,12 +57,12 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     _add_model_options(parser)
     parser.add_argument("--perplexity", action="store_true", help="compute the perplexity (the default without --tasks)")
     parser.add_argument("--tasks", default=None, metavar="A,B,...", help="lm-eval tasks, s2hc_offline, paper8, ...")
-    parser.add_argument("--batch-size", type=_positive_int, default=8, help="sequences per forward pass (default 8)")
+    parser.add_argument("--batch-size", type=positive_int, default=8, help="sequences per forward pass (default 8)")
     group = parser.add_argument_group("perplexity")
     group.add_argument("--data", default="embedded", help="token source (as `s2hc train --data`; default 'embedded')")
     group.add_argument("--split", default="val", choices=["val", "train"], help="split of the source (default 'val')")
-    group.add_argument("--seq-len", type=_positive_int, default=None, help="window length (default: the run's seq_len)")
-    group.add_argument("--max-batches", type=_positive_int, default=None,
+    group.add_argument("--seq-len", type=positive_int, default=None, help="window length (default: the run's seq_len)")
+    group.add_argument("--max-batches", type=positive_int, default=None,
                        help="score only this many batches, spread over the split (default: all)")
     group.add_argument("--cache-dir", default=None, help="token shard cache (default: the run's)")
     group = parser.add_argument_group("lm-eval tasks")
@@ -76,8 +74,7 @@ def add_eval_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument("--output", default=None, metavar="DIR",
                         help="also write DIR/results.json and DIR/results.md (DIR/perplexity.json for --perplexity)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
-    parser.set_defaults(func=cmd_eval, subparser=parser)
-    return parser
+    parser.set_defaults(func=run_eval, subparser=parser)
 
 
 def _row_label(model) -> str:
@@ -85,9 +82,7 @@ def _row_label(model) -> str:
     return "residual" if c.family == "residual" else f"{c.family} (n={c.n_streams})"
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    from .loading import load_for_eval
-
+def run_eval(args: argparse.Namespace) -> int:
     parser = args.subparser
     do_perplexity = args.perplexity or args.tasks is None
     try:
@@ -99,9 +94,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         parser.error(f"--output {str(out)!r} exists and is not a directory")
 
     if do_perplexity:
-        from ..data.shards import prepare_tokens
-        from .perplexity import perplexity
-
         try:
             cache = train_config.cache_dir if args.cache_dir is None else args.cache_dir
             tokens = prepare_tokens(args.data, tokenizer, cache, args.split, progress=args.progress)
@@ -119,8 +111,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.tasks is not None:
         try:
-            from .harness import S2HCLM
-            from .suites import PAPER8_NAME, HubUnavailable, format_paper8_table, format_results_table, parse_tasks, run_tasks
+            from ..evaluate.harness import S2HCLM  # needs lm-eval (the eval extra)
+            from ..evaluate.suites import PAPER8_NAME, HubUnavailable, format_paper8_table, format_results_table, parse_tasks, run_tasks
         except ImportError as error:
             parser.error(f"--tasks needs lm-eval ({error.name or error} is missing): pip install 's2hc[eval]'")
         try:
@@ -152,7 +144,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 # -------------------------------------------------------------------------------------------------- generate
 
 
-def add_generate_parser(subparsers) -> argparse.ArgumentParser:
+def _add_generate_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "generate", help="sample continuations of a prompt from a checkpoint",
         description="Continue each --prompt with the checkpoint's model (KV-cached decoding); prints the prompt "
@@ -160,23 +152,17 @@ def add_generate_parser(subparsers) -> argparse.ArgumentParser:
     )
     _add_model_options(parser)
     parser.add_argument("--prompt", action="append", required=True, help="text to continue (repeatable)")
-    parser.add_argument("--max-new-tokens", type=_positive_int, default=100, help="tokens to generate (default 100)")
-    parser.add_argument("--temperature", type=_nonnegative_float, default=0.8, help="0 for greedy (default 0.8)")
-    parser.add_argument("--top-k", type=_positive_int, default=50, help="sample among the k likeliest tokens (default 50)")
-    parser.add_argument("--num-samples", type=_positive_int, default=1, help="continuations per prompt (default 1)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=100, help="tokens to generate (default 100)")
+    parser.add_argument("--temperature", type=nonnegative_float, default=0.8, help="0 for greedy (default 0.8)")
+    parser.add_argument("--top-k", type=positive_int, default=50, help="sample among the k likeliest tokens (default 50)")
+    parser.add_argument("--num-samples", type=positive_int, default=1, help="continuations per prompt (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--no-cache", dest="use_cache", action="store_false",
                         help="recompute every position at every step (slower; the same tokens)")
-    parser.set_defaults(func=cmd_generate, subparser=parser)
-    return parser
+    parser.set_defaults(func=run_generate, subparser=parser)
 
 
-def cmd_generate(args: argparse.Namespace) -> int:
-    import torch
-
-    from .generation import generate_tokens
-    from .loading import load_for_eval
-
+def run_generate(args: argparse.Namespace) -> int:
     parser = args.subparser
     try:
         model, tokenizer, _ = load_for_eval(args.checkpoint, device=args.device, dtype=args.dtype)
@@ -194,39 +180,4 @@ def cmd_generate(args: argparse.Namespace) -> int:
             print(f"--- sample {k + 1} ---")
         text = tokenizer.decode([t for t in tokens if t != tokenizer.eot_id])
         print(prompt + text)
-    return 0
-
-
-# ---------------------------------------------------------------------------------------------------- export
-
-
-def add_export_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        "export", help="write a checkpoint as a Hugging Face transformers model directory",
-        description="Write OUT_DIR from CHECKPOINT: config.json, model.safetensors, the tokenizer and two loader "
-        "modules, so that AutoModelForCausalLM.from_pretrained(OUT_DIR) (after `import s2hc.hf`, or with "
-        "trust_remote_code=True) and AutoTokenizer.from_pretrained(OUT_DIR) load it; generate() uses a KV cache. "
-        "Needs the hf extra (transformers).",
-    )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file")
-    parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (created; existing files are replaced)")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                        help="weights' dtype (default: as saved, float32)")
-    parser.set_defaults(func=cmd_export, subparser=parser)
-    return parser
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    parser = args.subparser
-    try:
-        from ..hf import export  # s2hc.hf imports transformers: only here, not when the CLI starts
-    except ImportError:
-        parser.error("export needs transformers: pip install 's2hc[hf]'")
-    try:
-        out = export(args.checkpoint, args.out_dir, dtype=args.dtype)
-    except ValueError as error:
-        parser.error(str(error))
-    print(f"exported {args.checkpoint} to {out}")
-    print(f"load it with: import s2hc.hf; AutoModelForCausalLM.from_pretrained({str(out)!r}) "
-          "(or trust_remote_code=True without the import)")
     return 0

@@ -1,0 +1,38 @@
+"""``s2hc export``: a checkpoint as a Hugging Face ``transformers`` model directory (:func:`s2hc.hf.export`)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..devices import DTYPES
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export", help="write a checkpoint as a Hugging Face transformers model directory",
+        description="Write OUT_DIR from CHECKPOINT: config.json, model.safetensors, the tokenizer and two loader "
+        "modules, so that AutoModelForCausalLM.from_pretrained(OUT_DIR) (after `import s2hc.hf`, or with "
+        "trust_remote_code=True) and AutoTokenizer.from_pretrained(OUT_DIR) load it; generate() uses a KV cache. "
+        "Needs the hf extra (transformers).",
+    )
+    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file")
+    parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (created; existing files are replaced)")
+    parser.add_argument("--dtype", default=None, choices=list(DTYPES),
+                        help="weights' dtype (default: as saved, float32)")
+    parser.set_defaults(func=run, subparser=parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    parser = args.subparser
+    try:
+        from ..hf import export  # needs transformers (the hf extra): imported on use
+    except ImportError:
+        parser.error("export needs transformers: pip install 's2hc[hf]'")
+    try:
+        out = export(args.checkpoint, args.out_dir, dtype=args.dtype)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"exported {args.checkpoint} to {out}")
+    print(f"load it with: import s2hc.hf; AutoModelForCausalLM.from_pretrained({str(out)!r}) "
+          "(or trust_remote_code=True without the import)")
+    return 0

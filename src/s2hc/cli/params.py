@@ -1,0 +1,49 @@
+"""``s2hc params``: parameter counts of the hyper-connections of a model shape, per family."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..mixers import families
+from ..params import format_table, param_table
+from .common import parse_families, positive_int
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "params",
+        help="parameter counts of the hyper-connections of a model shape",
+        description=(
+            "Count the parameters of the hyper-connections of a model with LAYERS layers of width DIM and "
+            "N streams, one connection per wrapped sublayer, for each family. The modules are built "
+            "on the meta device (nothing is allocated), so large families such as mhc-lite at n = 7 are cheap."
+        ),
+    )
+    parser.add_argument("--layers", type=positive_int, default=28, help="transformer layers (default 28)")
+    parser.add_argument("--dim", type=positive_int, default=1024, help="width C of one stream (default 1024)")
+    parser.add_argument(
+        "--streams", type=positive_int, default=4, help="number of streams n (default 4; residual always uses 1)"
+    )
+    parser.add_argument(
+        "--sublayers-per-layer", type=positive_int, default=2,
+        help="wrapped sublayers per layer (default 2: attention and MLP)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--families", default=None, metavar="A,B,...",
+        help=f"comma-separated families (default: all of {','.join(families())})",
+    )  # fmt: skip
+    parser.add_argument("--json", action="store_true", help="print the rows as a JSON list instead of a table")
+    parser.set_defaults(func=run, subparser=parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        rows = param_table(
+            parse_families(args.families), layers=args.layers, dim=args.dim, n_streams=args.streams,
+            sublayers_per_layer=args.sublayers_per_layer,
+        )  # fmt: skip
+    except ValueError as error:
+        args.subparser.error(str(error))  # "s2hc params: error: ...", exit 2
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    return 0

@@ -1,0 +1,147 @@
+"""``s2hc train`` and ``s2hc compare``: their flags are :class:`~s2hc.config.TrainConfig`'s fields.
+
+A setting comes from, lowest first: TrainConfig's default, ``--config FILE.yaml``, ``--set KEY=VALUE``, its
+own flag (``--max-steps`` for ``max_steps``), then what the command fixes (``--family``, ``--streams``, ``--out``).
+Exit status: 0 on success, 2 for bad input, 3 for a run that stopped on a non-finite loss, 128 + N after
+signal N (the run saved a checkpoint first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..compare import compare
+from ..config import TrainConfig, load_yaml_config, option_fields, parse_assignment
+from ..mixers import families
+from ..train import Interrupted, TrainingError, train
+from ..train.distributed import launch, launched_by_torchrun
+from .common import parse_families, positive_int
+
+_TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}
+
+
+def add_training_options(parser: argparse.ArgumentParser) -> None:
+    """``--config``, one flag per :func:`~s2hc.config.option_fields` field, ``--family-option`` and ``--set``."""
+    defaults = TrainConfig()
+    parser.add_argument("--config", metavar="FILE.yaml", help="YAML file of TrainConfig keys (see configs/)")
+    for f in option_fields():
+        flag, default, text = "--" + f.name.replace("_", "-"), getattr(defaults, f.name), f.metadata["help"]
+        if f.type == "bool" and default:  # on by default: a --no-... flag turns it off
+            parser.add_argument(f"--no-{f.name.replace('_', '-')}", dest=f.name, action="store_const", const=False,
+                                default=None, help=f"no {text}")
+        elif f.type == "bool":
+            parser.add_argument(flag, action="store_const", const=True, default=None, help=text)
+        else:
+            parser.add_argument(flag, dest=f.name, type=_TYPES[f.type], default=None,
+                                help=f"{text} (default {default!r})")
+    parser.add_argument("--family-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="option of the family, e.g. iterations=10 or rotation=expm (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other TrainConfig key, value parsed as YAML, e.g. model_overrides={dim: 64}")
+
+
+def training_config(args: argparse.Namespace, **fixed) -> TrainConfig:
+    """TrainConfig from defaults < --config file < --set < explicit flags < ``fixed`` (None values skipped)."""
+    values = load_yaml_config(args.config) if args.config else {}
+    values.update(parse_assignment(text) for text in args.set)
+    for f in option_fields():
+        if getattr(args, f.name) is not None:
+            values[f.name] = getattr(args, f.name)
+    if args.family_option:
+        options = dict(parse_assignment(text, "--family-option") for text in args.family_option)
+        values["family_options"] = {**values.get("family_options", {}), **options}
+    values.update({k: v for k, v in fixed.items() if v is not None})
+    return TrainConfig.from_dict(values)
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train", help="pretrain a language model with one residual family",
+        description="Pretrain a decoder-only language model whose sublayers are wrapped by one residual family. "
+        "Writes OUT/metrics.jsonl, OUT/config.yaml and OUT/checkpoint.pt; --resume continues exactly.",
+    )
+    parser.add_argument("--family", default=None,
+                        help="residual family: one of " + ", ".join(families()) + " (default 'residual')")
+    parser.add_argument("--streams", type=positive_int, default=None, help="streams n (default 1 for residual, else 4)")
+    parser.add_argument("--out", default=None, help="run directory (default 'runs/train')")
+    parser.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint if there is one")
+    parser.add_argument("--nproc", type=positive_int, default=None,
+                        help="launch N processes on this machine with torchrun (same as `torchrun "
+                        "--nproc_per_node=N -m s2hc train ...`); default: this one process")
+    add_training_options(parser)
+    parser.set_defaults(func=run_train, subparser=parser)
+
+    parser = subparsers.add_parser(
+        "compare", help="train the same model with several residual families and write a report",
+        description="Train the same model on the same data, seed and token budget once per family (and seed), "
+        "then write OUT/report.md with final losses, tokens/s, parameters and overhead against residual, "
+        "OUT/loss_curves.png and each run's directory.",
+    )
+    parser.add_argument("--families", default="residual,mhc,s2hc", metavar="A,B,...",
+                        help="families to compare (default 'residual,mhc,s2hc')")
+    parser.add_argument("--streams", type=positive_int, default=None,
+                        help="streams n of every non-residual family (default 4)")
+    parser.add_argument("--seeds", type=positive_int, default=1, help="seeds per family, seed, seed+1, ... (default 1)")
+    parser.add_argument("--out", default="runs/compare", help="report directory (default 'runs/compare')")
+    parser.add_argument("--resume", action="store_true", help="keep finished runs in OUT and resume unfinished ones")
+    add_training_options(parser)
+    parser.set_defaults(func=run_compare, subparser=parser)
+
+
+def _run_training(args: argparse.Namespace, run) -> int:
+    try:
+        return run()
+    except ValueError as error:
+        args.subparser.error(str(error))
+    except TrainingError as error:
+        print(f"s2hc {args.command}: {error}", file=sys.stderr)
+        return 3
+    except Interrupted as error:
+        print(f"s2hc {args.command}: {error}", file=sys.stderr)
+        return 128 + error.signum
+
+
+def run_train(args: argparse.Namespace) -> int:
+    if args.nproc is not None:
+        if launched_by_torchrun():
+            args.subparser.error("--nproc was given inside a torchrun launch; drop it or launch s2hc directly")
+        return launch(args.nproc, _without_option(args.argv, "--nproc"))
+
+    def run() -> int:
+        config = training_config(args, family=args.family, n_streams=args.streams, out=args.out)
+        result = train(config, resume=args.resume)
+        if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks for the job
+            return 0
+        val = "n/a" if result.val_loss is None else f"{result.val_loss:.4f}"
+        print(f"step {result.step}: train loss {result.train_loss:.4f}, validation loss {val}, "
+              f"{result.tokens_per_s:,.0f} tokens/s; run in {result.out}")
+        return 0
+
+    return _run_training(args, run)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    def run() -> int:
+        names = parse_families(args.families)
+        base = training_config(args)
+        report = compare(base, names, seeds=args.seeds, out=args.out, n_streams=args.streams, resume=args.resume)
+        print(report.read_text())
+        print(f"Report: {report}")
+        return 0
+
+    return _run_training(args, run)
+
+
+def _without_option(argv: list[str], option: str) -> list[str]:
+    """``argv`` less ``option VALUE`` / ``option=VALUE``."""
+    kept, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == option:
+            skip = True
+        elif not item.startswith(option + "="):
+            kept.append(item)
+    return kept

@@ -1,0 +1,68 @@
+"""Where tensors live and in which precision: the one place that turns the names users type into torch objects.
+
+``device`` names: ``"auto"`` (CUDA when ``torch.cuda.is_available()``, else the CPU), ``"cpu"``, ``"cuda"``,
+``"cuda:N"``. ``dtype`` names for casting a model: ``"float32"``, ``"bfloat16"``, ``"float16"``. Training's
+precision names (``TrainConfig.dtype``): ``"auto"`` (bfloat16 autocast where the device supports it),
+``"float32"``, ``"bfloat16"``.
+
+>>> resolve_device("cpu")
+device(type='cpu')
+>>> resolve_dtype("bfloat16")
+torch.bfloat16
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEVICE_NAMES = ("auto", "cpu", "cuda", "cuda:N")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTOCAST_NAMES = ("auto", "float32", "bfloat16")  # TrainConfig.dtype
+
+
+def resolve_device(name: str | torch.device | None = "auto", argument: str = "device") -> torch.device:
+    """The device named ``name`` (a :class:`torch.device` is returned as it is; None means ``"auto"``).
+
+    ValueError naming ``argument``, the value and the allowed names for anything else, and for a CUDA
+    device where there is none.
+    """
+    if isinstance(name, torch.device):
+        return name
+    allowed = ", ".join(DEVICE_NAMES)
+    if name is None or name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{argument}: invalid choice {name!r}; allowed: {allowed}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"{argument}: {name!r} needs a CUDA GPU, and torch.cuda.is_available() is False here "
+            f"(torch {torch.__version__}); allowed: {allowed} (auto picks cpu here)"
+        )
+    return device
+
+
+def resolve_dtype(name: str | torch.dtype | None, argument: str = "dtype") -> torch.dtype | None:
+    """The dtype named ``name`` (one of :data:`DTYPES`); a :class:`torch.dtype` or None is returned as it is."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise ValueError(f"{argument} must be one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
+
+
+def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of training precision ``name`` on ``device``: bfloat16 where asked, or (for
+    ``"auto"``) where the device supports it; None for float32 (no autocast)."""
+    if name not in AUTOCAST_NAMES:
+        raise ValueError(f"dtype must be one of {list(AUTOCAST_NAMES)}, got {name!r}")
+    if name == "float32":
+        return None
+    if name == "bfloat16":
+        return torch.bfloat16
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return None

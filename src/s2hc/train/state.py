@@ -1,0 +1,91 @@
+"""What a training checkpoint holds and how it is put back: model, optimizer, data position, RNG and step.
+
+:class:`Checkpointer` is the training side of :mod:`s2hc.rundir.checkpoint` (which owns the file formats):
+it collects the state of a run through ``torch.distributed.checkpoint.state_dict`` (so a DDP-, FSDP2- or
+un-wrapped model saves the same names), writes one file with one process and shards with several or
+under FSDP, and restores either into the current wrapping, resharding when the process count changed.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+from ..rundir.checkpoint import load_checkpoint, load_sharded_into, save_checkpoint, save_sharded_checkpoint
+from ..rundir.layout import CHECKPOINT, SHARDED
+from . import distributed
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a run touches, in a form ``torch.load(weights_only=True)`` accepts."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": list(random.getstate()[1]),
+        "python_version": random.getstate()[0],
+        "python_gauss": random.getstate()[2],
+        "numpy": torch.from_numpy(np_state[1].astype(np.int64)),
+        "numpy_pos": int(np_state[2]),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate((state["python_version"], tuple(state["python"]), state["python_gauss"]))
+    np.random.set_state(("MT19937", state["numpy"].numpy().astype(np.uint32), state["numpy_pos"], 0, 0.0))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Checkpointer:
+    """Saves and restores one run's training state in ``run_dir``.
+
+    ``save(step, extra)`` writes the model and optimizer with ``extra`` (configs, history) and the data
+    loader's position and every RNG; ``restore(saved)`` puts a checkpoint read by
+    :func:`~s2hc.rundir.checkpoint.load_checkpoint` back and returns its step. Collective under
+    ``torch.distributed``: every rank calls both.
+    """
+
+    def __init__(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader,
+                 ctx: distributed.Context):
+        self.run_dir, self.model, self.optimizer, self.loader, self.ctx = Path(run_dir), model, optimizer, loader, ctx
+        self.sharded = ctx.distributed or ctx.parallel == "fsdp"
+
+    def save(self, step: int, extra: dict[str, Any]) -> None:
+        extra = {**extra, "step": step, "loader": self.loader.state_dict(), "rng": rng_state(),
+                 "world_size": self.ctx.world_size}
+        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        if self.sharded:
+            save_sharded_checkpoint(self.run_dir / SHARDED, {"model": model_state, "optimizer": optimizer_state},
+                                    extra, is_main=self.ctx.is_main, barrier=lambda: distributed.barrier(self.ctx))
+        else:
+            save_checkpoint(self.run_dir / CHECKPOINT, {**extra, "model": model_state, "optimizer": optimizer_state})
+        if self.ctx.is_main:  # the other kind, if a run changed its process count, is older now
+            stale = self.run_dir / (CHECKPOINT if self.sharded else SHARDED)
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+
+    def restore(self, saved: dict[str, Any]) -> int:
+        """Load the checkpoint whose header is ``saved`` (from ``load_checkpoint(..., with_model=False)``)."""
+        if saved["path"].endswith(SHARDED):
+            state = dict(zip(("model", "optimizer"), get_state_dict(self.model, self.optimizer)))
+            load_sharded_into(Path(saved["path"]), state)
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=state["optimizer"])
+        else:
+            full = load_checkpoint(saved["path"], self.ctx.device)
+            set_state_dict(self.model, self.optimizer, model_state_dict=full["model"],
+                           optim_state_dict=full["optimizer"], options=StateDictOptions(full_state_dict=True))
+        self.loader.load_state_dict(saved["loader"])
+        if saved.get("world_size", 1) == 1 and self.ctx.world_size == 1:  # per-rank streams cannot be split
+            set_rng_state(saved["rng"])
+        return saved["step"]
