@@ -596,7 +596,7 @@ def test_corpus_too_small():
         TokenBatches(np.arange(1000), seq_len=128, batch_size=4, seed=0, world_size=2)
     with pytest.raises(ValueError, match="rank=2"):
         TokenBatches(np.arange(1000), seq_len=8, batch_size=1, seed=0, rank=2, world_size=2)
-    with pytest.raises(ValueError, match="seq_len=0"):
+    with pytest.raises(ValueError, match="seq_len must be an integer >= 1, got 0"):
         TokenBatches(np.arange(1000), seq_len=0, batch_size=1)
     with pytest.raises(ValueError, match="too few: 5 tokens"):
         list(eval_batches(np.arange(5), seq_len=8, batch_size=2))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 
 def check_int(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` if it is an integer (not a bool) >= ``minimum``; ValueError naming ``name`` otherwise."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+    """``value`` as an ``int`` if it is an integer (Python or NumPy, not a bool) >= ``minimum``; ValueError
+    naming ``name``, the value and what is allowed otherwise."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return int(value)

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..checks import check_int
+
 STATE_VERSION = 1
 
 
@@ -24,12 +26,6 @@ def _as_array(tokens) -> np.ndarray:
     if arr.ndim != 1:
         raise ValueError(f"tokens must be a 1-D array of token ids, got shape {tuple(arr.shape)}")
     return arr
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name}={value!r} is not allowed; use an integer >= {minimum}")
-    return int(value)
 
 
 def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -55,11 +51,11 @@ class TokenBatches:
 
     def __init__(self, tokens, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1):
         self.tokens = _as_array(tokens)
-        self.seq_len = _check_int("seq_len", seq_len, 1)
-        self.batch_size = _check_int("batch_size", batch_size, 1)
-        self.seed = _check_int("seed", seed, 0)
-        self.world_size = _check_int("world_size", world_size, 1)
-        self.rank = _check_int("rank", rank, 0)
+        self.seq_len = check_int("seq_len", seq_len, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.seed = check_int("seed", seed, 0)
+        self.world_size = check_int("world_size", world_size, 1)
+        self.rank = check_int("rank", rank, 0)
         if self.rank >= self.world_size:
             raise ValueError(f"rank={rank!r} is not allowed with world_size={world_size}; use 0 <= rank < world_size")
         n = len(self.tokens)
@@ -161,14 +157,14 @@ def eval_batches(
     ``world_size > 1``, rank ``r`` yields batches ``r, r + world_size, ...``. ``ValueError`` naming the sizes when
     the array holds fewer than ``seq_len + 1`` tokens."""
     arr = _as_array(tokens)
-    seq_len = _check_int("seq_len", seq_len, 1)
-    batch_size = _check_int("batch_size", batch_size, 1)
-    world_size = _check_int("world_size", world_size, 1)
-    rank = _check_int("rank", rank, 0)
+    seq_len = check_int("seq_len", seq_len, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
+    world_size = check_int("world_size", world_size, 1)
+    rank = check_int("rank", rank, 0)
     if rank >= world_size:
         raise ValueError(f"rank={rank!r} is not allowed with world_size={world_size}; use 0 <= rank < world_size")
     if max_batches is not None:
-        max_batches = _check_int("max_batches", max_batches, 1)
+        max_batches = check_int("max_batches", max_batches, 1)
     n = len(arr)
     if n < seq_len + 1:
         raise ValueError(f"validation tokens too few: {n} tokens, but seq_len={seq_len} needs at least {seq_len + 1}")

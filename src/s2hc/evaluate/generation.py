@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..checks import check_int
 from ..models.transformer import KVCache
 
 
@@ -70,8 +71,7 @@ def generate_tokens(
     same tokens, slower: kept for checking the cache).
     """
     config = model.config
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    check_int("max_new_tokens", max_new_tokens)
     if max_new_tokens >= config.max_seq_len:
         raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in max_seq_len={config.max_seq_len}")
     prompts = [p[-(config.max_seq_len - max_new_tokens) :] for p in _check_prompts(prompts, config.vocab_size)]

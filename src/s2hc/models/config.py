@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .. import mixers
+from ..checks import check_int
 from ..mixers import RESIDUAL, check_family
 
 __all__ = ["ModelConfig", "PRESETS", "get_preset"]
@@ -29,12 +30,6 @@ CONNECTION_OPTIONS = ("eps",)
 
 def _fail(name: str, value: Any, allowed: str) -> ValueError:
     return ValueError(f"{name} must be {allowed}, got {value!r}")
-
-
-def _check_int(name: str, value: Any, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise _fail(name, value, f"an integer >= {minimum}")
-    return value
 
 
 def _check_float(name: str, value: Any) -> float:
@@ -132,10 +127,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len", "sliding_window_pattern", "n_streams"):
-            _check_int(name, getattr(self, name))
+            check_int(name, getattr(self, name))
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
-        _check_int("n_kv_heads", self.n_kv_heads)
+        check_int("n_kv_heads", self.n_kv_heads)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads must be a multiple of n_kv_heads, got n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}"
@@ -147,13 +142,13 @@ class ModelConfig:
                     f"got dim={self.dim}, n_heads={self.n_heads}"
                 )
             self.head_dim = self.dim // self.n_heads
-        _check_int("head_dim", self.head_dim)
+        check_int("head_dim", self.head_dim)
         _check_choice("norm", self.norm, NORMS)
         _check_choice("mlp", self.mlp, MLPS)
         _check_choice("pos", self.pos, POSITIONS)
         if self.ffn_dim is None:
             self.ffn_dim = 4 * self.dim if self.mlp == "gelu" else 64 * math.ceil(8 * self.dim / 3 / 64)
-        _check_int("ffn_dim", self.ffn_dim)
+        check_int("ffn_dim", self.ffn_dim)
         for name in ("norm_eps", "rope_theta", "init_std"):
             setattr(self, name, _check_float(name, getattr(self, name)))
         for name in ("norm_unit_offset", "qkv_bias", "out_bias", "mlp_bias", "qk_norm", "tie_embeddings",
@@ -166,7 +161,7 @@ class ModelConfig:
         if self.query_pre_attn_scalar is not None:
             self.query_pre_attn_scalar = _check_float("query_pre_attn_scalar", self.query_pre_attn_scalar)
         if self.sliding_window is not None:
-            _check_int("sliding_window", self.sliding_window)
+            check_int("sliding_window", self.sliding_window)
         if self.local_rope_theta is None:
             self.local_rope_theta = self.rope_theta
         self.local_rope_theta = _check_float("local_rope_theta", self.local_rope_theta)
