@@ -272,7 +272,9 @@ def build(archives: dict[str, Path], out_dir: Path) -> dict:
             "file": SHAKESPEARE[2],
             "sha256": sha256(archives[SHAKESPEARE[0]]),
             "works": "42 Shakespeare texts (37 plays, 5 poems) and 6 Milton texts, from Project Gutenberg",
-            "licence": "public domain works; package: MIT (code), CC BY 2.5 (its other content), Open Knowledge Foundation",
+            "licence": (
+                "public domain works; package: MIT (code), CC BY 2.5 (its other content), Open Knowledge Foundation"
+            ),
         },
         {
             "package": f"{KJV[0]}=={KJV[1]}",

@@ -137,7 +137,10 @@ def test_build_script_cleaning():
     )
     out = build.normalise(build.strip_gutenberg(raw))
     assert out == "HAMLET\n        act\n"
-    old_style = "header\n*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\nText.\nEnd of the Project Gutenberg Etext\n"
+    old_style = (
+        "header\n*END*THE SMALL PRINT! FOR PUBLIC DOMAIN ETEXTS*Ver.04.29.93*END*\nText.\n"
+        "End of the Project Gutenberg Etext\n"
+    )
     assert build.normalise(build.strip_gutenberg(old_style)) == "Text.\n"
     assert build.strip_gutenberg("no markers\n") == "no markers\n"
     with pytest.raises(SystemExit):

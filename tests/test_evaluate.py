@@ -25,9 +25,10 @@ from s2hc.rundir import load_model
 
 lm_eval = pytest.importorskip("lm_eval")
 
+from helpers import OFFLINE_ENV, random_model  # noqa: E402
+
 from s2hc.evaluate.harness import S2HCLM  # noqa: E402
 from s2hc.evaluate.suites import PAPER8, format_paper8_table, run_tasks  # noqa: E402
-from helpers import OFFLINE_ENV, random_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,12 @@ from s2hc.rundir import load_model
 
 transformers = pytest.importorskip("transformers")
 
-import s2hc.hf  # noqa: E402
-from s2hc.hf import S2HCConfig, S2HCForCausalLM, from_s2hc  # noqa: E402
-from s2hc.hf.export import hf_tokenizer  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
-
 import helpers  # noqa: E402
 from helpers import OFFLINE_ENV  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from s2hc.hf import S2HCConfig, S2HCForCausalLM, from_s2hc  # noqa: E402
+from s2hc.hf.export import hf_tokenizer  # noqa: E402
 
 TEXTS = [
     "ROMEO.\nBut soft, what light through yonder window breaks?",
@@ -201,7 +200,9 @@ def test_lm_eval_hf_model_scores_the_export_as_the_s2hc_adapter_does(tiny, expor
     ours = S2HCLM(checkpoint=str(tiny), batch_size=3, progress=False)
     requests = [Instance("loglikelihood", {}, pair, 0) for pair in
                 [("ROMEO.\nBut soft", ", what light"), ("", "Hello world"), ("And God said", " Let there be light")]]
-    for (a, greedy_a), (b, greedy_b) in zip(hf.loglikelihood(requests, disable_tqdm=True), ours.loglikelihood(requests)):
+    for (a, greedy_a), (b, greedy_b) in zip(
+        hf.loglikelihood(requests, disable_tqdm=True), ours.loglikelihood(requests)
+    ):
         assert a == pytest.approx(b, abs=1e-4) and greedy_a == greedy_b
     rolling = [Instance("loglikelihood_rolling", {}, (" ".join(TEXTS) * 4,), 0)]
     assert hf.loglikelihood_rolling(rolling, disable_tqdm=True)[0] == pytest.approx(

@@ -14,8 +14,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from s2hc.models import Transformer  # noqa: E402
 from s2hc.hf.convert import config_from_hf, load_hf_state_dict  # noqa: E402
+from s2hc.models import Transformer  # noqa: E402
 
 TOLERANCE = 1e-4
 VOCAB, SEQ, WINDOW = 256, 24, 8

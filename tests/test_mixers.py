@@ -1,4 +1,4 @@
-"""Every family's guarantee (DESIGN.md section 1), tested on random and large inputs."""
+"""Every family's guarantee (docs/design.md section 1), tested on random and large inputs."""
 
 from __future__ import annotations
 
@@ -6,26 +6,52 @@ import math
 
 import pytest
 import torch
+from helpers import family_sizes, randomize_
 from hypothesis import given
 from hypothesis import strategies as st
 
 from s2hc import mixers
 from s2hc.mixers.base import Guarantees
 
-from helpers import family_sizes, randomize_
-
 TOL = 1e-5
 
-# The table of DESIGN.md section 1, written out independently of the classes' own flags.
+# The table of docs/design.md section 1, written out independently of the classes' own flags.
 EXPECTED = {
-    "identity": Guarantees(row_sums_one=True, col_sums_one=True, nonnegative=True, spectral_norm_at_most_one=True, orthogonal=True, closed_under_products=True),
+    "identity": Guarantees(
+        row_sums_one=True,
+        col_sums_one=True,
+        nonnegative=True,
+        spectral_norm_at_most_one=True,
+        orthogonal=True,
+        closed_under_products=True,
+    ),
     "hc": Guarantees(),
     "mhc": Guarantees(row_sums_one=True, nonnegative=True),
-    "mhc-lite": Guarantees(row_sums_one=True, col_sums_one=True, nonnegative=True, spectral_norm_at_most_one=True, closed_under_products=True),
-    "kromhc": Guarantees(row_sums_one=True, col_sums_one=True, nonnegative=True, spectral_norm_at_most_one=True, closed_under_products=True),
-    "s2hc": Guarantees(row_sums_one=True, col_sums_one=True, spectral_norm_at_most_one=True, closed_under_products=True),
+    "mhc-lite": Guarantees(
+        row_sums_one=True,
+        col_sums_one=True,
+        nonnegative=True,
+        spectral_norm_at_most_one=True,
+        closed_under_products=True,
+    ),
+    "kromhc": Guarantees(
+        row_sums_one=True,
+        col_sums_one=True,
+        nonnegative=True,
+        spectral_norm_at_most_one=True,
+        closed_under_products=True,
+    ),
+    "s2hc": Guarantees(
+        row_sums_one=True, col_sums_one=True, spectral_norm_at_most_one=True, closed_under_products=True
+    ),
     "orthogonal": Guarantees(spectral_norm_at_most_one=True, orthogonal=True, closed_under_products=True),
-    "isometric": Guarantees(row_sums_one=True, col_sums_one=True, spectral_norm_at_most_one=True, orthogonal=True, closed_under_products=True),
+    "isometric": Guarantees(
+        row_sums_one=True,
+        col_sums_one=True,
+        spectral_norm_at_most_one=True,
+        orthogonal=True,
+        closed_under_products=True,
+    ),
 }
 
 
@@ -307,7 +333,9 @@ def test_expm_reaches_rotations_cayley_cannot():
         mixer.rotation_u.gamma.fill_(math.pi)
         mixer.rotation_u.bias.fill_(30.0)  # tanh saturates to 1: a half-turn of U_core
     h = mixer(torch.zeros(1, 4))[0].double()
-    torch.testing.assert_close(h, (2.0 / 3.0) * torch.ones(3, 3, dtype=torch.float64) - torch.eye(3, dtype=torch.float64), atol=1e-3, rtol=0)
+    torch.testing.assert_close(
+        h, (2.0 / 3.0) * torch.ones(3, 3, dtype=torch.float64) - torch.eye(3, dtype=torch.float64), atol=1e-3, rtol=0
+    )
 
 
 @pytest.mark.parametrize("name", ["s2hc", "isometric", "orthogonal"])

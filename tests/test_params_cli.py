@@ -67,7 +67,9 @@ def test_formula_matches_modules_really_built_on_cpu(family, layers, dim, n_stre
     sublayers = layers * sublayers_per_layer
     options = {"allow_large": True} if family == "mhc-lite" else {}
     with torch.device("cpu"):
-        built = [s2hc.HyperConnection(dim, n_streams, family=family, layer_index=i, **options) for i in range(sublayers)]
+        built = [
+            s2hc.HyperConnection(dim, n_streams, family=family, layer_index=i, **options) for i in range(sublayers)
+        ]
     assert all(p.device.type == "cpu" and not p.is_meta for hc in built for p in hc.parameters())
     real = sum(p.numel() for hc in built for p in hc.parameters())
     shape = dict(layers=layers, dim=dim, n_streams=n_streams, sublayers_per_layer=sublayers_per_layer)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import SMALL_MODEL
 
 from s2hc.cli import main
 from s2hc.compare import compare
@@ -20,8 +21,6 @@ from s2hc.rundir import load_checkpoint, load_model, read_metrics
 from s2hc.rundir.checkpoint import save_checkpoint
 from s2hc.train import TrainConfig, TrainingError, learning_rate, train
 from s2hc.train.optim import parameter_groups
-
-from helpers import SMALL_MODEL
 
 
 @pytest.fixture()
@@ -182,7 +181,9 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(small, monkeyp
         return loss * float("nan") if calls["n"] == 5 else loss
 
     monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
-    with pytest.raises(TrainingError, match=r"non-finite loss \(nan\) or gradient at step 5.*last good checkpoint \(step 4\)"):
+    with pytest.raises(
+        TrainingError, match=r"non-finite loss \(nan\) or gradient at step 5.*last good checkpoint \(step 4\)"
+    ):
         train(small.replace(eval_every=0))
     assert load_checkpoint(small.out)["step"] == 4
     assert all(math.isfinite(r["loss"]) for r in read_metrics(small.out) if "loss" in r)
@@ -217,7 +218,9 @@ def test_connection_options_reach_every_connection(small, monkeypatch):
     monkeypatch.setattr(connection, "checkpoint", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
     train(small.replace(max_steps=1, connection={"recompute": True}))
     assert len(calls) == SMALL_MODEL["n_layers"] * 2  # one training step; evaluation runs without gradients
-    with pytest.raises(ValueError, match=r"connection must be a dict with keys from \['fused', 'recompute', 'kernels'\]"):
+    with pytest.raises(
+        ValueError, match=r"connection must be a dict with keys from \['fused', 'recompute', 'kernels'\]"
+    ):
         small.replace(connection={"recompute": True, "kernel": "triton"})
 
 

@@ -67,7 +67,8 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
         f"# s2hc compare: preset `{base.preset}`, {base.max_steps} steps, "
         f"{base.batch_size * base.grad_accum} × {base.seq_len} tokens per step, data `{base.data}`",
         "",
-        "| family | final train loss | validation loss | tokens/s | parameters | hyper-connection parameters | step time vs residual |",
+        "| family | final train loss | validation loss | tokens/s | parameters | hyper-connection parameters "
+        "| step time vs residual |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
@@ -91,7 +92,10 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
     else:
         lines += ["(Loss curves need matplotlib: `pip install 's2hc[plot]'`.)", ""]
     lines += compare_section(out, results, data=base.data, device=base.device)
-    lines += ["Runs (config, metrics.jsonl, checkpoint): " + ", ".join(f"[`{n}`]({n}/)" for r in rows for n in r["runs"]), ""]
+    lines += [
+        "Runs (config, metrics.jsonl, checkpoint): " + ", ".join(f"[`{n}`]({n}/)" for r in rows for n in r["runs"]),
+        "",
+    ]
     report = out / "report.md"
     atomic_write_text(out / "summary.json", json.dumps({"config": base.to_dict(), "rows": rows}, indent=2))
     atomic_write_text(report, "\n".join(lines))

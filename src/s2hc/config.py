@@ -107,14 +107,14 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - allowed)
         if unknown:
             raise ValueError(f"unknown config key(s) {unknown}; allowed: {sorted(allowed)}")
         return cls(**values)
 
-    def replace(self, **changes: Any) -> "TrainConfig":
+    def replace(self, **changes: Any) -> TrainConfig:
         """A copy with ``changes``; ``n_streams`` is re-derived when only ``family`` changes."""
         values = self.to_dict()
         if "family" in changes and "n_streams" not in changes:
@@ -140,7 +140,9 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
     except yaml.YAMLError as error:
         raise ValueError(f"config file {str(path)!r} is not valid YAML: {error}") from None
     if not isinstance(values, dict):
-        raise ValueError(f"config file {str(path)!r} must hold a mapping of keys to values, got {type(values).__name__}")
+        raise ValueError(
+            f"config file {str(path)!r} must hold a mapping of keys to values, got {type(values).__name__}"
+        )
     return values
 
 

@@ -32,7 +32,9 @@ def register(subparsers) -> None:
         ),
     )
     parser.add_argument("--preset", default="small", help="model preset (default 'small')")
-    parser.add_argument("--streams", type=positive_int, default=4, help="streams n of the non-residual families (default 4)")
+    parser.add_argument(
+        "--streams", type=positive_int, default=4, help="streams n of the non-residual families (default 4)"
+    )
     parser.add_argument(
         "--families", default="s2hc,mhc", metavar="A,B,...",
         help=f"families, optionally NAME:KEY=VALUE (default 's2hc,mhc'; residual is always added; allowed: "
@@ -45,7 +47,9 @@ def register(subparsers) -> None:
     )  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved repetitions (default 3)")
-    parser.add_argument("--steps", type=positive_int, default=2, help="timed steps per variant and repetition (default 2)")
+    parser.add_argument(
+        "--steps", type=positive_int, default=2, help="timed steps per variant and repetition (default 2)"
+    )
     parser.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step (default 8)")
     parser.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence (default 256)")
     parser.add_argument("--layers", type=positive_int, default=None, help="override the preset's layer count")

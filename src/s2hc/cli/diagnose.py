@@ -46,10 +46,14 @@ def register(subparsers) -> None:
                             "file or directory, or hf:NAME[:CONFIG]; tokenised with the run's tokenizer")
     model.add_argument("--cache-dir", default=None, help="token cache (default: the run's)")
     model.add_argument("--seq-len", type=positive_int, default=None, help="window length (default: the run's)")
-    model.add_argument("--batch-size", type=positive_int, default=None, help="windows per forward pass (default: the run's)")
+    model.add_argument(
+        "--batch-size", type=positive_int, default=None, help="windows per forward pass (default: the run's)"
+    )
     model.add_argument("--device", default=None, help="'auto' (default), 'cpu', 'cuda' or 'cuda:N'")
     synthetic = parser.add_argument_group("synthetic")
-    synthetic.add_argument("--synthetic", action="store_true", help="no model: each family's matrices from random inputs")
+    synthetic.add_argument(
+        "--synthetic", action="store_true", help="no model: each family's matrices from random inputs"
+    )
     synthetic.add_argument("--families", default=None, metavar="A,B,...",
                            help="families (default mhc,mhc-lite,kromhc,s2hc,hc)")
     synthetic.add_argument("--layers", type=positive_int, default=None, help="matrices composed per token (default 28)")
@@ -93,10 +97,12 @@ def _checkpoint(args: argparse.Namespace) -> int:
         print(f"Report: {out / REPORT_NAME}")
         return 0
     head = result["headline"]
-    print(f"{result['family']} (n = {result['n_streams']}), {result['depth']} connections, {result['tokens']} tokens: "
-          f"worst column-sum error {head['col_sum_error']:.3g}, worst ‖H‖₂ {head['spectral_norm']:.6g}, "
-          f"composite ‖P‖₂ {head['composite_spectral_norm_at_depth']:.6g}, "
-          f"composite Amax forward {head['composite_forward_amax']:.4g} / backward {head['composite_backward_amax']:.4g}")
+    print(
+        f"{result['family']} (n = {result['n_streams']}), {result['depth']} connections, {result['tokens']} tokens: "
+        f"worst column-sum error {head['col_sum_error']:.3g}, worst ‖H‖₂ {head['spectral_norm']:.6g}, "
+        f"composite ‖P‖₂ {head['composite_spectral_norm_at_depth']:.6g}, "
+        f"composite Amax forward {head['composite_forward_amax']:.4g} / backward {head['composite_backward_amax']:.4g}"
+    )
     failed = [c["property"] for c in result.get("guarantees", []) if not c["holds"]]
     if failed:
         print(f"claimed but not measured within tolerance: {'; '.join(failed)}")

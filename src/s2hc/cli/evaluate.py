@@ -32,8 +32,12 @@ def _limit(text: str) -> float | int:
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file")
-    parser.add_argument("--device", default="auto", help="'auto' (CUDA if available, else CPU), 'cpu', 'cuda', 'cuda:N'")
+    parser.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file"
+    )
+    parser.add_argument(
+        "--device", default="auto", help="'auto' (CUDA if available, else CPU), 'cpu', 'cuda', 'cuda:N'"
+    )
     parser.add_argument("--dtype", default=None, choices=list(DTYPES),
                         help="cast the model (default: as saved, float32)")
 
@@ -55,7 +59,9 @@ def _add_eval_parser(subparsers) -> None:
         "eight benchmarks, which need the Hugging Face Hub). Without --tasks, computes the perplexity.",
     )
     _add_model_options(parser)
-    parser.add_argument("--perplexity", action="store_true", help="compute the perplexity (the default without --tasks)")
+    parser.add_argument(
+        "--perplexity", action="store_true", help="compute the perplexity (the default without --tasks)"
+    )
     parser.add_argument("--tasks", default=None, metavar="A,B,...", help="lm-eval tasks, s2hc_offline, paper8, ...")
     parser.add_argument("--batch-size", type=positive_int, default=8, help="sequences per forward pass (default 8)")
     group = parser.add_argument_group("perplexity")
@@ -69,7 +75,9 @@ def _add_eval_parser(subparsers) -> None:
     group.add_argument("--limit", type=_limit, default=None, help="examples per task (a count, or a fraction < 1)")
     group.add_argument("--num-fewshot", type=int, default=None,
                        help="shots for the tasks outside paper8 (default: the task's)")
-    group.add_argument("--bootstrap-iters", type=int, default=1000, help="bootstrap resamples for stderr (default 1000)")
+    group.add_argument(
+        "--bootstrap-iters", type=int, default=1000, help="bootstrap resamples for stderr (default 1000)"
+    )
     group.add_argument("--seed", type=int, default=1234, help="seed of few-shot sampling and lm-eval (default 1234)")
     parser.add_argument("--output", default=None, metavar="DIR",
                         help="also write DIR/results.json and DIR/results.md (DIR/perplexity.json for --perplexity)")
@@ -112,7 +120,14 @@ def run_eval(args: argparse.Namespace) -> int:
     if args.tasks is not None:
         try:
             from ..evaluate.harness import S2HCLM  # needs lm-eval (the eval extra)
-            from ..evaluate.suites import PAPER8_NAME, HubUnavailable, format_paper8_table, format_results_table, parse_tasks, run_tasks
+            from ..evaluate.suites import (
+                PAPER8_NAME,
+                HubUnavailable,
+                format_paper8_table,
+                format_results_table,
+                parse_tasks,
+                run_tasks,
+            )
         except ImportError as error:
             parser.error(f"--tasks needs lm-eval ({error.name or error} is missing): pip install 's2hc[eval]'")
         try:
@@ -154,7 +169,9 @@ def _add_generate_parser(subparsers) -> None:
     parser.add_argument("--prompt", action="append", required=True, help="text to continue (repeatable)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=100, help="tokens to generate (default 100)")
     parser.add_argument("--temperature", type=nonnegative_float, default=0.8, help="0 for greedy (default 0.8)")
-    parser.add_argument("--top-k", type=positive_int, default=50, help="sample among the k likeliest tokens (default 50)")
+    parser.add_argument(
+        "--top-k", type=positive_int, default=50, help="sample among the k likeliest tokens (default 50)"
+    )
     parser.add_argument("--num-samples", type=positive_int, default=1, help="continuations per prompt (default 1)")
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
     parser.add_argument("--no-cache", dest="use_cache", action="store_false",

@@ -15,7 +15,9 @@ def register(subparsers) -> None:
         "trust_remote_code=True) and AutoTokenizer.from_pretrained(OUT_DIR) load it; generate() uses a KV cache. "
         "Needs the hf extra (transformers).",
     )
-    parser.add_argument("checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file")
+    parser.add_argument(
+        "checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file"
+    )
     parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (created; existing files are replaced)")
     parser.add_argument("--dtype", default=None, choices=list(DTYPES),
                         help="weights' dtype (default: as saved, float32)")

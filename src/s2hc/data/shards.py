@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..io import atomic_write_json
+from .corpus import load_corpus
 from .sources import EMBEDDED, identity_hash, iter_documents, source_identity
 from .tokenizer import Tokenizer, get_tokenizer
 
@@ -192,7 +193,5 @@ def prepare_tokens(
 def _known_total(source, split: str, source_options: dict) -> int | None:
     """Number of documents of the embedded corpus's ``split`` (a total for the progress bar); None otherwise."""
     if isinstance(source, str) and source == EMBEDDED and not source_options.get("max_documents"):
-        from .corpus import load_corpus
-
         return len(load_corpus(split))
     return None

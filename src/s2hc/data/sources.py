@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .corpus import corpus_fingerprint, load_corpus
+
 EMBEDDED = "embedded"
 HF_PREFIX = "hf:"
 SPLITS = ("train", "val")
@@ -200,8 +202,6 @@ def _iter_records(source: str | os.PathLike, text_field: str, hf_split: str) -> 
 def _split_source(source, split, *, text_field, val_fraction, hf_split) -> Iterator[str]:
     """One split of a source that has no separate validation source."""
     if isinstance(source, str) and source == EMBEDDED:
-        from .corpus import load_corpus
-
         yield from load_corpus(split)
         return
     every = _val_every(val_fraction)
@@ -292,8 +292,6 @@ def source_identity(
 
     def one(src) -> dict[str, Any]:
         if isinstance(src, str) and src == EMBEDDED:
-            from .corpus import corpus_fingerprint
-
             return {"kind": "embedded", "sha256": corpus_fingerprint()}
         if isinstance(src, str) and src.startswith(HF_PREFIX):
             name, config = parse_hf(src)

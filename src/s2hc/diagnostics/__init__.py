@@ -1,4 +1,4 @@
-"""Diagnostics: what the residual matrices of a hyper-connection model do (DESIGN.md section 2).
+"""Diagnostics: what the residual matrices of a hyper-connection model do (docs/design.md section 2).
 
 Three layers, each usable alone (see ``docs/diagnostics.md``):
 

@@ -159,7 +159,7 @@ class Recorder(contextlib.AbstractContextManager):
 
         return before, after
 
-    def __enter__(self) -> "Recorder":
+    def __enter__(self) -> Recorder:
         connections = mixing_connections(self.model)
         for name, module in connections:
             before, after = self._hooks(name, module)

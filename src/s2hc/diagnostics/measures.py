@@ -1,4 +1,4 @@
-"""One function per measurement of DESIGN.md section 2, on tensors.
+"""One function per measurement of docs/design.md section 2, on tensors.
 
 Every function takes residual matrices ``H`` of shape ``(..., n, n)`` (any leading batch dimensions: layers,
 tokens, ...) or a stack over depth ``Hs`` ``(L, ..., n, n)``, and computes in float64 (float32 matrices are
@@ -126,7 +126,7 @@ def negative_share(H: torch.Tensor, tol: float = 0.0) -> torch.Tensor:
     another, so a positive share there is expected, not an error.
     """
     H = _matrices(H)
-    return (H < -tol).to(H.dtype).mean(dim=(-1, -2))
+    return (-tol > H).to(H.dtype).mean(dim=(-1, -2))
 
 
 def composite_product(Hs: torch.Tensor) -> torch.Tensor:

@@ -129,7 +129,11 @@ def plot_amax_gain(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2), layout="constrained")
     panels = [
         ("(a) single layer: Amax gain (solid forward, dashed backward)", "forward_amax", "backward_amax"),
-        ("(b) composite: Amax gain (solid forward, dashed backward)", "composite_forward_amax", "composite_backward_amax"),
+        (
+            "(b) composite: Amax gain (solid forward, dashed backward)",
+            "composite_forward_amax",
+            "composite_backward_amax",
+        ),
         ("(c) composite: spectral norm", "composite_spectral_norm", None),
     ]
     for ax, (title, key, backward_key) in zip(axes, panels):

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -224,7 +225,7 @@ def diagnose_checkpoint(
 ) -> dict[str, Any]:
     """Measure a trained model on ``tokens`` positions of the validation split of ``data``.
 
-    ``checkpoint``: a run directory or a checkpoint file (:func:`s2hc.train.checkpoint.load_model`). The text is
+    ``checkpoint``: a run directory or a checkpoint file (:func:`s2hc.rundir.load_model`). The text is
     tokenised with the run's tokenizer (cached in ``cache_dir``, default the run's); the model runs on
     ``ceil(tokens / seq_len)`` windows of ``seq_len`` tokens (default the run's) spread over the split, and
     ``tokens`` positions are drawn from them (``seed``). With ``out``, writes ``out/diagnostics.json``, the figures
@@ -311,7 +312,8 @@ def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Pa
     lines = [
         f"# s2hc diagnose: `{result['checkpoint']}`",
         "",
-        f"Family `{result['family']}`{_options(result.get('family_options'))}, n = {result['n_streams']} streams, preset "
+        f"Family `{result['family']}`{_options(result.get('family_options'))}, "
+        f"n = {result['n_streams']} streams, preset "
         f"`{result['preset']}` ({result['n_layers']} layers, {result['depth']} connections). Measured on "
         f"{result['tokens']:,} token positions of the validation split of `{result['data']}` (windows of "
         f"{result['seq_len']} tokens, seed {result['seed']}). The numbers: [`{JSON_NAME}`]({JSON_NAME}).",
@@ -333,7 +335,12 @@ def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Pa
     lines += ["## Guarantees of the family, measured", ""] + _guarantee_lines(result)
     lines += ["## Per connection", "", "Errors and norms are the worst over tokens unless marked mean.", ""]
     lines += _layer_lines(result)
-    lines += ["## Across depth", "", "P = H_l ⋯ H_0: the residual path through the first l + 1 connections, per token.", ""]
+    lines += [
+        "## Across depth",
+        "",
+        "P = H_l ⋯ H_0: the residual path through the first l + 1 connections, per token.",
+        "",
+    ]
     lines += _depth_lines(result)
     lines += ["## Figures", ""] + _figure_lines(figures, out)
     return "\n".join(lines)
@@ -399,7 +406,9 @@ def diagnose_synthetic(
         write_json(out / JSON_NAME, result)
         figures = _figures(out, summaries, with_streams=False)
         if sweep_rows and plots.have_matplotlib():
-            figures["logit_scale_sweep"] = plots.plot_logit_scale_sweep(sweep_rows, out / plots.FIGURES["logit_scale_sweep"])
+            figures["logit_scale_sweep"] = plots.plot_logit_scale_sweep(
+                sweep_rows, out / plots.FIGURES["logit_scale_sweep"]
+            )
         _write_text(out / REPORT_NAME, _synthetic_report(result, summaries, figures, out))
     return result
 
@@ -435,15 +444,23 @@ def _synthetic_report(result: dict[str, Any], summaries: dict[str, dict[str, Any
     for family, s in summaries.items():
         lines += [f"`{family}`:", ""] + _guarantee_lines(s)
     if result["logit_scale_sweep"]:
-        lines += ["## Against the logit scale", "",
-                  "Worst single-layer column-sum error / composite column-sum error / composite backward Amax gain:", ""]
+        lines += [
+            "## Against the logit scale",
+            "",
+            "Worst single-layer column-sum error / composite column-sum error / composite backward Amax gain:",
+            "",
+        ]
         scales = st["sweep"]
         rows = []
         for family, entries in result["logit_scale_sweep"].items():
-            rows.append([f"`{family}`"] + [
-                f"{_fmt(e['col_sum_error'])} / {_fmt(e['composite_col_sum_error'])} / {_fmt(e['composite_backward_amax'])}"
-                for e in entries
-            ])
+            rows.append(
+                [f"`{family}`"]
+                + [
+                    f"{_fmt(e['col_sum_error'])} / {_fmt(e['composite_col_sum_error'])} / "
+                    f"{_fmt(e['composite_backward_amax'])}"
+                    for e in entries
+                ]
+            )
         lines += _table(["family"] + [f"S = {s:g}" for s in scales], rows) + [""]
     lines += ["## Figures", ""] + _figure_lines(figures, out)
     return "\n".join(lines)
@@ -457,7 +474,7 @@ def compare_section(out: Path, results: dict[str, list], data: str = "embedded",
     """Markdown lines for ``s2hc compare``'s report: each run diagnosed into ``RUN/diagnostics/`` on the run's own
     validation data, the first run of each family drawn together into ``out/diagnostics/*.png``.
 
-    ``results``: ``{family: [RunResult, ...]}`` as :func:`s2hc.train.compare.compare` collects them; ``data``: the
+    ``results``: ``{family: [RunResult, ...]}`` as :func:`s2hc.compare.compare` collects them; ``data``: the
     source the runs trained on (its validation split is measured). A run that cannot be diagnosed is reported
     in the section (and on stderr), never raised: the comparison is kept.
     """
@@ -482,7 +499,10 @@ def compare_section(out: Path, results: dict[str, list], data: str = "embedded",
                 summaries[family] = {key: result[key] for key in result if key not in ("kind", "checkpoint")}
     lines = ["## Residual matrices after training (`s2hc diagnose`)", ""]
     if summaries:
-        lines += [f"Each family's first run measured on {tokens:,} validation tokens; worst over layers and tokens.", ""]
+        lines += [
+            f"Each family's first run measured on {tokens:,} validation tokens; worst over layers and tokens.",
+            "",
+        ]
         lines += synthetic_table(summaries) + [""]
         figures = _figures(out / "diagnostics", summaries, with_streams=True)
         lines += _figure_lines(figures, out)

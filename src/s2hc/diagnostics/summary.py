@@ -10,7 +10,8 @@ what was measured.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -83,7 +84,7 @@ def summarize(
     similarity_names: Sequence[str] | None = None,
     tol: float = DEFAULT_TOLERANCE,
 ) -> dict[str, Any]:
-    """Every measurement of DESIGN.md section 2 for ``L`` connections over the same ``N`` tokens.
+    """Every measurement of docs/design.md section 2 for ``L`` connections over the same ``N`` tokens.
 
     Args:
         res: ``H_res`` ``(L, N, n, n)``, connection ``l`` applied after connection ``l − 1`` (depth order).
@@ -216,7 +217,9 @@ def guarantee_checks(family: str, res: torch.Tensor, composite: torch.Tensor | N
             found.append((f"{prefix}spectral norm ≤ 1 (excess)", (norms.max() - 1).clamp_min(0).item(), limit))
         if flags.orthogonal:
             eye = torch.eye(H.shape[-1], dtype=H.dtype, device=H.device)
-            found.append((f"{prefix}orthogonal (max |HᵀH − I|)", (H.transpose(-1, -2) @ H - eye).abs().max().item(), limit))
+            found.append(
+                (f"{prefix}orthogonal (max |HᵀH − I|)", (H.transpose(-1, -2) @ H - eye).abs().max().item(), limit)
+            )
         return found
 
     rows = checks(res, "single", "", tol)

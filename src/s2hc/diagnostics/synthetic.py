@@ -20,7 +20,8 @@ Defining ``S`` as the standard deviation of ``d_res`` itself would make every fa
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -29,7 +30,12 @@ from . import measures
 from .summary import summarize
 
 __all__ = [
-    "DEFAULT_SWEEP", "headline_numbers", "logit_scale_sweep", "scaled_mixer", "synthetic_matrices", "synthetic_summaries",
+    "DEFAULT_SWEEP",
+    "headline_numbers",
+    "logit_scale_sweep",
+    "scaled_mixer",
+    "synthetic_matrices",
+    "synthetic_summaries",
 ]
 
 DEFAULT_SWEEP = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)

@@ -73,7 +73,9 @@ def generate_tokens(
     config = model.config
     check_int("max_new_tokens", max_new_tokens)
     if max_new_tokens >= config.max_seq_len:
-        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt in max_seq_len={config.max_seq_len}")
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} leaves no room for a prompt in max_seq_len={config.max_seq_len}"
+        )
     prompts = [p[-(config.max_seq_len - max_new_tokens) :] for p in _check_prompts(prompts, config.vocab_size)]
     device = next(model.parameters()).device
     B, width = len(prompts), max(len(p) for p in prompts)

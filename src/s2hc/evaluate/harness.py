@@ -33,8 +33,8 @@ from lm_eval.models.utils import Collator
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from tqdm import tqdm
 
-from .generation import generate_tokens
 from ..devices import resolve_device, resolve_dtype
+from .generation import generate_tokens
 from .loading import load_for_eval
 
 MODEL_NAME = "s2hc"
@@ -88,7 +88,8 @@ class S2HCLM(TemplateLM):
             raise ValueError("give checkpoint=PATH or pretrained=PATH, not both")
         checkpoint = checkpoint if checkpoint is not None else pretrained
         if isinstance(device, str) and device.startswith("cuda") and not torch.cuda.is_available():
-            warnings.warn(f"device {device!r} is not available (lm-eval's CLI defaults to 'cuda'); using the CPU")
+            warnings.warn(f"device {device!r} is not available (lm-eval's CLI defaults to 'cuda'); using the CPU",
+                          stacklevel=2)
             device = "cpu"
         if model is not None:
             if tokenizer is None:
@@ -231,7 +232,7 @@ class S2HCLM(TemplateLM):
                 raise ValueError(f"max_gen_toks={max_gen} must be smaller than the context length {self.max_length}")
             prompts = [(self.tok_encode(c) or [self.eot_token_id])[-(self.max_length - max_gen) :] for c in contexts]
 
-            def stopped(index: int, tokens: list[int]) -> bool:
+            def stopped(index: int, tokens: list[int], until=until) -> bool:  # bound: defined per request
                 text = self.tokenizer.decode(tokens)
                 return any(s and s in text for s in until)
 

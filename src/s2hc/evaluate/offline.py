@@ -25,6 +25,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..data.corpus import load_documents
+
 TASKS = ("s2hc_nextline", "s2hc_ppl")
 GROUPS = ("s2hc_offline",)
 DATA_FILES = {"s2hc_nextline": "nextline.jsonl.gz", "s2hc_ppl": "ppl.jsonl.gz"}
@@ -203,8 +205,6 @@ def _write_jsonl_gz(path: Path, rows: list[dict[str, Any]]) -> None:
 def build(out_dir: str | Path | None = None) -> dict[str, Path]:
     """Rebuild the data files of the offline tasks from the embedded corpus into ``out_dir`` (default: the
     shipped ``tasks`` directory); returns ``{task: path}``."""
-    from ..data.corpus import load_documents
-
     documents = load_documents("val")
     out = Path(out_dir) if out_dir is not None else tasks_dir()
     out.mkdir(parents=True, exist_ok=True)

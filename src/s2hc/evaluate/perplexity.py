@@ -17,6 +17,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from ..data.loader import eval_batches
+from ..data.shards import prepare_tokens
+from .loading import load_for_eval
+
 
 @dataclass
 class PerplexityResult:
@@ -56,8 +60,6 @@ def perplexity(
 ) -> PerplexityResult:
     """Perplexity of ``model`` (an s2hc :class:`~s2hc.models.Transformer`, or any module mapping ids ``(B, T)``
     to logits ``(B, T, V)``) on ``tokens`` (a 1-D array of ids) in windows of ``seq_len``."""
-    from ..data.loader import eval_batches
-
     max_len = getattr(getattr(model, "config", None), "max_seq_len", None)
     if max_len is not None and seq_len > max_len:
         raise ValueError(f"seq_len={seq_len} is longer than the model's max_seq_len={max_len}")
@@ -103,9 +105,6 @@ def checkpoint_perplexity(
     """Perplexity of a checkpoint on ``split`` (``"val"`` or ``"train"``) of ``data`` (any source
     :func:`s2hc.data.prepare_tokens` reads; default ``"embedded"``), tokenised with the checkpoint's tokenizer.
     ``seq_len`` defaults to the run's training ``seq_len``."""
-    from ..data.shards import prepare_tokens
-    from .loading import load_for_eval
-
     model, tokenizer, train_config = load_for_eval(checkpoint, device=device, dtype=dtype)
     data = "embedded" if data is None else data
     seq_len = train_config.seq_len if seq_len is None else seq_len

@@ -38,5 +38,11 @@ AutoConfig.register(MODEL_TYPE, S2HCConfig, exist_ok=True)
 AutoModelForCausalLM.register(S2HCConfig, S2HCForCausalLM, exist_ok=True)
 
 __all__ = [
-    "S2HCConfig", "S2HCForCausalLM", "S2HCPreTrainedModel", "config_from_hf", "export", "from_s2hc", "load_hf_state_dict",
-]  # fmt: skip
+    "S2HCConfig",
+    "S2HCForCausalLM",
+    "S2HCPreTrainedModel",
+    "config_from_hf",
+    "export",
+    "from_s2hc",
+    "load_hf_state_dict",
+]

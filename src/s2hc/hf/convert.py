@@ -15,7 +15,8 @@ and activations other than SiLU (Qwen) or tanh-GELU (Gemma).
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 

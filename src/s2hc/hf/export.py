@@ -6,8 +6,6 @@ import json
 import os
 from pathlib import Path
 
-import torch
-
 from ..data.tokenizer import HFTokenizer, TiktokenTokenizer, get_tokenizer, gpt2_files
 from ..devices import resolve_dtype
 from ..rundir import load_checkpoint, load_model

@@ -17,6 +17,7 @@ import transformers
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..mixers.mhc_lite import PermutationMixture, permutation_matrices
 from ..models import Transformer
 from ..models.transformer import KVCache
 from .configuration import S2HCConfig
@@ -50,8 +51,6 @@ class S2HCPreTrainedModel(PreTrainedModel):
         """Restore the fixed, non-persistent buffers (Helmert bases, permutation tables) that transformers
         leaves empty when it builds the model on the meta device and then loads the saved weights. Weights are
         not touched: :class:`s2hc.models.Transformer` initialises itself, its hyper-connections included."""
-        from ..mixers.mhc_lite import PermutationMixture, permutation_matrices
-
         for name, exact in getattr(module, "_constants", {}).items():  # Mixer.register_constant
             if module._buffers.get(name) is not None:
                 module._buffers[name] = exact.to(device=module._buffers[name].device)

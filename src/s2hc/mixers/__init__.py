@@ -1,4 +1,4 @@
-"""The residual-mixing families (DESIGN.md section 1) and a registry that builds them by name.
+"""The residual-mixing families (docs/design.md section 1) and a registry that builds them by name.
 
 >>> import torch
 >>> from s2hc import mixers

@@ -107,7 +107,7 @@ def small_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def scale_parameter(value: float = 0.01) -> nn.Parameter:
-    """A learnable scale (``α``: DESIGN.md starts every one at 0.01), of shape ``(1,)``.
+    """A learnable scale (``α``: docs/design.md starts every one at 0.01), of shape ``(1,)``.
 
     One element rather than a 0-d scalar: FSDP2's ``fully_shard`` refuses 0-d parameters; ``(1,)``
     broadcasts the same way.

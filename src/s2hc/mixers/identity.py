@@ -14,7 +14,14 @@ class IdentityMixer(Mixer):
     """
 
     name = "identity"
-    guarantees = Guarantees(row_sums_one=True, col_sums_one=True, nonnegative=True, spectral_norm_at_most_one=True, orthogonal=True, closed_under_products=True)
+    guarantees = Guarantees(
+        row_sums_one=True,
+        col_sums_one=True,
+        nonnegative=True,
+        spectral_norm_at_most_one=True,
+        orthogonal=True,
+        closed_under_products=True,
+    )
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:
         eye = torch.eye(self.n_streams, dtype=d_res.dtype, device=d_res.device)

@@ -16,7 +16,13 @@ class IsometricMixer(ZeroSumMixer):
     """
 
     name = "isometric"
-    guarantees = Guarantees(row_sums_one=True, col_sums_one=True, spectral_norm_at_most_one=True, orthogonal=True, closed_under_products=True)
+    guarantees = Guarantees(
+        row_sums_one=True,
+        col_sums_one=True,
+        spectral_norm_at_most_one=True,
+        orthogonal=True,
+        closed_under_products=True,
+    )
 
     def __init__(self, n_streams: int, rotation: str = "cayley", alpha: float = 0.01):
         super().__init__(n_streams, rotation, alpha)

@@ -42,7 +42,13 @@ class KromHCMixer(Mixer):
     """
 
     name = "kromhc"
-    guarantees = Guarantees(row_sums_one=True, col_sums_one=True, nonnegative=True, spectral_norm_at_most_one=True, closed_under_products=True)
+    guarantees = Guarantees(
+        row_sums_one=True,
+        col_sums_one=True,
+        nonnegative=True,
+        spectral_norm_at_most_one=True,
+        closed_under_products=True,
+    )
 
     def __init__(
         self,

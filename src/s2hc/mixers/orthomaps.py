@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .base import scale_parameter
+from .base import scale_parameter, small_matmul
 
 
 def helmert_basis(n: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -54,8 +54,6 @@ def cayley(a: torch.Tensor, fused: bool = False) -> torch.Tensor:
     The chart cannot reach rotations with eigenvalue −1 (use :func:`matrix_exp_rotation` for those).
     ``fused=True`` computes the powers of A with :func:`~s2hc.mixers.base.small_matmul` (same values).
     """
-    from .base import small_matmul
-
     matmul = small_matmul if fused else torch.matmul
     m = a.shape[-1]
     eye = torch.eye(m, dtype=a.dtype, device=a.device)

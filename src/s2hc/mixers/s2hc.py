@@ -87,7 +87,9 @@ class S2HCMixer(ZeroSumMixer):
     """
 
     name = "s2hc"
-    guarantees = Guarantees(row_sums_one=True, col_sums_one=True, spectral_norm_at_most_one=True, closed_under_products=True)
+    guarantees = Guarantees(
+        row_sums_one=True, col_sums_one=True, spectral_norm_at_most_one=True, closed_under_products=True
+    )
 
     def __init__(
         self,

@@ -12,8 +12,9 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .. import mixers
 from ..checks import check_int
@@ -200,7 +201,7 @@ class ModelConfig:
         return copy.deepcopy(dataclasses.asdict(self))
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
         """Build from a mapping such as :meth:`to_dict` wrote; ValueError naming unknown keys and the allowed ones."""
         if not isinstance(d, Mapping):
             raise ValueError(f"a model config must be a mapping, got {type(d).__name__}")

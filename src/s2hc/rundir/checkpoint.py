@@ -55,7 +55,9 @@ def save_sharded_checkpoint(directory: Path, state: dict[str, Any], extra: dict[
     barrier()
     dcp.save(state, checkpoint_id=str(tmp))
     if is_main:
-        atomic_write_bytes(tmp / EXTRA, lambda handle: torch.save({"format": FORMAT, "version": VERSION, **extra}, handle))
+        atomic_write_bytes(
+            tmp / EXTRA, lambda handle: torch.save({"format": FORMAT, "version": VERSION, **extra}, handle)
+        )
         old = directory.with_name(directory.name + ".old")
         if directory.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -112,7 +114,9 @@ def _read_header(file: Path, map_location: str | torch.device = "cpu") -> dict[s
     try:
         payload = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors all mean "not ours"
-        raise ValueError(f"{str(file)!r} is not an s2hc checkpoint (could not be read: {type(error).__name__})") from None
+        raise ValueError(
+            f"{str(file)!r} is not an s2hc checkpoint (could not be read: {type(error).__name__})"
+        ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{str(file)!r} is not an s2hc checkpoint (no {FORMAT!r} tag)")
     if payload.get("version") != VERSION:
@@ -120,7 +124,9 @@ def _read_header(file: Path, map_location: str | torch.device = "cpu") -> dict[s
     return payload
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", *, with_model: bool = True) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, map_location: str | torch.device = "cpu", *, with_model: bool = True
+) -> dict[str, Any]:
     """Read a checkpoint of either kind; ValueError if ``path`` is not an s2hc checkpoint.
 
     The result has ``config``, ``model_config``, ``step``, ``loader``, ``rng``, ``history`` and (unless

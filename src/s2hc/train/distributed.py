@@ -98,7 +98,11 @@ def wrap(model: nn.Module, ctx: Context, compile_blocks: bool, amp_dtype: torch.
     if ctx.parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        policy = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32) if amp_dtype else MixedPrecisionPolicy()
+        policy = (
+            MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
+            if amp_dtype
+            else MixedPrecisionPolicy()
+        )
         for block in model.blocks:
             fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
@@ -141,5 +145,14 @@ def launch(nproc: int, argv: list[str]) -> int:
     """Re-run ``s2hc <argv>`` under torchrun with ``nproc`` processes on this node; returns its exit code."""
     import subprocess
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "s2hc", *argv]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "s2hc",
+        *argv,
+    ]
     return subprocess.call(command)

@@ -14,7 +14,6 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -73,10 +72,8 @@ def stop_on_signals():
 
     previous = {}
     for signum in (signal.SIGINT, signal.SIGTERM):
-        try:
+        with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
             previous[signum] = signal.signal(signum, handler)
-        except ValueError:  # not the main thread: leave signals alone
-            pass
     try:
         yield received
     finally:
@@ -226,7 +223,9 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
             if received:
                 save()
                 bar.close()
-                raise Interrupted(f"stopped by signal {received[0]} after step {step}; resume with --resume", received[0])
+                raise Interrupted(
+                    f"stopped by signal {received[0]} after step {step}; resume with --resume", received[0]
+                )
     bar.close()
     # The median step ignores the first steps' warm-up (and compilation) and any evaluation pauses.
     median_step = statistics.median(step_times) if step_times else math.nan
