@@ -22,7 +22,6 @@ import torch
 from s2hc import HyperConnection
 from s2hc.bench.core import timed
 from s2hc.devices import resolve_device
-from s2hc.connection import read_and_mix
 
 
 def triton_kernels_for(device: torch.device):
@@ -64,24 +63,17 @@ def main() -> None:
             def use(hc=hc, impl=impl):  # every case sets its implementation: the module is shared
                 hc.set_options(fused=impl != "reference", kernels="triton" if impl == "triton" else "torch")
 
-            def coeff(hc=hc, impl=impl, use=use):
+            def coeff(hc=hc, use=use):
                 use()
-                pre, post, res = hc._coefficients(x, hc.fused)  # triton: kernels.norm_project inside
+                pre, post, res = hc.coefficients(x)
                 (pre.sum() + post.sum() + res.sum()).backward()
 
-            def streams(hc=hc, impl=impl, use=use):
+            def streams(hc=hc, use=use):
                 use()
-                pre, post, res = (t.detach().requires_grad_() for t in hc._coefficients(x, hc.fused))
-                if impl == "triton":
-                    h, mixed = kernels.read_mix(x, pre, res)
-                    out = kernels.write(mixed, post, h + f)
-                elif impl == "fast":
-                    h, mixed = read_and_mix(x, pre, res)
-                    out = torch.addcmul(mixed, post.unsqueeze(-1), (h + f).unsqueeze(-2))
-                else:
-                    m = {"pre": pre, "post": post, "res": res}
-                    out = hc.write(x, m, hc.read(x, m) + f)
-                out.sum().backward()
+                pre, post, res = (t.detach().requires_grad_() for t in hc.coefficients(x))
+                path = hc.compute_path(x)  # the connection's own read_mix and write, as forward runs them
+                h, mixed = path.read_mix(x, pre, res)
+                path.write(mixed, post, h + f).sum().backward()
 
             def whole(hc=hc, use=use):
                 use()

@@ -1,8 +1,8 @@
-"""Profile one training step (forward, cross-entropy, backward, AdamW) of a preset, and the coefficient path.
+"""Profile one training step (forward, cross-entropy, backward, AdamW) of a preset.
 
-    python benchmarks/profile_step.py --preset small --family s2hc --streams 4 [--fused] [--steps 3]
+    python benchmarks/profile_step.py --preset small --family s2hc --streams 4 [--option rotation=expm] [--steps 3]
 
-Prints torch.profiler's top operators by self CPU time and the time of the coefficient path alone.
+Prints the median step time and torch.profiler's top operators by self CPU time.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from s2hc.config import parse_assignment
 from s2hc.models import Transformer, get_preset
 
 
@@ -24,12 +25,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--option", action="append", default=[], help="mixer option KEY=VALUE (value: python literal)")
+    parser.add_argument("--option", action="append", default=[], help="family option KEY=VALUE (value parsed as YAML)")
     parser.add_argument("--rows", type=int, default=25)
     args = parser.parse_args()
-    import ast
-
-    options = {k: ast.literal_eval(v) for k, v in (o.split("=", 1) for o in args.option)}
+    options = dict(parse_assignment(o, "--option") for o in args.option)
     n = 1 if args.family == "residual" else args.streams
     torch.manual_seed(0)
     cfg = get_preset(args.preset, family=args.family, n_streams=n, family_options=options)
@@ -50,7 +49,8 @@ def main() -> None:
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    print(f"{args.preset} {args.family} n={n} {options}: step {sorted(times)[len(times) // 2] * 1e3:.0f} ms (min {min(times) * 1e3:.0f})")
+    median, fastest = sorted(times)[len(times) // 2], min(times)
+    print(f"{args.preset} {args.family} n={n} {options}: step {median * 1e3:.0f} ms (min {fastest * 1e3:.0f})")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.rows))

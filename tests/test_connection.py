@@ -1,15 +1,14 @@
-"""HyperConnection: the equations of DESIGN.md section 1, dtypes, compile, and bad input."""
+"""HyperConnection: the equations of docs/design.md section 1, dtypes, compile, and bad input."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from helpers import randomize_
 from torch import nn
 
 import s2hc
 from s2hc import HyperConnection, expand_streams, reduce_streams
-
-from helpers import randomize_
 
 FAMILIES = list(s2hc.mixers.REGISTRY)
 
@@ -36,7 +35,7 @@ class Scale(nn.Module):
 
 
 def reference_forward(hc: HyperConnection, x: torch.Tensor, branch) -> torch.Tensor:
-    """DESIGN.md's equations written out in float64, sharing only the constraint map with the module."""
+    """The equations of docs/design.md section 1 in float64, sharing only the constraint map with the module."""
     n = hc.n_streams
     flat = x.double().flatten(-2)
     normed = flat / flat.pow(2).mean(-1, keepdim=True).add(hc.eps).sqrt() * hc.norm_weight.double()
@@ -181,7 +180,10 @@ def test_compiled_connection_with_fullgraph_equals_eager():
 @pytest.mark.parametrize(
     "kwargs,message",
     [
-        (dict(dim=8, n_streams=4, family="sinkhorn"), r"family must be one of \['residual', 'identity'.*got 'sinkhorn'"),
+        (
+            dict(dim=8, n_streams=4, family="sinkhorn"),
+            r"family must be one of \['residual', 'identity'.*got 'sinkhorn'",
+        ),
         (dict(dim=8, n_streams=0), r"n_streams must be an integer >= 1, got 0"),
         (dict(dim=0, n_streams=4), r"dim must be an integer >= 1, got 0"),
         (dict(dim=8, n_streams=4, layer_index=-1), r"layer_index must be an integer >= 0, got -1"),
@@ -226,15 +228,17 @@ def test_expand_and_reduce_bad_input():
 
 
 def test_set_connection_options_on_a_whole_model():
-    from s2hc.connection import set_connection_options
-
     from helpers import random_model
+
+    from s2hc.connection import set_connection_options
 
     model = random_model("s2hc", 2)
     assert set_connection_options(model, recompute=True) is model
     connections = [m for m in model.modules() if isinstance(m, HyperConnection)]
     assert connections and all(m.recompute and m.fused for m in connections)
-    with pytest.raises(ValueError, match=r"unknown connection options \['kernel'\]; allowed: \['fused', 'recompute', 'kernels'\]"):
+    with pytest.raises(
+        ValueError, match=r"unknown connection options \['kernel'\]; allowed: \['fused', 'recompute', 'kernels'\]"
+    ):
         set_connection_options(model, kernel="triton")
     with pytest.raises(ValueError, match="recompute must be True or False, got 'yes'"):
         set_connection_options(model, recompute="yes")

@@ -1,5 +1,6 @@
-"""The fast path equals the reference path: every family's ``mix_fused``, the fused HyperConnection
-(folded RMSNorm, read-and-mix autograd function), compiled against eager, recompute against storing."""
+"""The fast paths equal the reference path: every family's ``mix_fused``, the fused HyperConnection
+(folded RMSNorm, read-and-mix autograd function), compiled against eager, recompute against storing;
+and which compute path :func:`s2hc.connection.select_path` picks for each combination of options."""
 
 from __future__ import annotations
 
@@ -8,14 +9,13 @@ import importlib.util
 
 import pytest
 import torch
+from helpers import Branch, assert_close_to_scale, family_sizes, grads_of, randomize_, run_connection
 from torch import nn
 
 import s2hc
 from s2hc import HyperConnection
-from s2hc.connection import _NormProject, _ReadMix, read_and_mix
+from s2hc.connection import COMPILED, EAGER, KERNELS, REFERENCE, ComputePath, _NormProject, _ReadMix, select_path
 from s2hc.mixers.base import small_matmul
-
-from helpers import Branch, assert_close_to_scale, family_sizes, grads_of, randomize_, run_connection
 
 FAMILIES = list(s2hc.mixers.REGISTRY)
 TOL = dict(atol=1e-5, rtol=1e-5)
@@ -116,9 +116,38 @@ def test_read_mix_function_float64_gradcheck():
     pre = torch.randn(2, 3, 4, generator=g, dtype=torch.float64, requires_grad=True)
     res = torch.randn(2, 3, 4, 4, generator=g, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(_ReadMix.apply, (x, pre, res))
-    h, mixed = read_and_mix(x, pre, res)
-    torch.testing.assert_close(h, torch.einsum("btn,btnc->btc", pre, x))
-    torch.testing.assert_close(mixed, torch.einsum("btij,btjc->btic", res, x))
+    for path in (EAGER, COMPILED):  # the compiled path's formulas run eagerly too
+        h, mixed = path.read_mix(x, pre, res)
+        torch.testing.assert_close(h, torch.einsum("btn,btnc->btc", pre, x))
+        torch.testing.assert_close(mixed, torch.einsum("btij,btjc->btic", res, x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_torch_path_computes_the_same_operations(dtype):
+    """The three operations of the eager and compiled paths against the reference's, values and gradients,
+    on bf16 or float32 streams with float32 coefficients (each path's own casts included)."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(2, 3, 4, 8, generator=g).to(dtype)
+    pre, post = torch.randn(2, 3, 4, generator=g), torch.randn(2, 3, 4, generator=g)
+    res = torch.randn(2, 3, 4, 4, generator=g)
+    f = torch.randn(2, 3, 8, generator=g).to(dtype)
+    norm_weight, projection = torch.randn(32, generator=g), torch.randn(32, 11, generator=g)
+
+    def run(path):
+        inputs = [t.detach().clone().requires_grad_() for t in (x, pre, post, res, f, norm_weight, projection)]
+        xs, pre_, post_, res_, f_, w_, p_ = inputs
+        d = path.norm_project(xs.flatten(-2), w_, p_, 1e-6)
+        h, mixed = path.read_mix(xs, pre_, res_)
+        out = path.write(mixed, post_, h + f_)
+        assert d.dtype == torch.float32 and h.dtype == mixed.dtype == out.dtype == dtype
+        (d.square().sum() + out.float().square().sum()).backward()
+        return [d, h, out] + [t.grad for t in inputs]
+
+    tol = 1e-5 if dtype == torch.float32 else 3e-2  # bf16: the paths round at different steps
+    for path in (EAGER, COMPILED):
+        for a, b in zip(run(path), run(REFERENCE)):
+            assert a.dtype == b.dtype
+            assert_close_to_scale(a.float(), b.float(), tol)
 
 
 def test_norm_project_function_float64_gradcheck_and_value():
@@ -194,6 +223,81 @@ def test_bad_flags():
 
 
 TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+
+
+# --------------------------------------------------------------------------------------- path selection
+
+
+@pytest.mark.parametrize("kernels", ["torch", pytest.param("triton", marks=TRITON)])
+@pytest.mark.parametrize("compiling", [False, True])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_select_path_for_every_option_combination(kernels, compiling, device, monkeypatch):
+    """fused=False: the reference, whatever the rest; under torch.compile: the compiled path, whatever
+    ``kernels``; else the eager path for ``kernels="torch"`` and the Triton path for ``"triton"``."""
+    assert set(KERNELS) == {"torch", "triton"}
+    if kernels == "triton":  # CPU tensors need the interpreter; pretend it is on, whatever this machine has
+        from s2hc import triton_kernels
+
+        monkeypatch.setattr(triton_kernels, "interpreted", lambda: True)
+    assert select_path(False, kernels, device, compiling) is REFERENCE
+    fast = select_path(True, kernels, device, compiling)
+    assert isinstance(fast, ComputePath)
+    if compiling:
+        assert fast is COMPILED
+    elif kernels == "torch":
+        assert fast is EAGER
+    else:
+        assert fast.name == "triton" and fast.kernels is triton_kernels
+    assert (REFERENCE.fused_mixer, EAGER.fused_mixer, COMPILED.fused_mixer) == (False, False, True)
+
+
+def test_select_path_refuses_bad_options():
+    with pytest.raises(ValueError, match=r"kernels must be one of \['torch', 'triton'\], got 'cuda'"):
+        select_path(True, "cuda", "cpu", False)
+    with pytest.raises(ValueError, match="fused must be True or False, got 'yes'"):
+        select_path("yes", "torch", "cpu", False)
+
+
+@TRITON
+def test_select_path_refuses_triton_on_cpu_without_the_interpreter(monkeypatch):
+    from s2hc import triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "interpreted", lambda: False)
+    with pytest.raises(ValueError, match="kernels='triton' runs on CUDA tensors.*got x on device 'cpu'"):
+        select_path(True, "triton", "cpu", False)
+    assert select_path(True, "triton", "cpu", True) is COMPILED  # compiled: no kernel of ours runs
+    assert select_path(True, "triton", "cuda", False).name == "triton"
+    monkeypatch.setattr(triton_kernels, "interpreted", lambda: True)
+    assert select_path(True, "triton", "cpu", False).name == "triton"
+
+
+@pytest.mark.parametrize("kernels", [pytest.param("torch"), pytest.param("triton", marks=TRITON)])
+def test_torch_compile_selects_the_compiled_path_without_a_graph_break(kernels):
+    """dynamo resolves the selection while tracing (fullgraph=True: no graph break), to the compiled path."""
+    torch._dynamo.reset()
+    hc = HyperConnection(8, 2, kernels=kernels)
+
+    def probe(x):
+        return x + (1.0 if hc.compute_path(x) is COMPILED else 0.0)
+
+    x = torch.zeros(3)
+    assert hc.compute_path(x) is not COMPILED
+    assert torch.compile(probe, fullgraph=True, backend="eager")(x).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_coefficients_shapes_dtypes_and_matrices():
+    hc = HyperConnection(8, 4, family="s2hc")
+    randomize_(hc, torch.Generator().manual_seed(7), 0.5)
+    x = torch.randn(2, 3, 4, 8, generator=torch.Generator().manual_seed(8)).bfloat16()
+    for fused in (None, True, False):
+        pre, post, res = hc.coefficients(x, fused=fused)
+        assert pre.shape == post.shape == (2, 3, 4) and res.shape == (2, 3, 4, 4)
+        assert pre.dtype == post.dtype == res.dtype == torch.float32
+        h = hc.matrices(x, fused=fused)
+        assert all(torch.equal(h[k], v) for k, v in zip(("pre", "post", "res"), (pre, post, res)))
+    residual = HyperConnection(8, 1, family="residual")
+    pre, post, res = residual.coefficients(torch.zeros(2, 3, 1, 8))
+    assert pre.shape == post.shape == (2, 3, 1) and res.shape == (2, 3, 1, 1) and bool((res == 1).all())
 
 
 @pytest.mark.slow

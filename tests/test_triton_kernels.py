@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 pytest.importorskip("triton")
 
+from helpers import Branch, assert_close_to_scale, randomize_, run_connection  # noqa: E402
+
 import s2hc  # noqa: E402
 from s2hc import HyperConnection, triton_kernels  # noqa: E402
-
-from helpers import Branch, assert_close_to_scale, randomize_, run_connection  # noqa: E402
 
 if not (torch.cuda.is_available() or triton_kernels.interpreted()):
     pytest.skip("no GPU and TRITON_INTERPRET was not set before triton was imported", allow_module_level=True)
@@ -212,8 +212,10 @@ def test_kernels_option_errors(monkeypatch):
     with pytest.raises(ValueError, match="needs fused=True"):
         hc.set_options(kernels="triton", fused=False)
     assert (hc.fused, hc.kernels) == (True, "torch")  # a refused change changes nothing
-    monkeypatch.setattr(triton_kernels, "interpreted", lambda: False)
     hc.set_options(kernels="triton")
+    assert hc.compute_path(torch.zeros(1, 1, 2, 8, device=DEVICE)).name == "triton"
+    assert hc.compute_path(torch.zeros(1, 1, 2, 8, device=DEVICE), fused=False).name == "reference"
+    monkeypatch.setattr(triton_kernels, "interpreted", lambda: False)
     with pytest.raises(ValueError, match="kernels='triton' runs on CUDA tensors.*got x on device 'cpu'"):
         hc(torch.randn(1, 2, 2, 8), torch.tanh)
 

@@ -1,6 +1,6 @@
 """The hyper-connection around one branch (attention or MLP), and the stream expansion / reduction.
 
-Per token, with streams ``X ∈ R^{n×C}`` (DESIGN.md section 1)::
+Per token, with streams ``X ∈ R^{n×C}`` (docs/design.md section 1)::
 
     x̃ = RMSNorm(vec(X));  d = x̃ W  (W zero-initialised, nC × (2n + K))
     H_pre = gate(α_pre d_pre + b_pre);  H_post = 2·gate(α_post d_post + b_post);  H_res = M(d_res)
@@ -19,7 +19,8 @@ The n-wide work (norm and projection, read and mix, write) has four implementati
 - ``eager`` (``fused=True``, the default, outside ``torch.compile``): the RMSNorm weight folded into the
   projection, ``d = r · X (diag(w) W)`` with ``r = 1/rms(X)``, so no normed n·C-wide copy is written or
   stored; the read and the mixing in one autograd function that stores only ``X`` and the matrices; the
-  write as one ``addcmul``.
+  write as one ``addcmul``; the family's ``mix`` (without a compiler a batched GEMM is one call, where
+  the broadcast form is one pass over memory per operation).
 - ``compiled`` (``fused=True`` under ``torch.compile``, whatever ``kernels``): the same fold, read and
   mixing as broadcast multiply-adds, and the family's ``mix_fused``, which inductor fuses into a few
   loops over ``X``.
@@ -33,7 +34,8 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import mixers
 from .checks import check_int
-from .mixers import RESIDUAL, check_family, families
+from .mixers import RESIDUAL, check_family
 from .mixers.base import coefficient_dtype, scale_parameter
 
 KERNELS = ("torch", "triton")
@@ -315,7 +317,7 @@ class HyperConnection(nn.Module):
     Args:
         dim: width C of one stream (the branch's input and output width).
         n_streams: number of streams n (1 for ``family="residual"``).
-        family: ``"residual"`` (plain ``x + F(x)``) or a family from :func:`s2hc.mixers.available`.
+        family: ``"residual"`` (plain ``x + F(x)``) or a mixing family (:func:`s2hc.families`).
         layer_index: index of the wrapped sublayer; the read/write gates start favouring stream
             ``layer_index mod n``.
         eps: epsilon of the RMSNorm over all n·C features.
@@ -478,7 +480,8 @@ class HyperConnection(nn.Module):
 
     @staticmethod
     def write(x: torch.Tensor, h: dict[str, torch.Tensor], branch_out: torch.Tensor) -> torch.Tensor:
-        """New streams ``H_res X + H_postᵀ F``: ``x`` ``(B, T, n, C)``, ``branch_out`` ``(B, T, C)`` -> ``(B, T, n, C)``."""
+        """New streams ``H_res X + H_postᵀ F``: ``x`` ``(B, T, n, C)`` and ``branch_out`` ``(B, T, C)`` ->
+        ``(B, T, n, C)``."""
         res, post = h["res"].to(x.dtype), h["post"].to(x.dtype)
         return torch.einsum("btij,btjc->btic", res, x) + post.unsqueeze(-1) * branch_out.unsqueeze(-2)
 
