@@ -24,7 +24,9 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/s2hc compare --config configs/demo-tiny.yaml --families residual,mhc,s2hc --streams 4 --out runs/demo
 
+# Lint (ruff, configured in pyproject.toml), then the whole suite.
 test: $(TEST_STAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 clean:

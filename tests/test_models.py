@@ -3,6 +3,7 @@ window, training, and an initialisation that leaves the hyper-connections alone.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,7 +13,14 @@ import yaml
 
 import s2hc
 from s2hc.models import PRESETS, ModelConfig, Transformer, get_preset
-from s2hc.models.transformer import Attention, rope_cos_sin, sliding_window_mask
+from s2hc.models.transformer import (
+    Attention,
+    AttentionInputs,
+    KVCache,
+    attention_inputs,
+    rope_cos_sin,
+    sliding_window_mask,
+)
 from s2hc.params import count_hc_params
 
 # Each architecture at test size, keeping its features (GQA, QK-norm, biases, Gemma's norms,
@@ -31,7 +39,9 @@ ARCHITECTURES = {
 
 
 def with_mixer(config: ModelConfig, mixer: str, n_streams: int, **options) -> ModelConfig:
-    return ModelConfig.from_dict({**config.to_dict(), "family": mixer, "n_streams": n_streams, "family_options": options})
+    return ModelConfig.from_dict(
+        {**config.to_dict(), "family": mixer, "n_streams": n_streams, "family_options": options}
+    )
 
 
 def ids(batch=2, seq=16, vocab=64, seed=0) -> torch.Tensor:
@@ -131,7 +141,10 @@ def test_defaults_are_resolved():
         (dict(n_heads=4, n_kv_heads=3), r"n_heads must be a multiple of n_kv_heads.*n_kv_heads=3"),
         (dict(family="nope"), r"family must be one of \[.*'residual'.*'s2hc'.*got 'nope'"),
         (dict(family="residual", n_streams=4), r"n_streams must be 1 for family='residual', got n_streams=4"),
-        (dict(family="s2hc", n_streams=4, family_options={"iterations": 3}), r"unknown family_options \['iterations'\]"),
+        (
+            dict(family="s2hc", n_streams=4, family_options={"iterations": 3}),
+            r"unknown family_options \['iterations'\]",
+        ),
         (dict(family_options={"eps": 1e-5}), r"family='residual' takes no family_options"),
         (dict(norm="batchnorm"), r"norm must be one of \['rmsnorm', 'layernorm'\], got 'batchnorm'"),
         (dict(mlp="relu"), r"mlp must be one of \['swiglu', 'geglu', 'gelu'\]"),
@@ -248,6 +261,75 @@ def test_global_layers_see_past_the_window():
         assert (model(y)[:, t] - model(x)[:, t]).abs().max() > 1e-4
 
 
+def recorded_attention_inputs(model: Transformer, *args, **kwargs) -> AttentionInputs:
+    """The :class:`AttentionInputs` that ``model(*args, **kwargs)`` hands to ``run_blocks``."""
+    seen = []
+    run_blocks = model.run_blocks
+    model.run_blocks = lambda x, inputs, cache=None: seen.append(inputs) or run_blocks(x, inputs, cache)
+    try:
+        with torch.no_grad():
+            model(*args, **kwargs)
+    finally:
+        del model.run_blocks
+    (inputs,) = seen
+    return inputs
+
+
+def assert_same_inputs(a: AttentionInputs, b: AttentionInputs) -> None:
+    """Same tensors, dtypes and None-ness (a None mask keeps SDPA's is_causal path) in every field."""
+    for field in dataclasses.fields(AttentionInputs):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        assert (x is None) == (y is None), field.name
+        if x is None:
+            continue
+        pairs = zip(x, y) if isinstance(x, tuple) else [(x, y)]  # rope: (cos, sin)
+        for u, v in pairs:
+            assert u.dtype == v.dtype and torch.equal(u, v), field.name
+
+
+@pytest.mark.parametrize("window", [4, 16])  # inside the 12 positions (a local mask), and covering them (None)
+def test_incremental_attention_inputs_on_an_empty_cache_are_the_full_forwards(window):
+    config = ModelConfig.from_dict(ARCHITECTURES["gemma3"].to_dict() | dict(sliding_window=window))
+    model = Transformer(config).eval()
+    x = ids(seq=12)
+    full = recorded_attention_inputs(model, x)
+    assert full.global_mask is None and (full.local_mask is None) == (window >= 12)
+    assert full.global_rope is not None and full.local_rope is not None
+    for kwargs in [dict(cache=KVCache()), dict(attention_mask=torch.ones(2, 12, dtype=torch.long))]:
+        assert_same_inputs(recorded_attention_inputs(model, x, **kwargs), full)
+    assert_same_inputs(attention_inputs(config, torch.arange(12), past=0), full)
+    rope, mask = full.for_layer(local=True)
+    assert rope is full.local_rope and mask is full.local_mask
+    rope, mask = full.for_layer(local=False)
+    assert rope is full.global_rope and mask is None
+
+
+def test_padded_attention_inputs_hide_padding_keys():
+    model = Transformer(ARCHITECTURES["gemma3"]).eval()  # window 4
+    B, T, pad, W = 2, 10, 3, 4
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[0, :pad] = 0  # sequence 0 left-padded by 3
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = KVCache()
+    prompt = recorded_attention_inputs(model, ids(B, T), cache=cache, attention_mask=mask, position_ids=positions)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    window = sliding_window_mask(torch.arange(T), torch.arange(T), W)
+    for got, allowed in [(prompt.global_mask, causal), (prompt.local_mask, window)]:
+        assert got.shape == (B, 1, T, T) and got.dtype == torch.bool
+        assert torch.equal(got[1, 0], allowed)  # nothing padded in sequence 1
+        assert not got[0, 0, pad:, :pad].any()  # real tokens never see padding keys
+        assert torch.equal(got[0, 0, pad:, pad:], allowed[pad:, pad:])
+        assert torch.equal(got[0, 0, :pad], torch.eye(T, dtype=torch.bool)[:pad])  # padding sees itself only
+    assert torch.equal(prompt.global_rope[0], rope_cos_sin(positions, 16, model.config.rope_theta)[0])
+
+    step_mask = torch.cat((mask, torch.ones(B, 1, dtype=torch.long)), dim=1)
+    step = recorded_attention_inputs(model, ids(B, 1), cache=cache, attention_mask=step_mask,
+                                     position_ids=positions[:, -1:] + 1)  # fmt: skip
+    assert step.global_mask.shape == (B, 1, 1, T + 1)
+    assert torch.equal(step.global_mask[:, 0, 0], step_mask.bool())  # every real key, no padding one
+    assert torch.equal(step.local_mask[:, 0, 0], step_mask.bool() & (torch.arange(T + 1) > T - W))
+
+
 # ---- training and initialisation -----------------------------------------------------------------------
 
 
@@ -282,7 +364,7 @@ def test_every_mixing_family_trains(family):
 
 def test_init_weights_leaves_hyper_connections_alone():
     model = Transformer(with_mixer(ARCHITECTURES["gemma3"], "s2hc", 4))
-    for block in model.blocks:  # DESIGN.md's initialisation: zero projection, α = 0.01
+    for block in model.blocks:  # docs/design.md's initialisation: zero projection, α = 0.01
         assert torch.count_nonzero(block.attn_hc.projection) == 0
         assert block.mlp_hc.alpha_pre.item() == pytest.approx(0.01)
     perturb_(model.parameters(), spread=0.5)

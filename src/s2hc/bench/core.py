@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -118,20 +119,15 @@ class PeerTransformer(Transformer):
             block.mlp_hc = _PeerConnection(config.dim, n_streams, 2 * block.layer + 1, **options)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        config, n = self.config, self.peer_streams
-        T = input_ids.shape[1]
-        positions = torch.arange(T, device=input_ids.device)
-        h = self.embed(input_ids)
-        if self.pos_embed is not None:
-            h = h + self.pos_embed(positions)
-        rope = None
-        if config.pos == "rope":
-            from ..models.transformer import rope_cos_sin
+        """Token ids ``(B, T)`` -> logits ``(B, T, vocab)``, as :meth:`Transformer.forward` without a cache."""
+        from ..models.transformer import attention_inputs
 
-            rope = rope_cos_sin(positions, config.head_dim, config.rope_theta)
-        x = h.repeat_interleave(n, dim=0)  # (b s) t d, the package's expand
-        for block in self.blocks:
-            x = block(x, rope, None)
+        n = self.peer_streams
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        h = self._embed(input_ids, positions)
+        # The masks are None (no window, no padding: causal SDPA), so they broadcast over the package's layout.
+        inputs = attention_inputs(self.config, positions)
+        x = self.run_blocks(h.repeat_interleave(n, dim=0), inputs)  # (b s) t d, the package's expand
         x = x.view(-1, n, *x.shape[1:]).sum(1)
         return self.lm_head(self.norm(x))
 
@@ -297,7 +293,9 @@ def benchmark_steps(
     for variant in variants:
         log(f"building {variant.label} (n={variant.n_streams}, {device.type}{', compiling' if compile else ''})")
         if compile and variant.options.get("kernels") == "triton":
-            log(f"note: {variant.label} compiled runs the PyTorch forms (inductor's kernels), not s2hc's Triton kernels")
+            log(
+                f"note: {variant.label} compiled runs the PyTorch forms (inductor's kernels), not s2hc's Triton kernels"
+            )
         runner = make_runner(preset, variant, batch_size=batch_size, seq_len=seq_len, compile=compile,
                              overrides=overrides, device=device)  # fmt: skip
         try:
@@ -314,7 +312,10 @@ def benchmark_steps(
             for _ in range(steps):
                 samples.append(timed(runner.step, device))
             times[i].append(statistics.median(samples))
-        log(f"repetition {rep + 1}/{repeats}: " + ", ".join(f"{r.variant.label} {times[i][-1]:.3f}s" for i, r in enumerate(runners)))
+        log(
+            f"repetition {rep + 1}/{repeats}: "
+            + ", ".join(f"{r.variant.label} {times[i][-1]:.3f}s" for i, r in enumerate(runners))
+        )
     base = next(i for i, r in enumerate(runners) if r.variant.family == RESIDUAL)
     peaks = {}
     if memory:
@@ -376,17 +377,17 @@ def benchmark_coefficients(
             cases.append((name, fused, hc))
 
     def run(hc: HyperConnection, fused: bool) -> None:
-        pre, post, res = hc._coefficients(x, fused)
+        pre, post, res = hc.coefficients(x, fused)
         (pre.sum() + post.sum() + res.square().sum()).backward()
 
-    for name, fused, hc in cases:
+    for _, fused, hc in cases:  # warm-up
         run(hc, fused)
     times: dict[int, list[float]] = {i: [] for i in range(len(cases))}
     for _ in range(repeats):
-        for i, (name, fused, hc) in enumerate(cases):
-            times[i].append(timed(lambda: run(hc, fused), device) / tokens * 1e9)
+        for i, (_, fused, hc) in enumerate(cases):
+            times[i].append(timed(lambda hc=hc, fused=fused: run(hc, fused), device) / tokens * 1e9)
     rows = []
-    for i, (name, fused, hc) in enumerate(cases):
+    for i, (name, fused, _) in enumerate(cases):
         reference = next((j for j, (m, f, _) in enumerate(cases) if m == "mhc" and f == fused), None)
         ratio = None
         if reference is not None:
@@ -394,7 +395,8 @@ def benchmark_coefficients(
         median, low, high = _spread(times[i])
         rows.append({"family": name, "fused": fused, "n_streams": n_streams, "dim": dim, "ns_per_token": median,
                      "ns_min": low, "ns_max": high, "ratio_vs_mhc": ratio, "device": device.type})  # fmt: skip
-    log("coefficient path: " + ", ".join(f"{r['family']}{'' if r['fused'] else '(ref)'} {r['ns_per_token']:.0f} ns" for r in rows))
+    summary = ", ".join(f"{r['family']}{'' if r['fused'] else '(ref)'} {r['ns_per_token']:.0f} ns" for r in rows)
+    log("coefficient path: " + summary)
     return rows
 
 

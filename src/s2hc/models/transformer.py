@@ -27,6 +27,7 @@ torch.Size([2, 8, 4096])
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -36,7 +37,8 @@ from ..connection import HyperConnection, expand_streams, reduce_streams
 from .config import ModelConfig
 
 __all__ = [
-    "Attention", "Block", "KVCache", "MLP", "RMSNorm", "Transformer", "apply_rope", "make_norm", "rope_cos_sin",
+    "Attention", "AttentionInputs", "Block", "KVCache", "MLP", "RMSNorm", "Transformer", "apply_rope",
+    "attention_inputs", "make_norm", "rope_cos_sin",
 ]  # fmt: skip
 
 
@@ -109,6 +111,93 @@ def sliding_window_mask(q_positions: torch.Tensor, k_positions: torch.Tensor, wi
     """Boolean attention mask ``(Tq, Tk)``, True where query ``t`` may see key ``s``: ``t - window < s <= t``."""
     distance = q_positions[:, None] - k_positions[None, :]
     return (distance >= 0) & (distance < window)
+
+
+# ---- what the attention layers of one forward call share -------------------------------------------------
+
+Rope = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class AttentionInputs:
+    """The RoPE tables and masks of one forward call, for global and for sliding-window (local) layers.
+
+    ``*_rope``: ``(cos, sin)``, each ``(T, head_dim)`` or, for per-sequence positions, ``(B, T, head_dim)``,
+    float32 (see :func:`rope_cos_sin`); None with learned positions, and ``local_rope`` None without a window.
+    ``*_mask``: boolean ``(T, P + T)`` or, with padding, ``(B, 1, T, P + T)``, True where a query may attend
+    to a key; None means plain causal attention over the ``T`` new positions alone, which lets SDPA take its
+    ``is_causal`` path instead of reading a mask.
+    """
+
+    global_rope: Rope | None = None
+    local_rope: Rope | None = None
+    global_mask: torch.Tensor | None = None
+    local_mask: torch.Tensor | None = None
+
+    def for_layer(self, local: bool) -> tuple[Rope | None, torch.Tensor | None]:
+        """``(rope, mask)`` for a sliding-window layer (``local``) or a global one."""
+        return (self.local_rope, self.local_mask) if local else (self.global_rope, self.global_mask)
+
+
+def attention_inputs(
+    config: ModelConfig,
+    positions: torch.Tensor,
+    *,
+    past: int = 0,
+    attention_mask: torch.Tensor | None = None,
+) -> AttentionInputs:
+    """The RoPE tables and masks for ``T`` new tokens at ``positions`` after ``past`` cached ones.
+
+    ``positions``: the tokens' positions for RoPE, LongTensor ``(T,)`` or ``(B, T)`` (left-padded batches give
+    ``cumsum(attention_mask) - 1``). The masks do not depend on them: the new tokens are keys (and queries)
+    ``past .. past + T - 1`` of the ``past + T`` keys, in cache order. ``attention_mask``: ``(B, past + T)``,
+    nonzero for real tokens, 0 for padding, or None for none.
+
+    - ``past == 0`` and nothing padded (an all-ones ``attention_mask`` counts as none): the full-sequence case.
+      Global masks are None (causal SDPA); local layers get a ``(T, T)`` sliding-window mask, or None too
+      when the window covers all ``T`` positions.
+    - Otherwise the queries see keys up to their own slot: masks ``(T, past + T)``, and with padding
+      ``(B, 1, T, past + T)`` where padding keys are hidden and a padding query sees only itself (so that no
+      row is empty, which would give NaN).
+
+    >>> from s2hc.models import get_preset
+    >>> config = get_preset("tiny", sliding_window=2)
+    >>> full = attention_inputs(config, torch.arange(3))
+    >>> full.global_mask is None, full.local_mask.int().tolist(), full.global_rope[0].shape
+    (True, [[1, 0, 0], [1, 1, 0], [0, 1, 1]], torch.Size([3, 32]))
+    >>> step = attention_inputs(config, torch.tensor([3]), past=3)  # one new token after three cached ones
+    >>> step.global_mask.int().tolist(), step.local_mask.int().tolist()
+    ([[1, 1, 1, 1]], [[0, 0, 1, 1]])
+    """
+    device, T = positions.device, positions.shape[-1]
+    total = past + T
+    if attention_mask is not None:
+        attention_mask = attention_mask.to(device=device, dtype=torch.bool)
+        if bool(attention_mask.all()):
+            attention_mask = None  # nothing padded: plain causal attention
+    windowed = config.sliding_window is not None
+    inputs = AttentionInputs()
+    if config.pos == "rope":
+        inputs.global_rope = rope_cos_sin(positions, config.head_dim, config.rope_theta)
+        if windowed:
+            inputs.local_rope = rope_cos_sin(positions, config.head_dim, config.local_rope_theta)
+    slots = torch.arange(past, total, device=device)  # where the new tokens sit among the keys
+    if past == 0 and attention_mask is None:
+        if windowed and config.sliding_window < T:  # otherwise the window covers everything: plain causal
+            inputs.local_mask = sliding_window_mask(slots, slots, config.sliding_window)
+        return inputs
+    keys = torch.arange(total, device=device)
+    inputs.global_mask = keys[None, :] <= slots[:, None]  # (T, P + T)
+    if windowed:
+        inputs.local_mask = sliding_window_mask(slots, keys, config.sliding_window)
+    if attention_mask is not None:
+        # padding keys are hidden; a padding query attends to itself only, so no row is empty (no NaN)
+        keep = attention_mask[:, None, None, :]
+        self_only = (keys[None, :] == slots[:, None])[None, None]
+        inputs.global_mask = (inputs.global_mask[None, None] & keep) | self_only
+        if inputs.local_mask is not None:
+            inputs.local_mask = (inputs.local_mask[None, None] & keep) | self_only
+    return inputs
 
 
 # ---- KV cache --------------------------------------------------------------------------------------------
@@ -303,6 +392,9 @@ class Transformer(nn.Module):
     ``attention_mask`` ``(B, P + T)``, 1 for real tokens and 0 for padding (keys at padding are never attended
     to); ``position_ids`` ``(B, T)``, each token's position for RoPE or the learned table (default
     ``P .. P + T - 1``; give ``cumsum(attention_mask) - 1`` for left-padded batches).
+
+    Either way the RoPE tables and masks come from :func:`attention_inputs` and the blocks run in
+    :meth:`run_blocks`, so subclasses that change the streams' layout reuse both.
     """
 
     def __init__(self, config: ModelConfig):
@@ -321,7 +413,7 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Re-initialise every weight except the hyper-connections' (they keep DESIGN.md's initialisation).
+        """Re-initialise every weight except the hyper-connections' (they keep theirs, docs/design.md section 1).
 
         Linear and embedding weights ~ N(0, init_std²); the residual output projections (attention ``o_proj``,
         MLP ``down_proj``) ~ N(0, (init_std / sqrt(2 · n_layers))²) as in GPT-2; biases 0; norms to identity
@@ -393,25 +485,23 @@ class Transformer(nn.Module):
         if cache is not None or attention_mask is not None or position_ids is not None:
             return self._forward_incremental(input_ids, cache, attention_mask, position_ids)
         T = input_ids.shape[1]
-        if T > self.config.max_seq_len:
+        if self.config.max_seq_len < T:
             raise ValueError(f"input_ids has {T} positions, more than max_seq_len={self.config.max_seq_len}")
-        config = self.config
         positions = torch.arange(T, device=input_ids.device)
         h = self._embed(input_ids, positions)
-
-        global_rope = local_rope = local_mask = None
-        if config.pos == "rope":
-            global_rope = rope_cos_sin(positions, config.head_dim, config.rope_theta)
-        if config.sliding_window is not None:
-            if config.pos == "rope":
-                local_rope = rope_cos_sin(positions, config.head_dim, config.local_rope_theta)
-            if config.sliding_window < T:  # otherwise the window covers everything: plain causal attention
-                local_mask = sliding_window_mask(positions, positions, config.sliding_window)
-
-        x = expand_streams(h, config.n_streams)
-        for block in self.blocks:
-            x = block(x, local_rope, local_mask) if block.local else block(x, global_rope, None)
+        x = self.run_blocks(expand_streams(h, self.config.n_streams), attention_inputs(self.config, positions))
         return self.lm_head(self.norm(reduce_streams(x)))
+
+    def run_blocks(self, x: torch.Tensor, inputs: AttentionInputs, cache=None) -> torch.Tensor:
+        """Every block in order on streams ``x`` ``(B, T, n, C)`` (or the layout the blocks' connections take,
+        e.g. the benchmark peer's ``(B · n, T, C)``), each layer with its ``(rope, mask)`` from ``inputs``
+        (:func:`attention_inputs`) and, when decoding, appending its keys and values to ``cache``; returns
+        ``x``'s shape.
+        """
+        # Each block is called as a module, so blocks compiled in place (block.compile()) run compiled.
+        for block in self.blocks:
+            x = block(x, *inputs.for_layer(block.local), cache)
+        return x
 
     def _embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Token embeddings (scaled for Gemma) plus learned positions ``(T,)`` or ``(B, T)``: ``(B, T, C)``."""
@@ -432,56 +522,24 @@ class Transformer(nn.Module):
             raise ValueError(
                 f"{past} cached + {T} new positions = {total}, more than max_seq_len={config.max_seq_len}"
             )
-        if attention_mask is not None:
-            if attention_mask.shape != (B, total):
-                raise ValueError(
-                    f"attention_mask must have shape (batch, cached + new positions) = {(B, total)}, "
-                    f"got {tuple(attention_mask.shape)}"
-                )
-            attention_mask = attention_mask.to(device=device, dtype=torch.bool)
-            if bool(attention_mask.all()):
-                attention_mask = None  # nothing padded: plain causal attention
-        slots = torch.arange(past, total, device=device)  # where the new tokens sit in the cache
+        if attention_mask is not None and attention_mask.shape != (B, total):
+            raise ValueError(
+                f"attention_mask must have shape (batch, cached + new positions) = {(B, total)}, "
+                f"got {tuple(attention_mask.shape)}"
+            )
         if position_ids is None:
-            positions = slots
+            positions = torch.arange(past, total, device=device)
         else:
             if tuple(position_ids.shape) not in ((B, T), (1, T), (T,)):
-                raise ValueError(f"position_ids must have shape (batch, time) = {(B, T)}, got {tuple(position_ids.shape)}")
+                raise ValueError(
+                    f"position_ids must have shape (batch, time) = {(B, T)}, got {tuple(position_ids.shape)}"
+                )
             positions = position_ids.to(device=device, dtype=torch.long)
             if positions.dim() == 2 and positions.shape[0] == 1:
                 positions = positions[0]
         h = self._embed(input_ids, positions)
-
-        global_rope = local_rope = None
-        if config.pos == "rope":
-            global_rope = rope_cos_sin(positions, config.head_dim, config.rope_theta)
-            if config.sliding_window is not None:
-                local_rope = rope_cos_sin(positions, config.head_dim, config.local_rope_theta)
-        if past == 0 and attention_mask is None:  # the prompt of an empty cache: as without one
-            global_mask = None
-            local_mask = None
-            if config.sliding_window is not None and config.sliding_window < T:
-                local_mask = sliding_window_mask(slots, slots, config.sliding_window)
-        else:
-            keys = torch.arange(total, device=device)
-            global_mask = keys[None, :] <= slots[:, None]  # (T, P + T)
-            local_mask = None
-            if config.sliding_window is not None:
-                local_mask = sliding_window_mask(slots, keys, config.sliding_window)
-            if attention_mask is not None:
-                # padding keys are hidden; a padding query attends to itself only, so no row is empty (no NaN)
-                keep = attention_mask[:, None, None, :]
-                self_only = (keys[None, :] == slots[:, None])[None, None]
-                global_mask = (global_mask[None, None] & keep) | self_only
-                if local_mask is not None:
-                    local_mask = (local_mask[None, None] & keep) | self_only
-
-        x = expand_streams(h, config.n_streams)
-        for block in self.blocks:
-            if block.local:
-                x = block(x, local_rope, local_mask, cache)
-            else:
-                x = block(x, global_rope, global_mask, cache)
+        inputs = attention_inputs(config, positions, past=past, attention_mask=attention_mask)
+        x = self.run_blocks(expand_streams(h, config.n_streams), inputs, cache)
         return self.lm_head(self.norm(reduce_streams(x)))
 
     def extra_repr(self) -> str:
