@@ -7,7 +7,10 @@ Per token, with streams ``X ∈ R^{n×C}`` (docs/design.md section 1)::
     X' = H_res X + H_postᵀ F(H_pre X)
 
 The coefficient path (norm, projection, gates, constraint map) runs in at least float32 whatever the
-model's dtype; the three matrices are cast back to the stream dtype for the mixing itself.
+model's dtype; the three matrices are cast to the stream dtype for the mixing itself. Under
+``torch.autocast`` only the branch runs autocast: the coefficients, the read, the mixing and the write run
+in the streams' own dtype, so a float32 residual stream is never rounded to bfloat16 (as in a plain
+residual model, where ``x + F(x)`` stays float32 and the branch output is the one low-precision term).
 
 The n-wide work (norm and projection, read and mix, write) has four implementations, the compute paths
 (:class:`ComputePath`); :func:`select_path` picks one per call, from ``fused``, ``kernels`` and whether
@@ -127,6 +130,14 @@ class _ReadMix(torch.autograd.Function):
 # ---------------------------------------------------------------------------------------- compute paths
 
 
+def _stream_precision(x: torch.Tensor):
+    """A context in which the stream operations on ``x`` run in ``x``'s dtype: autocast off for its device.
+
+    Autocast would run ``H_res X`` and the projection in bfloat16 and round the whole residual stream at
+    every sublayer; only the branch, called outside this context, should see autocast."""
+    return torch.autocast(x.device.type, enabled=False)
+
+
 def _folded_weight(norm_weight: torch.Tensor, projection: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``diag(w) W`` ``(nC, K)`` in ``dtype``: ``RMSNorm(X) W = r · X (diag(w) W)``, so the fast paths never
     write (or store for backward) the normed n·C-wide features."""
@@ -182,7 +193,7 @@ class ReferencePath(ComputePath):
         return h, torch.einsum("btij,btjc->btic", res.to(x.dtype), x)
 
     def write(self, mixed, post, branch_out):
-        return mixed + post.to(mixed.dtype).unsqueeze(-1) * branch_out.unsqueeze(-2)
+        return mixed + post.to(mixed.dtype).unsqueeze(-1) * branch_out.to(mixed.dtype).unsqueeze(-2)
 
 
 class EagerPath(ComputePath):
@@ -201,7 +212,7 @@ class EagerPath(ComputePath):
         return _ReadMix.apply(x, pre.to(x.dtype), res.to(x.dtype))
 
     def write(self, mixed, post, branch_out):
-        return torch.addcmul(mixed, post.to(mixed.dtype).unsqueeze(-1), branch_out.unsqueeze(-2))
+        return torch.addcmul(mixed, post.to(mixed.dtype).unsqueeze(-1), branch_out.to(mixed.dtype).unsqueeze(-2))
 
 
 class CompiledPath(EagerPath):
@@ -245,7 +256,7 @@ class TritonPath(ComputePath):
         return self.kernels.read_mix(x, pre, res)
 
     def write(self, mixed, post, branch_out):
-        return self.kernels.write(mixed, post, branch_out)
+        return self.kernels.write(mixed, post, branch_out.to(mixed.dtype))
 
 
 REFERENCE, EAGER, COMPILED = ReferencePath(), EagerPath(), CompiledPath()
@@ -329,6 +340,12 @@ class HyperConnection(nn.Module):
         kernels: ``"torch"`` (default) or ``"triton"``: the fast path's n-wide passes as Triton kernels
             (needs ``fused=True`` and the ``triton`` package; CUDA tensors, or CPU under
             ``TRITON_INTERPRET=1``). Under ``torch.compile`` the PyTorch forms run, which inductor fuses.
+        transpose_res: mix with ``H_resᵀ`` (``X' = H_resᵀ X + ...``), as the s²HC authors' released code
+            does, instead of the mHC paper's ``X' = H_res X`` (default False; rows of the applied matrix are
+            output streams either way). For s2hc, mhc-lite, kromhc, hc and the ablations the set of
+            matrices is closed under transposition, so only the parameterisation changes; for mhc it swaps
+            which sums are exact (rows by default, columns when transposed). :meth:`coefficients` returns
+            the matrix as applied.
         **family_options: passed to the family (e.g. ``iterations`` for ``mhc``, ``rotation`` for ``s2hc``).
 
     ``forward(x, branch, *args, **kwargs)``: ``x`` ``(B, T, n, C)``, ``branch`` any callable
@@ -347,6 +364,7 @@ class HyperConnection(nn.Module):
         fused: bool = True,
         recompute: bool = False,
         kernels: str = "torch",
+        transpose_res: bool = False,
         **family_options: Any,
     ):
         super().__init__()
@@ -354,14 +372,18 @@ class HyperConnection(nn.Module):
         check_int("n_streams", n_streams)
         check_int("layer_index", layer_index, minimum=0)
         check_family(family)
+        if not isinstance(transpose_res, bool):
+            raise ValueError(f"transpose_res must be True or False, got {transpose_res!r}")
         self.dim, self.n_streams, self.family, self.layer_index, self.eps = dim, n_streams, family, layer_index, eps
+        self.transpose_res = transpose_res
         self.fused, self.recompute, self.kernels = True, False, "torch"
         self.set_options(fused=fused, recompute=recompute, kernels=kernels)
         if family == RESIDUAL:
             if n_streams != 1:
                 raise ValueError(f"n_streams must be 1 for family='residual', got {n_streams}")
-            if family_options:
-                raise ValueError(f"family='residual' takes no options, got {sorted(family_options)}")
+            if family_options or transpose_res:
+                options = sorted({*family_options, *(["transpose_res"] if transpose_res else [])})
+                raise ValueError(f"family='residual' takes no options, got {options}")
             self.mixer = None
             return
         self.mixer = mixers.build(family, n_streams, **family_options)
@@ -431,13 +453,15 @@ class HyperConnection(nn.Module):
 
         ``pre`` ``(B, T, n)``, ``post`` ``(B, T, n)`` and ``res`` ``(B, T, n, n)``, in at least float32
         (x's dtype promoted to float32). ``fused`` (default: the module's setting) picks a fast path or the
-        reference (:func:`select_path`). For ``family="residual"``: ones, with n = 1.
+        reference (:func:`select_path`). ``res`` is the matrix as applied, ``X' = res X`` (transposed with
+        ``transpose_res``). Computed without autocast. For ``family="residual"``: ones, with n = 1.
         """
         self._check_streams(x)
         if self.is_residual:
             ones = torch.ones(*x.shape[:2], 1, dtype=coefficient_dtype(x.dtype), device=x.device)
             return ones, ones, ones.unsqueeze(-1)
-        return self._coefficients_on(x, self.compute_path(x, fused))
+        with _stream_precision(x):
+            return self._coefficients_on(x, self.compute_path(x, fused))
 
     def matrices(self, x: torch.Tensor, fused: bool | None = None) -> dict[str, torch.Tensor]:
         """:meth:`coefficients` as a dict: ``pre`` ``(B, T, n)``, ``post`` ``(B, T, n)``, ``res`` ``(B, T, n, n)``."""
@@ -458,36 +482,43 @@ class HyperConnection(nn.Module):
         else:
             pre = torch.sigmoid(alpha_pre * d_pre + bias_pre)
             post = 2.0 * torch.sigmoid(alpha_post * d_post + bias_post)
-        return pre, post, self.mixer(d_res, fused=path.fused_mixer)
+        res = self.mixer(d_res, fused=path.fused_mixer)
+        return pre, post, res.mT if self.transpose_res else res
 
     def forward(self, x: torch.Tensor, branch: Callable[..., torch.Tensor], *args, **kwargs) -> torch.Tensor:
         self._check_streams(x)
         if self.is_residual:
             return x + self._call_branch(branch, x.squeeze(-2), args, kwargs).unsqueeze(-2)
         path = self.compute_path(x)
-        if self.recompute and torch.is_grad_enabled():
-            pre, post, res = checkpoint(self._coefficients_on, x, path, use_reentrant=False)
-        else:
-            pre, post, res = self._coefficients_on(x, path)
-        branch_in, mixed = path.read_mix(x, pre, res)
-        return path.write(mixed, post, self._call_branch(branch, branch_in, args, kwargs))
+        with _stream_precision(x):
+            if self.recompute and torch.is_grad_enabled():
+                pre, post, res = checkpoint(self._coefficients_on, x, path, use_reentrant=False)
+            else:
+                pre, post, res = self._coefficients_on(x, path)
+            branch_in, mixed = path.read_mix(x, pre, res)
+        branch_out = self._call_branch(branch, branch_in, args, kwargs)  # the one part that runs under autocast
+        with _stream_precision(x):
+            return path.write(mixed, post, branch_out)
 
     @staticmethod
     def read(x: torch.Tensor, h: dict[str, torch.Tensor]) -> torch.Tensor:
         """Branch input ``H_pre X``: streams ``(B, T, n, C)`` -> ``(B, T, C)``, in x's dtype (the reference's
         form; ``h`` as returned by :meth:`matrices`)."""
-        return torch.einsum("btn,btnc->btc", h["pre"].to(x.dtype), x)
+        with _stream_precision(x):
+            return torch.einsum("btn,btnc->btc", h["pre"].to(x.dtype), x)
 
     @staticmethod
     def write(x: torch.Tensor, h: dict[str, torch.Tensor], branch_out: torch.Tensor) -> torch.Tensor:
         """New streams ``H_res X + H_postᵀ F``: ``x`` ``(B, T, n, C)`` and ``branch_out`` ``(B, T, C)`` ->
         ``(B, T, n, C)``."""
         res, post = h["res"].to(x.dtype), h["post"].to(x.dtype)
-        return torch.einsum("btij,btjc->btic", res, x) + post.unsqueeze(-1) * branch_out.unsqueeze(-2)
+        with _stream_precision(x):
+            return torch.einsum("btij,btjc->btic", res, x) + post.unsqueeze(-1) * branch_out.to(x.dtype).unsqueeze(-2)
 
     def extra_repr(self) -> str:
         text = f"dim={self.dim}, n_streams={self.n_streams}, family={self.family!r}, layer_index={self.layer_index}"
         if not self.is_residual:
             text += f", fused={self.fused}" + (", recompute=True" if self.recompute else "")
             text += ", kernels='triton'" if self.kernels == "triton" else ""
+            text += ", transpose_res=True" if self.transpose_res else ""
         return text

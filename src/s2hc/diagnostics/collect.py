@@ -78,6 +78,7 @@ class Capture:
     post: torch.Tensor
     similarity: torch.Tensor
     streams: torch.Tensor | None = None
+    transposed: list[bool] = field(default_factory=list)  # per connection: transpose_res
 
     @property
     def family(self) -> str | None:
@@ -86,13 +87,15 @@ class Capture:
 
     def summary(self, **options: Any) -> dict[str, Any]:
         """Every measurement per layer and across depth: :func:`~s2hc.diagnostics.summary.summarize`."""
-        return summarize(self.res, self.pre, self.post, self.similarity, names=self.names, family=self.family,
-                         similarity_names=self.names + ["output"], **options)
+        family = self.family if len(set(self.transposed)) <= 1 else None
+        return summarize(self.res, self.pre, self.post, self.similarity, names=self.names, family=family,
+                         transposed=any(self.transposed), similarity_names=self.names + ["output"], **options)
 
 
 @dataclass
 class _Record:
     family: str
+    transposed: bool = False
     pre: list = field(default_factory=list)
     post: list = field(default_factory=list)
     res: list = field(default_factory=list)
@@ -139,7 +142,7 @@ class Recorder(contextlib.AbstractContextManager):
             with torch.no_grad():
                 sample = self._sample(x)
                 h = mod.matrices(sample.unsqueeze(0))
-                record = self.records.setdefault(name, _Record(mod.family))
+                record = self.records.setdefault(name, _Record(mod.family, mod.transpose_res))
                 if name not in self.order:
                     self.order.append(name)
                 record.pre.append(h["pre"][0].cpu())
@@ -193,6 +196,7 @@ class Recorder(contextlib.AbstractContextManager):
             post=torch.stack([cat(r.post) for r in recs]),
             similarity=torch.stack(sim),
             streams=streams,
+            transposed=[r.transposed for r in recs],
         )
 
 

@@ -9,6 +9,7 @@ what was measured.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -83,6 +84,7 @@ def summarize(
     family: str | None = None,
     similarity_names: Sequence[str] | None = None,
     tol: float = DEFAULT_TOLERANCE,
+    transposed: bool = False,
 ) -> dict[str, Any]:
     """Every measurement of docs/design.md section 2 for ``L`` connections over the same ``N`` tokens.
 
@@ -93,7 +95,8 @@ def summarize(
             one's output, L' = L + 1), or None.
         names: a label per connection (default ``"0"``, ``"1"``, ...); ``similarity_names`` one per entry of
             ``similarity`` (default ``names`` plus ``"output"``).
-        family: the family's name, for :func:`guarantee_checks` (omitted when None or unknown).
+        family: the family's name, for :func:`guarantee_checks` (omitted when None or unknown);
+            ``transposed``: the connections applied ``H_resᵀ`` (``transpose_res``).
 
     Returns a JSON-ready dict: ``layers``, ``depth``, ``tokens``, ``n_streams``, and one key per measurement.
     Per layer (distributions over tokens, see :func:`distribution`): ``row_sum_error``, ``col_sum_error``,
@@ -156,7 +159,7 @@ def summarize(
     out["headline"] = headline(out)
     if family in list(mixers.REGISTRY):
         measured = {"single": (res, sums, norms), "composite": (composite, composite_sums, composite_norms)}
-        out["guarantees"] = guarantee_checks(family, res, composite, tol, _measured=measured)
+        out["guarantees"] = guarantee_checks(family, res, composite, tol, transposed=transposed, _measured=measured)
     return out
 
 
@@ -189,15 +192,19 @@ def headline(summary: dict[str, Any]) -> dict[str, float | None]:
 
 
 def guarantee_checks(family: str, res: torch.Tensor, composite: torch.Tensor | None = None,
-                     tol: float = DEFAULT_TOLERANCE, _measured: dict | None = None) -> list[dict[str, Any]]:
+                     tol: float = DEFAULT_TOLERANCE, transposed: bool = False,
+                     _measured: dict | None = None) -> list[dict[str, Any]]:
     """Each flag of ``mixers.get(family).guarantees`` that is claimed, with the measured worst case.
 
     ``res`` ``(L, N, n, n)``; ``composite`` (default: its :func:`~s2hc.diagnostics.measures.composite_product`)
     is checked too when the family claims ``closed_under_products``. Returns a list of
     ``{"property", "claimed", "measured", "tolerance", "holds"}``; a claim holds when the worst deviation is at
-    most ``tol`` (``tol · L`` for the composite, whose rounding grows with depth).
+    most ``tol`` (``tol · L`` for the composite, whose rounding grows with depth). ``transposed``: ``res`` is
+    the family's matrix transposed (``HyperConnection(transpose_res=True)``), so its row and column claims swap.
     """
     flags = mixers.get(family).guarantees
+    if transposed:
+        flags = dataclasses.replace(flags, row_sums_one=flags.col_sums_one, col_sums_one=flags.row_sums_one)
     res = measures._matrices(res, "res")
     composite = measures.composite_product(res) if composite is None else composite
     depth = res.shape[0]

@@ -25,8 +25,8 @@ __all__ = ["ModelConfig", "PRESETS", "get_preset"]
 NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "geglu", "gelu")
 POSITIONS = ("rope", "learned")
-# HyperConnection's own keyword (its RMSNorm epsilon), accepted beside the family's options.
-CONNECTION_OPTIONS = ("eps",)
+# HyperConnection's own keywords (its RMSNorm epsilon; mixing with H_resᵀ), accepted beside the family's options.
+CONNECTION_OPTIONS = ("eps", "transpose_res")
 
 
 def _fail(name: str, value: Any, allowed: str) -> ValueError:
