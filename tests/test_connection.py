@@ -37,10 +37,16 @@ class Scale(nn.Module):
 def reference_forward(hc: HyperConnection, x: torch.Tensor, branch) -> torch.Tensor:
     """The equations of docs/design.md section 1 in float64, sharing only the constraint map with the module."""
     n = hc.n_streams
-    flat = x.double().flatten(-2)
-    normed = flat / flat.pow(2).mean(-1, keepdim=True).add(hc.eps).sqrt() * hc.norm_weight.double()
-    d = normed @ hc.projection.double()
-    d_pre, d_post, d_res = d[..., :n], d[..., n : 2 * n], d[..., 2 * n :]
+    if hc.per_stream:  # HC paper: each stream normed and projected alone; H_res[t, s] from stream s's row
+        xs = x.double()
+        normed = xs / xs.pow(2).mean(-1, keepdim=True).add(hc.eps).sqrt() * hc.norm_weight.double()
+        d = normed @ hc.projection.double()  # (B, T, n, 2 + n)
+        d_pre, d_post, d_res = d[..., 0], d[..., 1], d[..., 2:].transpose(-1, -2).flatten(-2)
+    else:
+        flat = x.double().flatten(-2)
+        normed = flat / flat.pow(2).mean(-1, keepdim=True).add(hc.eps).sqrt() * hc.norm_weight.double()
+        d = normed @ hc.projection.double()
+        d_pre, d_post, d_res = d[..., :n], d[..., n : 2 * n], d[..., 2 * n :]
     if hc.mixer.gate == "tanh":
         pre = hc.bias_pre.double() + hc.alpha_pre.double() * torch.tanh(d_pre)
         post = hc.bias_post.double() + hc.alpha_post.double() * torch.tanh(d_post)

@@ -388,8 +388,12 @@ class HyperConnection(nn.Module):
             return
         self.mixer = mixers.build(family, n_streams, **family_options)
         n, width = n_streams, n_streams * dim
-        self.norm_weight = nn.Parameter(torch.ones(width))
-        self.projection = nn.Parameter(torch.zeros(width, 2 * n + self.mixer.num_inputs))
+        if self.per_stream:  # the HC paper's form: each stream normed and projected alone, by shared weights
+            self.norm_weight = nn.Parameter(torch.ones(dim))
+            self.projection = nn.Parameter(torch.zeros(dim, 2 + n))
+        else:
+            self.norm_weight = nn.Parameter(torch.ones(width))
+            self.projection = nn.Parameter(torch.zeros(width, 2 * n + self.mixer.num_inputs))
         self.alpha_pre = scale_parameter(0.01)
         self.alpha_post = scale_parameter(0.01)
         if self.mixer.gate == "tanh":  # HC: read one stream, write to all
@@ -405,6 +409,11 @@ class HyperConnection(nn.Module):
     @property
     def is_residual(self) -> bool:
         return self.mixer is None
+
+    @property
+    def per_stream(self) -> bool:
+        """Whether the coefficients come from each stream alone (``hc`` with ``projection="per-stream"``)."""
+        return bool(getattr(self.mixer, "per_stream", False))
 
     def set_options(self, fused: bool | None = None, recompute: bool | None = None, kernels: str | None = None):
         """Change how the connection computes (not what): ``fused``, ``recompute``, ``kernels`` as in the
@@ -471,9 +480,12 @@ class HyperConnection(nn.Module):
         self, x: torch.Tensor, path: ComputePath
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         dtype = coefficient_dtype(x.dtype)
-        d = path.norm_project(x.flatten(-2), self.norm_weight, self.projection, self.eps)
         n = self.n_streams
-        d_pre, d_post, d_res = d.split([n, n, self.mixer.num_inputs], dim=-1)
+        if self.per_stream:
+            d_pre, d_post, d_res = self._per_stream_projection(x.to(dtype))
+        else:
+            d = path.norm_project(x.flatten(-2), self.norm_weight, self.projection, self.eps)
+            d_pre, d_post, d_res = d.split([n, n, self.mixer.num_inputs], dim=-1)
         alpha_pre, alpha_post = self.alpha_pre.to(dtype), self.alpha_post.to(dtype)
         bias_pre, bias_post = self.bias_pre.to(dtype), self.bias_post.to(dtype)
         if self.mixer.gate == "tanh":  # HC: b + α·tanh(d)
@@ -484,6 +496,15 @@ class HyperConnection(nn.Module):
             post = 2.0 * torch.sigmoid(alpha_post * d_post + bias_post)
         res = self.mixer(d_res, fused=path.fused_mixer)
         return pre, post, res.mT if self.transpose_res else res
+
+    def _per_stream_projection(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The HC paper's ``d``: stream s, normed alone, gives its read weight ``d[s, 0]``, its write weight
+        ``d[s, 1]`` and row s of ``A_r`` ``d[s, 2:]``. ``d_res`` is returned as ``A_rᵀ`` flattened, so that the
+        mixer's ``H_res[t, s] = B[t, s] + α tanh(A_r[s, t])`` has output streams in its rows like every family.
+        The projection is C × (n + 2) per stream: the compute paths' n·C-wide fusions do not apply."""
+        normed = F.rms_norm(x, (self.dim,), self.norm_weight.to(x.dtype), self.eps)
+        d = normed @ self.projection.to(x.dtype)  # (B, T, n, 2 + n)
+        return d[..., 0], d[..., 1], d[..., 2:].mT.flatten(-2)
 
     def forward(self, x: torch.Tensor, branch: Callable[..., torch.Tensor], *args, **kwargs) -> torch.Tensor:
         self._check_streams(x)

@@ -7,6 +7,8 @@ from torch import nn
 
 from .base import Guarantees, Mixer, scale_parameter
 
+PROJECTIONS = ("per-stream", "flat")
+
 
 class HCMixer(Mixer):
     """``H_res = B + α · tanh(d)`` with a learnable static ``B`` (initialised to ``I``). K = n².
@@ -14,19 +16,40 @@ class HCMixer(Mixer):
     Nothing bounds the result: products over depth may amplify (the instability mHC was made for).
     As in HC, the connection's ``H_pre``/``H_post`` are tanh-based too (``gate = "tanh"``).
     Input ``(..., n²)`` read row-major; output ``(..., n, n)``.
+
+    ``projection`` says how the connection computes ``d`` (the mixer itself is the same map):
+
+    - ``"per-stream"`` (default; the HC paper's dynamic HC and lucidrains' ``hyper-connections``): each
+      stream is normalised on its own (RMSNorm over C, one weight shared by the streams) and projected by
+      one shared ``W ∈ R^{C × (2 + n)}`` to its read weight, its write weight and its row of ``A_r``; the
+      connection applies ``H_res = A_rᵀ`` (stream s's row says where stream s goes).
+    - ``"flat"``: mHC's form, one RMSNorm over all n·C features and ``W ∈ R^{nC × (2n + n²)}``, which lets
+      each coefficient see every stream; the form every other family uses, so ``hc`` can be compared with
+      them with only the constraint changed.
     """
 
     name = "hc"
     guarantees = Guarantees()
     gate = "tanh"
 
-    def __init__(self, n_streams: int, alpha: float = 0.01):
+    def __init__(self, n_streams: int, alpha: float = 0.01, projection: str = "per-stream"):
         super().__init__(n_streams)
+        if projection not in PROJECTIONS:
+            raise ValueError(f"projection must be one of {list(PROJECTIONS)}, got {projection!r}")
+        self.projection = projection
         self.num_inputs = n_streams * n_streams
         self.alpha = scale_parameter(alpha)
         self.bias = nn.Parameter(torch.eye(n_streams))
+
+    @property
+    def per_stream(self) -> bool:
+        """Whether the connection projects each stream on its own (read by :class:`s2hc.HyperConnection`)."""
+        return self.projection == "per-stream"
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:
         n = self.n_streams
         alpha, bias = self.alpha.to(d_res.dtype), self.bias.to(d_res.dtype)
         return bias + alpha * torch.tanh(d_res).unflatten(-1, (n, n))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, projection={self.projection!r}"
