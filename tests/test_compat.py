@@ -222,15 +222,40 @@ def test_bad_num_streams(num_streams):
 @pytest.mark.parametrize(
     "kwargs, name",
     [
-        ({"num_fracs": 2}, "num_fracs"),
-        ({"add_stream_embed": True}, "add_stream_embed"),
+        ({"num_fracs": 0}, "num_fracs"),
+        ({"add_stream_embed": True}, "add_stream_embed"),  # needs dim
+        ({"add_stream_embed": 1}, "add_stream_embed"),
         ({"family": "nope"}, "family"),
         ({"rotation": "cayley", "iterations": 3}, "iterations"),
+        ({"sinkhorn_iters": 10}, "sinkhorn_iters.*iterations"),
     ],
 )
 def test_unsupported_options(kwargs, name):
     with pytest.raises(ValueError, match=name):
         compat.get_init_and_expand_reduce_stream_functions(STREAMS, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, name",
+    [
+        ({"tanh": False}, ValueError, "tanh=False is not supported"),
+        ({"log_domain_sinkhorn": True}, ValueError, "log_domain_sinkhorn"),
+        ({"num_dynamic_alpha_proposals": 2}, ValueError, "num_dynamic_alpha_proposals"),
+        ({"residual_mix_constraint_fn": abs}, ValueError, "residual_mix_constraint_fn"),
+        ({"forward_method_names": ("f",)}, ValueError, "forward_method_names"),
+        ({"typo_option": 1}, TypeError, "typo_option"),
+        ({"num_fracs": 3}, ValueError, "divisible by num_fracs=3"),
+        ({"num_input_views": 0}, ValueError, "num_input_views"),
+        ({"dropout": 1.0}, ValueError, "dropout"),
+        ({"channel_first": "yes"}, ValueError, "channel_first"),
+        ({"add_branch_out_to_residual": None}, ValueError, "add_branch_out_to_residual"),
+    ],
+)
+def test_unsupported_init_arguments_are_refused_by_name(kwargs, error, name):
+    """Nothing the package's init accepts is silently ignored by an enabled connection."""
+    init = compat.get_init_and_expand_reduce_stream_functions(STREAMS, dim=DIM)[0]
+    with pytest.raises(error, match=name):
+        init(branch=nn.Identity(), **kwargs)
 
 
 def test_leading_dim_not_divisible_by_streams():
