@@ -161,19 +161,65 @@ def test_num_inputs_per_family(name, n):
 
 @pytest.mark.parametrize("name,n", family_sizes(["mhc", "mhc-lite", "kromhc", "s2hc", "isometric"]))
 def test_near_identity_at_initialisation(name, n):
-    mixer = build(name, n)
+    # The permutation families with their papers' −8 start far from I at n ≥ 5 (tested exactly below);
+    # the n-independent bias keeps every mixture within e⁻⁸ of I, so the bound holds at every n.
+    options = {"off_identity_bias": "n-independent"} if name in ("mhc-lite", "kromhc") else {}
+    mixer = build(name, n, **options)
     h = mixer(torch.zeros(1, mixer.num_inputs))[0]
-    # mhc keeps DESIGN's literal −8 per off-diagonal entry, so at n = 8 the diagonal is 1 − 7e⁻⁸.
+    # mhc keeps the paper's −8 per off-diagonal entry, so at n = 8 the diagonal is 1 − 7e⁻⁸.
     tol = 2e-3 if not (name == "mhc" and n == 8) else 7 * math.exp(-8) * 1.01
     assert (h - torch.eye(n)).abs().max().item() <= tol
 
 
-def test_literal_mhc_lite_bias_is_available_and_further_from_identity():
-    paper = build("mhc-lite", 4, off_identity_bias=-8.0)
-    h = paper(torch.zeros(1, 24))[0]
-    # 18 of the 23 non-identity permutations move each diagonal entry: 1 − diag = 18 e⁻⁸ / (1 + 23 e⁻⁸).
-    expected = 18 * math.exp(-8) / (1 + 23 * math.exp(-8))
-    torch.testing.assert_close(1 - h.diagonal(), torch.full((4,), expected), atol=1e-6, rtol=0)
+def paper_bias_diagonal(size: int) -> float:
+    """Diagonal of a mix of all size! permutations with bias 0 on I and −8 on the others, at d = 0.
+
+    Every weight off I is e⁻⁸ w_I; (size − 1)! − 1 of those permutations fix a given stream."""
+    w_identity = 1.0 / (1.0 + (math.factorial(size) - 1) * math.exp(-8))
+    return w_identity * (1.0 + (math.factorial(size - 1) - 1) * math.exp(-8))
+
+
+@pytest.mark.parametrize("name,n", family_sizes(["mhc-lite", "kromhc"]))
+def test_paper_off_identity_bias_is_the_default(name, n):
+    """The mHC-lite and KromHC papers' (and code's) −8 on every non-identity permutation, whatever n is."""
+    assert mixers.options(name)["off_identity_bias"] == -8.0
+    mixer = build(name, n)
+    mixtures = [mixer.mixture] if name == "mhc-lite" else list(mixer.factors)
+    for mixture in mixtures:
+        assert mixture.bias[0].item() == 0.0 and torch.all(mixture.bias[1:] == -8.0)
+    h = mixer(torch.zeros(1, mixer.num_inputs))[0].double()
+    sizes = [n] if name == "mhc-lite" else mixer.factor_sizes
+    diagonal = math.prod(paper_bias_diagonal(p) for p in sizes)  # a Kronecker product's diagonal
+    # TOL, not 1e-6: at n = 6 the float32 softmax over 720 terms rounds its normaliser by ~3e-6
+    torch.testing.assert_close(h.diagonal(), torch.full((n,), diagonal, dtype=torch.float64), atol=TOL, rtol=0)
+
+
+def test_paper_bias_starts_far_from_identity_at_large_n():
+    """Why the n-independent option exists: with −8 per permutation, 6 % of mhc-lite's weight is off I at
+    n = 5 and 93 % at n = 8; the n-independent bias keeps e⁻⁸/(1 + e⁻⁸) off I at every n."""
+    assert 1 - paper_bias_diagonal(4) == pytest.approx(6.0e-3, rel=0.01)
+    assert 1 - paper_bias_diagonal(8) > 0.8
+    for n in (4, 6, 8):
+        mixer = build("mhc-lite", n, off_identity_bias="n-independent")
+        w = torch.softmax(mixer.mixture.bias.double(), dim=-1)
+        assert 1 - w[0].item() == pytest.approx(math.exp(-8) / (1 + math.exp(-8)), rel=1e-6)
+
+
+def test_n_independent_bias_values():
+    from s2hc.mixers.mhc_lite import n_independent_off_identity_bias
+
+    assert n_independent_off_identity_bias(2) == -8.0  # so KromHC's 2 × 2 factors are the same either way
+    assert n_independent_off_identity_bias(4) == pytest.approx(-8 - math.log(23))  # −11.1
+    kromhc = build("kromhc", 12, off_identity_bias="n-independent")
+    assert [f.bias[1].item() for f in kromhc.factors] == pytest.approx([-8.0, -8.0, -8 - math.log(5)])
+    assert build("mhc-lite", 3, off_identity_bias=-5).mixture.bias[1].item() == -5.0
+
+
+@pytest.mark.parametrize("name", ["mhc-lite", "kromhc"])
+@pytest.mark.parametrize("value", ["n_independent", None, True, float("nan"), float("-inf"), [-8.0]])
+def test_bad_off_identity_bias_is_refused_naming_the_option(name, value):
+    with pytest.raises(ValueError, match=r"off_identity_bias must be a finite number or 'n-independent', got"):
+        mixers.build(name, 4, off_identity_bias=value)
 
 
 @pytest.mark.parametrize("name", ["identity", "orthogonal", "isometric"])
@@ -282,6 +328,20 @@ def test_kromhc_power_of_two_is_the_official_two_by_two_form():
     assert mixer.factor_sizes == [2, 2]
 
 
+@pytest.mark.parametrize(
+    "name,n,tokens", [("mhc-lite", 7, 16), ("kromhc", 7, 16), ("kromhc", 14, 8), ("mhc-lite", 8, 4)]
+)
+@pytest.mark.parametrize("spread,scale", [(0.0, 0.0), (0.3, 1.0), (1.0, 0.1), (3.0, 50.0)])
+def test_large_permutation_mixtures_stay_exactly_doubly_stochastic(name, n, tokens, spread, scale):
+    """5 040 or 40 320 softmax weights: a float32 normaliser rounds every row and column sum by up to 3e-5
+    (1.7e-5 at initialisation, n = 7), so those mixtures accumulate in float64 and return float32."""
+    mixer, h = sample(name, n, seed=n, scale=scale, spread=spread, batch=tokens)
+    assert h.dtype == torch.float32
+    check_guarantees(h, EXPECTED[name])
+    h = h.double()
+    assert (h.sum(dim=-1) - 1).abs().max().item() <= 1e-6 and (h.sum(dim=-2) - 1).abs().max().item() <= 1e-6
+
+
 def test_kromhc_factor_sizes_for_any_n():
     assert build("kromhc", 12).factor_sizes == [2, 2, 3]
     assert build("kromhc", 5).factor_sizes == [5]
@@ -308,6 +368,35 @@ def test_cayley_equals_the_solver_definition(m):
     a = skew_from_vector(3 * torch.randn(64, m * (m - 1) // 2, generator=g, dtype=torch.float64), m)
     eye = torch.eye(m, dtype=torch.float64)
     torch.testing.assert_close(cayley(a), torch.linalg.solve(eye + a, eye - a))
+
+
+@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("scale", [0.1, 1.0, 5.0, 50.0, 500.0])
+def test_cayley_is_orthogonal_to_float32_rounding_for_large_inputs(m, scale):
+    """The closed forms stay orthogonal to ~1e-6 for entries up to 500 (m = 4's textbook form lost 2.8e-4
+    there), fused equals unfused, the gradient is finite, and in float64 it is still the solver's Cayley."""
+    from s2hc.mixers.orthomaps import cayley, skew_from_vector
+
+    g = torch.Generator().manual_seed(m)
+    k = m * (m - 1) // 2
+    z = scale * (2 * torch.rand(2048, k, generator=g) - 1)
+    if m == 4:  # also rank-2 inputs (Pf(A) ≈ 0), where the textbook form cancelled worst
+        u, v = torch.randn(2, 512, 4, generator=g)
+        wedge = scale * (u[:, :, None] * v[:, None, :] - v[:, :, None] * u[:, None, :])
+        rows, cols = torch.triu_indices(4, 4, offset=1)
+        z = torch.cat([z, wedge[:, rows, cols]], dim=0)
+    z.requires_grad_()
+    a = skew_from_vector(z, m)
+    q, q_fused = cayley(a), cayley(a, fused=True)
+    eye = torch.eye(m, dtype=torch.float64)
+    for rotation in (q, q_fused):
+        r = rotation.double()
+        assert (r.transpose(-1, -2) @ r - eye).abs().max().item() <= 4e-6
+    torch.testing.assert_close(q_fused, q, atol=1e-6, rtol=0)
+    (grad,) = torch.autograd.grad((q * torch.randn(q.shape, generator=g)).sum(), z)
+    assert torch.isfinite(grad).all()
+    a64 = a.detach().double()
+    torch.testing.assert_close(cayley(a64), torch.linalg.solve(eye + a64, eye - a64))
 
 
 @pytest.mark.parametrize("name,n", [("s2hc", 2), ("s2hc", 4), ("s2hc", 5), ("isometric", 5), ("orthogonal", 4)])

@@ -378,6 +378,18 @@ def test_init_weights_leaves_hyper_connections_alone():
             assert not torch.equal(p, before[name]), f"init_weights did not reset {name}"
 
 
+@pytest.mark.parametrize("family,n", [("s2hc", 4), ("mhc", 3), ("hc", 4)])
+def test_both_connections_of_a_block_start_on_stream_layer_mod_n(family, n):
+    """As in the s²HC authors' code, both sublayers of block l get layer_index = l (not 2l and 2l + 1)."""
+    config = with_mixer(ARCHITECTURES["tiny"], family, n)
+    model = Transformer(ModelConfig.from_dict({**config.to_dict(), "n_layers": 6}))
+    for layer, block in enumerate(model.blocks):
+        for hc in (block.attn_hc, block.mlp_hc):
+            assert hc.layer_index == layer
+            assert hc.bias_pre.argmax().item() == layer % n
+            assert hc.bias_pre[layer % n] > hc.bias_pre.sort().values[-2]  # the one favoured stream
+
+
 def test_init_weights_statistics():
     config = get_preset("small", n_layers=8, tie_embeddings=False)
     model = Transformer(config)

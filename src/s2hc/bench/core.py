@@ -115,8 +115,8 @@ class PeerTransformer(Transformer):
         super().__init__(config)
         self.peer_streams = n_streams
         for block in self.blocks:
-            block.attn_hc = _PeerConnection(config.dim, n_streams, 2 * block.layer, **options)
-            block.mlp_hc = _PeerConnection(config.dim, n_streams, 2 * block.layer + 1, **options)
+            block.attn_hc = _PeerConnection(config.dim, n_streams, block.layer, **options)
+            block.mlp_hc = _PeerConnection(config.dim, n_streams, block.layer, **options)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token ids ``(B, T)`` -> logits ``(B, T, vocab)``, as :meth:`Transformer.forward` without a cache."""

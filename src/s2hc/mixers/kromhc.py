@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from .base import Guarantees, Mixer
-from .mhc_lite import PermutationMixture, check_permutation_size
+from .mhc import OFF_DIAGONAL_BIAS
+from .mhc_lite import PermutationMixture, check_permutation_size, resolve_off_identity_bias
 
 
 def prime_factors(n: int) -> list[int]:
@@ -39,6 +40,14 @@ class KromHCMixer(Mixer):
     Birkhoff polytope (3 against 49 at n = 8), and every composite n is restricted to Kronecker-structured
     matrices; only for prime n is it the full mhc-lite set (at mhc-lite's factorial cost, so primes above 6
     need ``allow_large=True``).
+
+    Options:
+      off_identity_bias: bias of every non-identity permutation of each factor at initialisation (each
+        identity's is 0). −8.0 by default, the official code's value for every factor (it accepts only
+        n = 2^k); ``"n-independent"`` gives each factor of size p the bias ``−8 − ln(p! − 1)``: the same −8
+        for 2 × 2 factors (n = 2^k is unchanged) but within ``e⁻⁸`` of ``I`` for factors 3, 5, 7 too.
+      allow_large: build factors of size > 6 (K = 5 040 for a factor 7).
+      alpha.
     """
 
     name = "kromhc"
@@ -55,9 +64,10 @@ class KromHCMixer(Mixer):
         n_streams: int,
         alpha: float = 0.01,
         allow_large: bool = False,
-        off_identity_bias: float | None = None,
+        off_identity_bias: float | str = OFF_DIAGONAL_BIAS,
     ):
         super().__init__(n_streams)
+        resolve_off_identity_bias(off_identity_bias, 2)  # refused even at n = 1 (no factor)
         self.factor_sizes = prime_factors(n_streams)
         for p in self.factor_sizes:
             check_permutation_size(p, allow_large, f"prime factor of n_streams={n_streams}")

@@ -346,8 +346,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """One layer: an attention sublayer and an MLP sublayer, each inside its own hyper-connection.
 
-    ``forward(x, rope, mask, cache)``: streams ``x`` ``(B, T, n, C)`` -> ``(B, T, n, C)``. The attention connection
-    has ``layer_index = 2 · layer``, the MLP's ``2 · layer + 1``; the attention uses layer ``layer`` of ``cache``.
+    ``forward(x, rope, mask, cache)``: streams ``x`` ``(B, T, n, C)`` -> ``(B, T, n, C)``. Both connections get
+    ``layer_index = layer``, as in the s²HC authors' code (the block index for both sublayers), so both start
+    favouring stream ``layer mod n``; the attention uses layer ``layer`` of ``cache``.
     """
 
     def __init__(self, config: ModelConfig, layer: int):
@@ -360,8 +361,8 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.mlp_post_norm = make_norm(config) if config.post_norms else None
         options = dict(family=config.family, **config.family_options)
-        self.attn_hc = HyperConnection(config.dim, config.n_streams, layer_index=2 * layer, **options)
-        self.mlp_hc = HyperConnection(config.dim, config.n_streams, layer_index=2 * layer + 1, **options)
+        self.attn_hc = HyperConnection(config.dim, config.n_streams, layer_index=layer, **options)
+        self.mlp_hc = HyperConnection(config.dim, config.n_streams, layer_index=layer, **options)
 
     def attention_branch(self, h: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
         """Pre-norm, attention, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
