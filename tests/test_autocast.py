@@ -171,3 +171,18 @@ def test_transpose_res_is_checked_and_configurable():
     config = get_preset("tiny", family="s2hc", n_streams=4, family_options={"transpose_res": True}, n_layers=1)
     model = Transformer(config)
     assert all(m.transpose_res for m in model.modules() if isinstance(m, s2hc.HyperConnection))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_mixer_alone_under_autocast_equals_float32(family):
+    """The constraint map used on its own (``s2hc.mixers.build``) runs its products in float32 too."""
+    mixer = s2hc.mixers.build(family, N)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+    d = 5 * torch.randn(16, mixer.num_inputs, generator=g)
+    expected = mixer(d)
+    with bf16_autocast():
+        h = mixer(d)
+    assert h.dtype == torch.float32 and torch.equal(h, expected)

@@ -62,7 +62,8 @@ class Mixer(nn.Module):
                 f"with n_streams={self.n_streams}, got shape {tuple(d_res.shape)}"
             )
         d_res = d_res.to(coefficient_dtype(d_res.dtype))
-        return self.mix_fused(d_res) if fused else self.mix(d_res)
+        with torch.autocast(d_res.device.type, enabled=False):  # the guarantees need float32 products
+            return self.mix_fused(d_res) if fused else self.mix(d_res)
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
