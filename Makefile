@@ -20,9 +20,9 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e '.[test]'
 	touch $@
 
-# Train residual, mhc and s2hc (n = 4) on the embedded corpus and write runs/demo/report.md.
+# Train residual, mhc and s2hc (n = 4) on the embedded corpus and write runs/demo/report.md (a new demo each time).
 demo: $(DEMO_STAMP)
-	$(VENV)/bin/s2hc compare --config configs/demo-tiny.yaml --families residual,mhc,s2hc --streams 4 --out runs/demo
+	$(VENV)/bin/s2hc compare --config configs/demo-tiny.yaml --families residual,mhc,s2hc --streams 4 --out runs/demo --overwrite
 
 # Lint (ruff, configured in pyproject.toml), then the whole suite.
 test: $(TEST_STAMP)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import statistics
 from pathlib import Path
 
 from .config import TrainConfig
 from .diagnostics.report import compare_section
-from .io import atomic_write_text
+from .io import atomic_write_text, check_output_dir
 from .mixers import RESIDUAL, default_streams
-from .rundir import final_train_loss, read_metrics
+from .rundir import RunLock, check_run_directory, final_train_loss, holds_run, read_metrics
+from .rundir.guard import clean_interrupted_saves, notice
 from .train import RunResult, train
+
+_PLOT_TMP = ".loss_curves.tmp.png"  # the figure before its rename (matplotlib takes the format from the suffix)
 
 
 def run_name(family: str, seed: int, seeds: int) -> str:
@@ -19,25 +24,47 @@ def run_name(family: str, seed: int, seeds: int) -> str:
 
 
 def compare(base: TrainConfig, mixers: list[str], seeds: int = 1, out: str | Path = "runs/compare",
-            n_streams: int | None = None, resume: bool = False) -> Path:
+            n_streams: int | None = None, resume: bool = False, overwrite: bool = False) -> Path:
     """Train ``base`` once per family in ``mixers`` (and per seed), then write ``out/report.md``.
 
     ``residual`` always runs with one stream; every other family with ``n_streams`` (default 4).
-    Runs go to ``out/<family>[-seed<k>]/``; with ``resume``, finished runs are kept and unfinished ones resumed.
-    Returns the report's path.
+    Runs go to ``out/<family>[-seed<k>]/``, each through the run directory's guard
+    (:func:`s2hc.rundir.open_run_directory`), and every one is checked before the first starts: without
+    ``resume`` or ``overwrite`` none may exist yet; with ``resume`` finished runs are kept, unfinished ones
+    resumed and missing ones started (at least one must exist); with ``overwrite`` existing ones start again.
+    ``out`` is locked while the comparison runs. Returns the report's path.
     """
+    if resume and overwrite:
+        raise ValueError("--resume continues the runs in --out and --overwrite replaces them: give one of them")
+    if not str(out).strip():
+        raise ValueError("--out is empty; name the comparison's directory, e.g. --out runs/compare")
     out = Path(out).expanduser()
+    configs = [
+        base.replace(
+            family=family,
+            n_streams=n_streams if family != RESIDUAL and n_streams else default_streams(family),
+            seed=base.seed + k,
+            out=str(out / run_name(family, k, seeds)),
+        )
+        for family in mixers
+        for k in range(seeds)
+    ]
+    if resume and not any(holds_run(config.out) for config in configs):
+        raise ValueError(
+            f"--resume: {str(out)!r} holds none of these runs to resume "
+            f"({', '.join(Path(c.out).name for c in configs)}); check --out, or drop --resume to start them"
+        )
+    for config in configs:  # all refusals before the first run starts
+        check_run_directory(config.out, resume=resume and holds_run(config.out), overwrite=overwrite)
+    check_output_dir(out, "--out")
     results: dict[str, list[RunResult]] = {}
-    for family in mixers:
-        for k in range(seeds):
-            config = base.replace(
-                family=family,
-                n_streams=n_streams if family != RESIDUAL and n_streams else default_streams(family),
-                seed=base.seed + k,
-                out=str(out / run_name(family, k, seeds)),
-            )
-            results.setdefault(family, []).append(train(config, resume=resume))
-    return write_report(out, base, results)
+    with RunLock(out) if os.environ.get("RANK", "0") == "0" else contextlib.nullcontext():
+        clean_interrupted_saves(out, notice)
+        (out / _PLOT_TMP).unlink(missing_ok=True)
+        for config in configs:
+            result = train(config, resume=resume and holds_run(config.out), overwrite=overwrite)
+            results.setdefault(config.family, []).append(result)
+        return write_report(out, base, results)
 
 
 def _mean_std(values: list[float]) -> str:
@@ -129,7 +156,7 @@ def plot_loss_curves(out: Path, results: dict[str, list[RunResult]]) -> Path | N
     ax.grid(alpha=0.3)
     ax.legend()
     path = out / "loss_curves.png"
-    tmp = out / ".loss_curves.tmp.png"
+    tmp = out / _PLOT_TMP
     fig.savefig(tmp, dpi=120, bbox_inches="tight")
     plt.close(fig)
     tmp.replace(path)

@@ -3,24 +3,53 @@
 Every field carries its help text; ``s2hc train`` and ``s2hc compare`` build their flags from these fields
 (:func:`option_fields`), so a new setting is added here once. KEY=VALUE overrides (``--set``, bench options,
 family options) are parsed by :func:`parse_assignment`, the one place that reads such values.
+
+Every value is checked by type and range when a TrainConfig is made, before anything runs: the type comes from
+the field's annotation (``str``, ``int``, ``float``, ``bool``, ``dict``), numbers must be finite and in range
+(:data:`FLOAT_RANGES`, ``lr`` at most :data:`MAX_LR`), and family options by the type their family's constructor
+declares (:func:`check_family_options`); ValueError naming the key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
-from .checks import check_int
-from .connection import COMPUTE_OPTIONS
+from . import mixers
+from .checks import check_bool, check_float, check_int, check_str, check_streams
+from .connection import COMPUTE_OPTIONS, KERNELS
 from .devices import AUTOCAST_NAMES
-from .mixers import check_family, default_streams
+from .mixers import RESIDUAL, check_family, default_streams
 from .models import get_preset
+from .params import check_countable
 
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+# The range of every number, checked before anything runs (types come from the field's annotation).
+NONNEGATIVE_INTS = (  # the other ints are >= 1 (n_streams also <= MAX_STREAMS, seed in [0, MAX_SEED])
+    "eval_every", "checkpoint_every", "warmup_steps", "diagnostics_every")
+MAX_SEED = 2**32 - 1
+#: AdamW moves every weight by about lr per step: above 1 a step is larger than the weights themselves
+#: (and lr / (1 - beta1) overflows float32 inside the optimizer near 1e38).
+MAX_LR = 1.0
+FLOAT_RANGES: dict[str, dict[str, Any]] = {
+    "lr": dict(positive=True, maximum=MAX_LR),
+    "min_lr_ratio": dict(minimum=0.0, maximum=1.0),
+    "weight_decay": dict(minimum=0.0),
+    "beta1": dict(minimum=0.0, maximum=1.0, open_maximum=True),
+    "beta2": dict(minimum=0.0, maximum=1.0, open_maximum=True),
+    "grad_clip": dict(minimum=0.0),
+}
+# HyperConnection's own keywords, accepted in family_options beside the family's (see s2hc.models.ModelConfig).
+CONNECTION_OPTION_KINDS = {"eps": {"float"}, "transpose_res": {"bool"}}
 
 
 def _setting(default: Any, help: str, **metadata: Any):
@@ -79,29 +108,55 @@ class TrainConfig:
     out: str = _setting("runs/train", "run directory", flag=False)
 
     def __post_init__(self) -> None:
+        """Every value checked by type and range before anything runs; ValueError naming the key otherwise."""
         check_family(self.family)
         if self.n_streams is None:
             self.n_streams = default_streams(self.family)
-        positive = ("seq_len", "batch_size", "grad_accum", "max_steps", "eval_batches", "log_every", "n_streams")
-        for name in positive:
-            check_int(name, getattr(self, name))
-        for name in ("eval_every", "checkpoint_every", "warmup_steps", "seed", "diagnostics_every"):
-            check_int(name, getattr(self, name), minimum=0)
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise ValueError(f"lr must be a number > 0, got {self.lr!r}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
-        if self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError(f"grad_clip and weight_decay must be >= 0, got {self.grad_clip!r}, {self.weight_decay!r}")
+        for f in fields(self):
+            self._check_field(f.name, f.type)
         if self.parallel not in PARALLEL_MODES:
             raise ValueError(f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}")
-        unknown = sorted(set(self.connection) - set(COMPUTE_OPTIONS)) if isinstance(self.connection, dict) else None
-        if unknown != []:
+        if self.dtype not in AUTOCAST_NAMES:
+            raise ValueError(f"dtype must be one of {list(AUTOCAST_NAMES)}, got {self.dtype!r}")
+        if not DEVICE_PATTERN.fullmatch(self.device):
+            raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        self._check_connection()
+        self.family_options = check_family_options(self.family, self.n_streams, self.family_options)
+        self.model_config()  # the preset, model_overrides and the family's options, as the model will see them
+
+    def _check_field(self, name: str, kind: str) -> None:
+        value = getattr(self, name)
+        if kind.endswith(" | None"):
+            if value is None:
+                return
+            kind = kind.removesuffix(" | None")
+        if kind == "str":
+            check_str(name, value)
+        elif kind == "bool":
+            check_bool(name, value)
+        elif kind == "dict":
+            if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+                raise ValueError(f"{name} must be a mapping of names to values, got {value!r}")
+        elif kind == "float":
+            setattr(self, name, check_float(name, value, **FLOAT_RANGES.get(name, {})))
+        elif name == "n_streams":
+            check_streams(name, value)
+        elif name == "seed":
+            check_int(name, value, minimum=0, maximum=MAX_SEED)
+        else:
+            check_int(name, value, minimum=0 if name in NONNEGATIVE_INTS else 1)
+
+    def _check_connection(self) -> None:
+        unknown = sorted(set(self.connection) - set(COMPUTE_OPTIONS))
+        if unknown:
             raise ValueError(
                 f"connection must be a dict with keys from {list(COMPUTE_OPTIONS)}, got {self.connection!r}"
             )
-        if self.dtype not in AUTOCAST_NAMES:
-            raise ValueError(f"dtype must be one of {list(AUTOCAST_NAMES)}, got {self.dtype!r}")
+        for name in ("fused", "recompute"):
+            if name in self.connection:
+                check_bool(f"connection.{name}", self.connection[name])
+        if "kernels" in self.connection and self.connection["kernels"] not in KERNELS:
+            raise ValueError(f"connection.kernels must be one of {list(KERNELS)}, got {self.connection['kernels']!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,6 +183,59 @@ class TrainConfig:
         overrides.update(family=self.family, n_streams=self.n_streams, family_options=dict(self.family_options))
         overrides.setdefault("max_seq_len", max(self.seq_len, get_preset(self.preset).max_seq_len))
         return get_preset(self.preset, **overrides)
+
+
+def _option_kinds(family: str) -> dict[str, set[str]]:
+    """The types each option of ``family`` takes, from its constructor's annotation (``float | str`` ->
+    ``{"float", "str"}``), or from its default's type where there is no annotation."""
+    kinds = dict(CONNECTION_OPTION_KINDS)
+    for name, parameter in inspect.signature(mixers.get(family).__init__).parameters.items():
+        if name in ("self", "n_streams"):
+            continue
+        annotation = parameter.annotation
+        if isinstance(annotation, str) and annotation:
+            kinds[name] = {part.strip() for part in annotation.split("|")}
+        elif parameter.default is not inspect.Parameter.empty and parameter.default is not None:
+            kinds[name] = {type(parameter.default).__name__}
+    return kinds
+
+
+def _check_option(family: str, name: str, value: Any, allowed: set[str]) -> Any:
+    where = f"family option {name!r} of {family!r}"
+    if ("str" in allowed and isinstance(value, str)) or ("None" in allowed and value is None):
+        return value  # the family checks the string itself
+    if "bool" in allowed:
+        return check_bool(where, value)
+    if "float" in allowed:
+        return check_float(where, value, positive=name == "eps")
+    if "int" in allowed:
+        return check_int(where, value)
+    if "str" in allowed:
+        return check_str(where, value)
+    return value
+
+
+def check_family_options(family: str, n_streams: int, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for ``family`` at ``n_streams`` streams, each checked by the type its constructor declares
+    (a ``float`` option must be a finite number, ``alpha=.nan`` is refused), then by building the family on the
+    meta device (nothing allocated), so that a value the family refuses (``rotation=foo``, n > 6 for mhc-lite
+    without ``allow_large``) fails here, before any data is read. Returns the options, numeric strings of
+    float options converted. Unknown options are left to :class:`~s2hc.models.ModelConfig`, which names them."""
+    if family == RESIDUAL:
+        return options
+    check_countable(family, n_streams)  # n! permutations are refused before they are built, even on meta
+    kinds = _option_kinds(family)
+    checked = dict(options)
+    for name, value in options.items():
+        if name in kinds:
+            checked[name] = _check_option(family, name, value, kinds[name])
+    family_options = {k: v for k, v in checked.items() if k not in CONNECTION_OPTION_KINDS and k in kinds}
+    with torch.device("meta"):
+        try:
+            mixers.build(family, n_streams, **family_options)
+        except TypeError as error:  # a value of a type the family cannot take
+            raise ValueError(f"family_options {family_options!r} of {family!r}: {error}") from None
+    return checked
 
 
 def load_yaml_config(path: str | Path) -> dict[str, Any]:

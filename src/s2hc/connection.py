@@ -46,7 +46,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import mixers
-from .checks import check_int
+from .checks import check_int, check_streams
 from .mixers import RESIDUAL, check_family
 from .mixers.base import coefficient_dtype, scale_parameter
 
@@ -56,7 +56,9 @@ COMPUTE_OPTIONS = ("fused", "recompute", "kernels")  # how a connection computes
 
 def expand_streams(h: torch.Tensor, n_streams: int) -> torch.Tensor:
     """Copy hidden states ``h`` ``(B, T, C)`` into ``n_streams`` streams ``(B, T, n, C)`` (after the embedding)."""
-    check_int("n_streams", n_streams)
+    check_streams("n_streams", n_streams)
+    if not isinstance(h, torch.Tensor):
+        raise TypeError(f"h must be a torch.Tensor of shape (batch, time, dim), got {type(h).__name__}")
     if h.dim() != 3:
         raise ValueError(f"h must have shape (batch, time, dim), got shape {tuple(h.shape)}")
     return h.unsqueeze(-2).expand(*h.shape[:-1], n_streams, h.shape[-1]).contiguous()
@@ -327,7 +329,7 @@ class HyperConnection(nn.Module):
 
     Args:
         dim: width C of one stream (the branch's input and output width).
-        n_streams: number of streams n (1 for ``family="residual"``).
+        n_streams: number of streams n (1 for ``family="residual"``), at most :data:`s2hc.checks.MAX_STREAMS`.
         family: ``"residual"`` (plain ``x + F(x)``) or a mixing family (:func:`s2hc.families`).
         layer_index: index of the wrapped sublayer; the read/write gates start favouring stream
             ``layer_index mod n``.
@@ -350,6 +352,9 @@ class HyperConnection(nn.Module):
 
     ``forward(x, branch, *args, **kwargs)``: ``x`` ``(B, T, n, C)``, ``branch`` any callable
     ``(B, T, C) -> (B, T, C)`` called as ``branch(h, *args, **kwargs)``; returns ``(B, T, n, C)`` in x's dtype.
+    ``x`` may be any floating dtype (float32, bfloat16, float16, float64), whatever the parameters' dtype: the
+    connection follows x's dtype (its coefficients in at least float32), as under autocast, and ``h`` has x's
+    dtype; a non-tensor or an integer ``x`` is refused with TypeError, a branch returning anything but a tensor too.
     ``self.family`` is the family's name, ``self.mixer`` its constraint map (a :class:`s2hc.mixers.Mixer`;
     None for ``"residual"``).
     """
@@ -369,7 +374,7 @@ class HyperConnection(nn.Module):
     ):
         super().__init__()
         check_int("dim", dim)
-        check_int("n_streams", n_streams)
+        check_streams("n_streams", n_streams)  # before anything n-sized is built
         check_int("layer_index", layer_index, minimum=0)
         check_family(family)
         if not isinstance(transpose_res, bool):
@@ -441,6 +446,15 @@ class HyperConnection(nn.Module):
         return select_path(fused, self.kernels, x.device, torch.compiler.is_compiling())
 
     def _check_streams(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor):
+            hint = " (convert it with torch.from_numpy)" if type(x).__module__ == "numpy" else ""
+            raise TypeError(f"x must be a torch.Tensor of shape (batch, time, n_streams, dim), got "
+                            f"{type(x).__module__}.{type(x).__name__}{hint}")
+        if not x.is_floating_point():
+            raise TypeError(
+                f"x must be a floating-point tensor (float32, bfloat16, float16 or float64: the connection computes "
+                f"in x's dtype, its coefficients in at least float32), got dtype {x.dtype}"
+            )
         if x.dim() != 4:
             raise ValueError(f"x must have shape (batch, time, n_streams, dim), got shape {tuple(x.shape)}")
         if x.shape[-2:] != (self.n_streams, self.dim):
@@ -450,7 +464,21 @@ class HyperConnection(nn.Module):
             )
 
     def _call_branch(self, branch, h: torch.Tensor, args, kwargs) -> torch.Tensor:
-        out = branch(h, *args, **kwargs)
+        if torch.compiler.is_compiling():
+            out = branch(h, *args, **kwargs)
+        else:
+            try:
+                out = branch(h, *args, **kwargs)
+            except RuntimeError as error:  # e.g. a float32 nn.LayerNorm given float64 streams: say where h came from
+                if "dtype" in str(error) and hasattr(error, "add_note"):
+                    error.add_note(f"s2hc: the branch was called with h of dtype {h.dtype}, the streams' dtype; "
+                                   "give the streams the branch's dtype, or call the connection under torch.autocast")
+                raise
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(
+                f"branch must return a tensor of the shape it was given, {tuple(h.shape)}, got "
+                f"{type(out).__name__}" + (" (return only the hidden states)" if isinstance(out, tuple) else "")
+            )
         if out.shape != h.shape:
             raise ValueError(f"branch must return the shape it was given, {tuple(h.shape)}, got {tuple(out.shape)}")
         return out

@@ -1,37 +1,127 @@
-"""Files written atomically: a temporary file beside the target, fsync, then rename.
+"""Files written atomically, and the one check of an output path.
 
-A reader, or a run killed mid-write, sees either the old file or the new one, never half of one.
+:func:`atomic_write_bytes`: a temporary file beside the target, fsync, then rename, so a reader, or a run
+killed mid-write, sees either the old file or the new one, never half of one. A write that fails (a full
+disk, a read-only filesystem) removes its temporary file, leaves the old file as it was, and raises
+:class:`WriteError`: one line naming the file, the reason and what to do.
+
+:func:`check_output_dir` and :func:`check_output_file`: an output path a command is about to write, checked
+before any work starts; ValueError naming the argument, the path and what is wrong.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
+# What to do about a failed write, by errno.
+_HINTS = {
+    errno.ENOSPC: "the disk is full: free some space",
+    errno.EDQUOT: "the disk quota is exhausted: free some space",
+    errno.EROFS: "the filesystem is read-only: choose a writable location",
+    errno.EACCES: "permission denied: choose a writable location",
+    errno.EPERM: "permission denied: choose a writable location",
+    errno.ENOTDIR: "a part of the path is a file, not a directory: choose another location",
+    errno.EISDIR: "it is a directory: choose a file name",
+    errno.ENAMETOOLONG: "choose a shorter name",
+}
+
+
+class WriteError(OSError):
+    """A file could not be written (full disk, read-only filesystem, no permission); the old file is unchanged.
+
+    ``str(error)`` is one line: the file, the reason and what to do. ``errno`` is the underlying error's."""
+
+    def __init__(self, path: Path | str, cause: OSError):
+        reason = cause.strerror or str(cause) or type(cause).__name__
+        code = errno.errorcode.get(cause.errno, "") if cause.errno is not None else ""
+        hint = _HINTS.get(cause.errno, "check the path and the disk")
+        message = f"could not write {str(path)!r}: {reason}{f' ({code})' if code else ''}; {hint}"
+        super().__init__(cause.errno, message)
+        self.path = str(path)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def os_error_in(error: BaseException) -> OSError | None:
+    """The OSError behind ``error``: itself, or one in its ``__cause__`` / ``__context__`` chain (torch.save turns a
+    failed ``write`` into ``RuntimeError: [enforce fail at inline_container.cc]``, its context the OSError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+class _Recorder:
+    """A binary file that remembers the first OSError its ``write`` raised (a caller may swallow or wrap it)."""
+
+    def __init__(self, handle):
+        self._handle, self.error = handle, None
+
+    def write(self, data) -> int:
+        try:
+            return self._handle.write(data)
+        except OSError as error:
+            self.error = self.error or error
+            raise
+
+    def __getattr__(self, name):  # flush, tell, seek, fileno, ...
+        return getattr(self._handle, name)
+
 
 def atomic_write_bytes(path: Path, write) -> None:
-    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``."""
+    """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
+
+    The temporary file is ``.NAME.XXXXXXXX.tmp`` in the same directory (a run directory removes those left by a
+    killed process when it is next opened). Raises :class:`WriteError` when the disk refuses the data; the old
+    ``path`` is then untouched and the temporary file removed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as raw:
+            handle = _Recorder(raw)
+            try:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            except BaseException as error:
+                cause = handle.error or os_error_in(error)
+                if cause is not None:
+                    raise WriteError(path, cause) from error
+                raise
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
         os.replace(tmp, path)
+    except WriteError:
+        _discard(tmp)
+        raise
+    except OSError as error:
+        _discard(tmp)
+        raise WriteError(path, error) from error
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        _discard(tmp)
         raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)  # the rename itself survives a crash
     finally:
         os.close(directory)
+
+
+def _discard(tmp: str | None) -> None:
+    if tmp is not None:
+        with contextlib.suppress(OSError):
+            Path(tmp).unlink(missing_ok=True)
 
 
 def _umask() -> int:
@@ -46,3 +136,49 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True))
+
+
+# ------------------------------------------------------------------------------------------- output paths
+
+
+def _reason(error: OSError) -> str:
+    hint = _HINTS.get(error.errno)
+    return f"{error.strerror or error}" + (f"; {hint}" if hint else "")
+
+
+def check_output_dir(path: str | Path, argument: str = "--out", *, create: bool = True) -> Path:
+    """``path`` as a directory this process can write into, created (with its parents) when ``create``.
+
+    ValueError naming ``argument`` and the path when it is empty, a file, under a file, or not writable
+    (read-only filesystem, no permission, ``/proc``). Returns the path with ``~`` expanded."""
+    if not str(path).strip():
+        raise ValueError(f"{argument} is empty; name a directory, e.g. {argument} runs/my-run")
+    directory = Path(path).expanduser()
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"{argument} {str(path)!r} is a file, not a directory; choose another {argument}")
+    if not directory.exists() and not create:
+        raise ValueError(f"{argument} {str(path)!r} does not exist")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".s2hc-write-test.", suffix=".tmp", dir=directory)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as error:
+        raise ValueError(
+            f"{argument} {str(path)!r} cannot be written: {_reason(error)}; choose another {argument}"
+        ) from None
+    return directory
+
+
+def check_output_file(path: str | Path, argument: str) -> Path:
+    """``path`` as a file this process can create or replace: its directory is checked (and created) by
+    :func:`check_output_dir`; ValueError when ``path`` is empty or an existing directory."""
+    if not str(path).strip():
+        raise ValueError(f"{argument} is empty; name a file")
+    file = Path(path).expanduser()
+    if file.is_dir():
+        raise ValueError(f"{argument} {str(path)!r} is a directory; name a file")
+    if file.exists() and not os.access(file, os.W_OK):
+        raise ValueError(f"{argument} {str(path)!r} is not writable; choose another {argument}")
+    check_output_dir(file.parent, f"the directory of {argument}")
+    return file

@@ -3,7 +3,11 @@
 Every wrapped sublayer (``layers × sublayers_per_layer`` of them, attention and MLP by default) gets its
 own :class:`s2hc.HyperConnection`; the count is the ``numel`` sum of their parameters. The modules are
 built on the ``meta`` device, so even mHC-lite at n = 7 (about 2 B parameters at the paper's shape)
-allocates nothing.
+allocates nothing: the permutation families build only the shape of their table of n! permutations there.
+
+Limits, stated: n <= :data:`s2hc.checks.MAX_STREAMS` for every family, and permutation mixtures of at most
+:data:`MAX_PERMUTATION_SIZE` streams (12! = 479 001 600 inputs per token; mhc-lite's n, kromhc's largest prime
+factor of n), beyond which the counts stop meaning anything and overflow 64-bit sizes.
 
 >>> count_hc_params("mhc", layers=2, dim=8, n_streams=2)
 620
@@ -13,17 +17,45 @@ allocates nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from . import mixers
-from .checks import check_int
+from .checks import check_int, check_streams
 from .connection import HyperConnection
 from .mixers import RESIDUAL, check_family, families
+from .mixers.kromhc import prime_factors
 
-__all__ = ["build_options", "count_hc_params", "format_table", "human", "param_table"]
+__all__ = ["MAX_PERMUTATION_SIZE", "build_options", "count_hc_params", "format_table", "human", "param_table"]
+
+#: The largest permutation mixture counted (mhc-lite's n, kromhc's prime factors): 12! = 479 001 600 inputs per token.
+MAX_PERMUTATION_SIZE = 12
+
+
+def permutation_sizes(family: str, n_streams: int) -> list[int]:
+    """The sizes of the permutation mixtures ``family`` builds at ``n_streams`` (each holds size! permutations):
+    ``[n]`` for mhc-lite, the prime factors of n for kromhc, none for the other families."""
+    if family == "mhc-lite":
+        return [n_streams]
+    if family == "kromhc":
+        return prime_factors(n_streams)
+    return []
+
+
+def check_countable(family: str, n_streams: int) -> None:
+    """ValueError naming the family and the limit for more than :data:`~s2hc.checks.MAX_STREAMS` streams, or a
+    permutation mixture of more than :data:`MAX_PERMUTATION_SIZE` streams (refused for counting and training)."""
+    check_streams("n_streams", n_streams)
+    largest = max(permutation_sizes(family, n_streams), default=0)
+    if largest > MAX_PERMUTATION_SIZE:
+        raise ValueError(
+            f"{family} at n_streams={n_streams} mixes {largest}! = {math.factorial(largest):,} permutations per "
+            f"token; s2hc stops at mixtures of {MAX_PERMUTATION_SIZE} streams ({MAX_PERMUTATION_SIZE}! = "
+            f"{math.factorial(MAX_PERMUTATION_SIZE):,}): choose fewer streams or another family"
+        )
 
 
 def build_options(family: str, **family_options: Any) -> dict[str, Any]:
@@ -54,6 +86,7 @@ def _count(
         check_int(name, value)
     if family == RESIDUAL:
         n_streams = 1  # a plain residual stream is one stream, whatever n the others use
+    check_countable(family, n_streams)
     options = build_options(family, **family_options)
     sublayers = layers * sublayers_per_layer
     with torch.device("meta"):

@@ -12,16 +12,24 @@
 Each module has ``register(subparsers)``, which adds its parsers with ``func`` (``args -> exit status``) and
 ``subparser`` set as defaults. To add a subcommand, write such a module and list it in :data:`COMMANDS`.
 Nothing else in s2hc imports this package.
+
+Errors: :func:`main` is the one funnel (wording and status: :mod:`.errors`). A user's mistake never ends in a
+traceback: a ``ValueError`` from a command (a bad value, a damaged file, an unwritable path) becomes one line
+``s2hc CMD: error: ...`` and exit status 2; an ``OSError`` too (exit 2), except a full disk, an exhausted quota
+or an I/O error during the work (exit 1, a failed run), and running out of memory (exit 1). Anything else is a
+bug and raises. ``S2HC_TRACEBACK=1`` in the environment lets every error raise, for debugging.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
 from .. import __version__
 from . import bench, diagnose, evaluate, export, params, train
+from .errors import report_error
 
 COMMANDS = (params, train, evaluate, export, diagnose, bench)
 
@@ -38,12 +46,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``s2hc`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status (2 for bad input)."""
+    """Run ``s2hc`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status (2 for bad input, 1 for a
+    run that failed on a full disk or out of memory)."""
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = "s2hc"
     try:
         args = parser.parse_args(argv)
-        args.argv = argv
+        args.argv, command = argv, f"s2hc {args.command}"
         return args.func(args)
     except SystemExit as exit_:  # argparse's errors, --help and --version: an exit status, not an exception
         if exit_.code is None:
@@ -52,6 +62,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exit_.code
         print(exit_.code, file=sys.stderr)
         return 1
+    except (ValueError, OSError, RuntimeError) as error:
+        if os.environ.get("S2HC_TRACEBACK", "") not in ("", "0"):
+            raise
+        return report_error(command, error)
+    except KeyboardInterrupt:
+        print(f"{command}: interrupted", file=sys.stderr)
+        return 130
 
 
 __all__ = ["COMMANDS", "build_parser", "main"]

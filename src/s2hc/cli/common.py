@@ -7,8 +7,12 @@ a value the library refuses raises ValueError, which a command turns into ``pars
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
+from pathlib import Path
 
+from ..io import check_output_dir
 from ..mixers import check_family, families
 
 
@@ -46,3 +50,22 @@ def parse_families(text: str | None, argument: str = "--families", extra: tuple[
         if name not in extra:
             check_family(name, f"argument {argument}")
     return names
+
+
+@contextlib.contextmanager
+def output_directory(path, argument: str):
+    """The output directory ``path`` of a command, checked (and created) by :func:`s2hc.io.check_output_dir` with
+    the error naming ``argument``, for the work in the ``with`` block; when that work fails, the directories it
+    created are removed again if still empty, so a refused command leaves nothing behind."""
+    target = Path(path).expanduser()
+    created = [p for p in (target, *target.parents) if not os.path.lexists(p)]  # deepest first
+    directory = check_output_dir(path, argument)
+    try:
+        yield directory
+    except BaseException:
+        for made in created:
+            try:
+                made.rmdir()
+            except OSError:  # not empty (or gone): keep it and everything above it
+                break
+        raise

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+from ..checks import check_streams
 from ..diagnostics.report import REPORT_NAME, default_out, diagnose_checkpoint, diagnose_synthetic, nothing_message
 from ..diagnostics.synthetic import DEFAULT_SWEEP
-from .common import nonnegative_float, parse_families, positive_int
+from ..io import check_output_dir
+from ..rundir import resolve_checkpoint
+from .common import nonnegative_float, output_directory, parse_families, positive_int
 
 DEFAULT_SYNTHETIC_OUT = "runs/diagnose-synthetic"
 CHECKPOINT_ONLY = ("data", "device", "cache_dir", "seq_len", "batch_size")
@@ -85,11 +87,13 @@ def run(args: argparse.Namespace) -> int:
 
 def _checkpoint(args: argparse.Namespace) -> int:
     try:
-        out = Path(args.out) if args.out else default_out(args.checkpoint)
-        result = diagnose_checkpoint(
-            args.checkpoint, data=args.data or "embedded", tokens=args.tokens, out=out, seed=args.seed,
-            device=args.device or "auto", cache_dir=args.cache_dir, seq_len=args.seq_len, batch_size=args.batch_size,
-        )
+        resolve_checkpoint(args.checkpoint)  # a missing checkpoint is reported before its output is made
+        with output_directory(args.out or default_out(args.checkpoint), "--out") as out:
+            result = diagnose_checkpoint(
+                args.checkpoint, data=args.data or "embedded", tokens=args.tokens, out=out, seed=args.seed,
+                device=args.device or "auto", cache_dir=args.cache_dir, seq_len=args.seq_len,
+                batch_size=args.batch_size,
+            )
     except ValueError as error:
         return _fail(str(error))
     if result.get("nothing_to_measure"):
@@ -111,9 +115,11 @@ def _checkpoint(args: argparse.Namespace) -> int:
 
 
 def _synthetic(args: argparse.Namespace) -> int:
-    out = Path(args.out or DEFAULT_SYNTHETIC_OUT)
     try:
         families = parse_families(args.families or "mhc,mhc-lite,kromhc,s2hc,hc")
+        if args.streams is not None:
+            check_streams("argument --streams", args.streams)
+        out = check_output_dir(args.out or DEFAULT_SYNTHETIC_OUT, "--out")
         diagnose_synthetic(
             families, n_streams=args.streams or 4, layers=args.layers or 28, tokens=args.tokens,
             logit_scale=1.0 if args.logit_scale is None else args.logit_scale, seed=args.seed,

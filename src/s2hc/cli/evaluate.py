@@ -7,18 +7,20 @@ checkpoint, an unknown task, a bad option, a missing extra), 3 when a task's dat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-from ..data.shards import prepare_tokens
+from ..data.shards import prepare_tokens, stored_cache_dir
 from ..devices import DTYPES
 from ..evaluate.generation import generate_tokens
 from ..evaluate.loading import load_for_eval
 from ..evaluate.perplexity import perplexity
-from .common import nonnegative_float, positive_int
+from ..io import atomic_write_text
+from .common import nonnegative_float, output_directory, positive_int
 
 
 def _limit(text: str) -> float | int:
@@ -70,7 +72,9 @@ def _add_eval_parser(subparsers) -> None:
     group.add_argument("--seq-len", type=positive_int, default=None, help="window length (default: the run's seq_len)")
     group.add_argument("--max-batches", type=positive_int, default=None,
                        help="score only this many batches, spread over the split (default: all)")
-    group.add_argument("--cache-dir", default=None, help="token shard cache (default: the run's)")
+    group.add_argument("--cache-dir", default=None,
+                       help="token shard cache (default: the run's when it is a writable directory here, else the "
+                            "default cache)")
     group = parser.add_argument_group("lm-eval tasks")
     group.add_argument("--limit", type=_limit, default=None, help="examples per task (a count, or a fraction < 1)")
     group.add_argument("--num-fewshot", type=int, default=None,
@@ -92,18 +96,27 @@ def _row_label(model) -> str:
 
 def run_eval(args: argparse.Namespace) -> int:
     parser = args.subparser
-    do_perplexity = args.perplexity or args.tasks is None
     try:
         model, tokenizer, train_config = load_for_eval(args.checkpoint, device=args.device, dtype=args.dtype)
     except ValueError as error:
         parser.error(str(error))
-    out = Path(args.output).expanduser() if args.output else None
-    if out is not None and out.exists() and not out.is_dir():
-        parser.error(f"--output {str(out)!r} exists and is not a directory")
+    # --output is checked before any work (a path under a file, a file, no permission, a read-only disk), and
+    # removed again when the evaluation fails before writing into it
+    output = contextlib.nullcontext() if args.output is None else output_directory(args.output, "--output")
+    try:
+        with output as out:
+            return _evaluate(args, model, tokenizer, train_config, out)
+    except ValueError as error:
+        parser.error(str(error))
 
+
+def _evaluate(args: argparse.Namespace, model, tokenizer, train_config, out: Path | None) -> int:
+    parser = args.subparser
+    do_perplexity = args.perplexity or args.tasks is None
     if do_perplexity:
         try:
-            cache = train_config.cache_dir if args.cache_dir is None else args.cache_dir
+            # the run's cache only where it is usable here: a shared checkpoint names another machine's path
+            cache = stored_cache_dir(train_config.cache_dir) if args.cache_dir is None else args.cache_dir
             tokens = prepare_tokens(args.data, tokenizer, cache, args.split, progress=args.progress)
             result = perplexity(
                 model, tokens, args.seq_len or min(train_config.seq_len, model.config.max_seq_len),
@@ -114,8 +127,7 @@ def run_eval(args: argparse.Namespace) -> int:
             parser.error(str(error))
         print(result)
         if out is not None:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "perplexity.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+            atomic_write_text(out / "perplexity.json", json.dumps(result.to_dict(), indent=2) + "\n")
 
     if args.tasks is not None:
         try:
@@ -150,9 +162,9 @@ def run_eval(args: argparse.Namespace) -> int:
         if out is not None:
             from lm_eval.utils import handle_non_serializable
 
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "results.json").write_text(json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
-            (out / "results.md").write_text(table)
+            atomic_write_text(out / "results.json",
+                              json.dumps(results, indent=2, default=handle_non_serializable) + "\n")
+            atomic_write_text(out / "results.md", table)
     return 0
 
 

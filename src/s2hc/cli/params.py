@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..checks import check_streams
 from ..mixers import families
 from ..params import format_table, param_table
 from .common import parse_families, positive_int
@@ -17,7 +18,8 @@ def register(subparsers) -> None:
         description=(
             "Count the parameters of the hyper-connections of a model with LAYERS layers of width DIM and "
             "N streams, one connection per wrapped sublayer, for each family. The modules are built "
-            "on the meta device (nothing is allocated), so large families such as mhc-lite at n = 7 are cheap."
+            "on the meta device (nothing is allocated), so large families such as mhc-lite at n = 7 are cheap. "
+            "Limits: n <= 64, and permutation mixtures (mhc-lite, kromhc's prime factors) of at most 12 streams."
         ),
     )
     parser.add_argument("--layers", type=positive_int, default=28, help="transformer layers (default 28)")
@@ -39,6 +41,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        check_streams("argument --streams", args.streams)
         rows = param_table(
             parse_families(args.families), layers=args.layers, dim=args.dim, n_streams=args.streams,
             sublayers_per_layer=args.sublayers_per_layer,

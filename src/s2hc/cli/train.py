@@ -2,8 +2,9 @@
 
 A setting comes from, lowest first: TrainConfig's default, ``--config FILE.yaml``, ``--set KEY=VALUE``, its
 own flag (``--max-steps`` for ``max_steps``), then what the command fixes (``--family``, ``--streams``, ``--out``).
-Exit status: 0 on success, 2 for bad input, 3 for a run that stopped on a non-finite loss, 128 + N after
-signal N (the run saved a checkpoint first).
+Exit status: 0 on success, 2 for bad input, 1 for a run that stopped (a non-finite value, a checkpoint that
+could not be written; the last good checkpoint is kept), 128 + N after signal N (the run saved a checkpoint
+first).
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def register(subparsers) -> None:
                         help="residual family: one of " + ", ".join(families()) + " (default 'residual')")
     parser.add_argument("--streams", type=positive_int, default=None, help="streams n (default 1 for residual, else 4)")
     parser.add_argument("--out", default=None, help="run directory (default 'runs/train')")
-    parser.add_argument("--resume", action="store_true", help="continue from OUT's checkpoint if there is one")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in OUT from its checkpoint (OUT must hold a run)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="remove the run in OUT first (without it, an OUT that holds a run is refused)")
     parser.add_argument("--nproc", type=positive_int, default=None,
                         help="launch N processes on this machine with torchrun (same as `torchrun "
                         "--nproc_per_node=N -m s2hc train ...`); default: this one process")
@@ -85,7 +89,9 @@ def register(subparsers) -> None:
                         help="streams n of every non-residual family (default 4)")
     parser.add_argument("--seeds", type=positive_int, default=1, help="seeds per family, seed, seed+1, ... (default 1)")
     parser.add_argument("--out", default="runs/compare", help="report directory (default 'runs/compare')")
-    parser.add_argument("--resume", action="store_true", help="keep finished runs in OUT and resume unfinished ones")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep finished runs in OUT, resume unfinished ones and start missing ones")
+    parser.add_argument("--overwrite", action="store_true", help="start the runs in OUT again from scratch")
     add_training_options(parser)
     parser.set_defaults(func=run_compare, subparser=parser)
 
@@ -95,9 +101,9 @@ def _run_training(args: argparse.Namespace, run) -> int:
         return run()
     except ValueError as error:
         args.subparser.error(str(error))
-    except TrainingError as error:
+    except TrainingError as error:  # a run that started and stopped: its last good checkpoint is kept
         print(f"s2hc {args.command}: {error}", file=sys.stderr)
-        return 3
+        return 1
     except Interrupted as error:
         print(f"s2hc {args.command}: {error}", file=sys.stderr)
         return 128 + error.signum
@@ -111,7 +117,7 @@ def run_train(args: argparse.Namespace) -> int:
 
     def run() -> int:
         config = training_config(args, family=args.family, n_streams=args.streams, out=args.out)
-        result = train(config, resume=args.resume)
+        result = train(config, resume=args.resume, overwrite=args.overwrite)
         if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks for the job
             return 0
         val = "n/a" if result.val_loss is None else f"{result.val_loss:.4f}"
@@ -126,7 +132,8 @@ def run_compare(args: argparse.Namespace) -> int:
     def run() -> int:
         names = parse_families(args.families)
         base = training_config(args)
-        report = compare(base, names, seeds=args.seeds, out=args.out, n_streams=args.streams, resume=args.resume)
+        report = compare(base, names, seeds=args.seeds, out=args.out, n_streams=args.streams, resume=args.resume,
+                         overwrite=args.overwrite)
         print(report.read_text())
         print(f"Report: {report}")
         return 0

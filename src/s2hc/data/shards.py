@@ -22,12 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import atomic_write_json
+from ..io import WriteError, atomic_write_json, check_output_dir
 from .corpus import load_corpus
 from .sources import EMBEDDED, identity_hash, iter_documents, source_identity
 from .tokenizer import Tokenizer, get_tokenizer
 
 FORMAT_VERSION = 1
+CACHE_ARGUMENT = "--cache-dir"  # the token cache: TrainConfig.cache_dir, --cache-dir, or $S2HC_CACHE_DIR
 _BATCH_DOCS = 256
 _BATCH_CHARS = 8_000_000
 
@@ -36,6 +37,16 @@ def default_cache_dir() -> Path:
     """``$S2HC_CACHE_DIR/tokens`` if set, else ``~/.cache/s2hc/tokens``."""
     root = os.environ.get("S2HC_CACHE_DIR")
     return (Path(root) if root else Path.home() / ".cache" / "s2hc") / "tokens"
+
+
+def stored_cache_dir(stored: str | os.PathLike | None) -> Path | None:
+    """The token cache to use for a checkpoint that recorded ``stored`` as its run's ``cache_dir``: that path when
+    it is an existing directory this process can write on this machine, else None (:func:`default_cache_dir`).
+    A shared checkpoint's cache path belongs to another machine; tokens are never written there blindly."""
+    if stored is None:
+        return None
+    path = Path(stored).expanduser()
+    return path if path.is_dir() and os.access(path, os.W_OK | os.X_OK) else None
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -115,24 +126,33 @@ def prepare_tokens(
     tok = get_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
     docs = iter_documents(source, split, **source_options)  # validates split, path and options first
     key, identity = shard_key(source, tok, max_tokens=max_tokens, **source_options)
-    directory = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    directory = directory / key
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    directory = root / key
     found = _existing(directory, split)
-    if found is not None:
+    if found is not None:  # a read-only cache that already holds the shard is fine
         dtype, n = found
         return np.memmap(directory / f"{split}.bin", dtype=dtype, mode="r", shape=(n,))
 
-    directory.mkdir(parents=True, exist_ok=True)
+    check_output_dir(root, CACHE_ARGUMENT)  # a file, a path under a file, no permission, read-only: one line
+    directory.mkdir(exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
     total = _known_total(source, split, source_options)
     n_tokens = n_docs = n_chars = 0
     t0 = time.perf_counter()
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f"{split}.bin.", suffix=".tmp")
+    shard = directory / f"{split}.bin"
+
+    def written(operation, *arguments):  # a full disk names the shard (s2hc.io.WriteError), not a source file
+        try:
+            return operation(*arguments)
+        except OSError as error:
+            raise WriteError(shard, error) from error
+
+    fd, tmp = written(tempfile.mkstemp, f"{split}.bin.", ".tmp", directory)
     try:
         from tqdm.auto import tqdm
 
         with (
-            os.fdopen(fd, "wb") as f,
+            os.fdopen(fd, "wb", buffering=0) as f,  # unbuffered: every failed write surfaces at its call
             tqdm(total=total, unit="doc", desc=f"tokenising {split}", disable=not progress, dynamic_ncols=True) as bar,
         ):
             for batch in _batches(docs):
@@ -144,7 +164,7 @@ def prepare_tokens(
                         arr = arr[: max_tokens - n_tokens]
                     if arr.size and (arr.min() < 0 or arr.max() >= tok.vocab_size):
                         raise ValueError(f"tokenizer {tok.name!r} produced an id outside [0, {tok.vocab_size})")
-                    f.write(arr.astype(dtype).tobytes())
+                    written(_write_all, f, arr.astype(dtype).tobytes())
                     n_tokens += len(arr)
                     n_docs += 1
                     if max_tokens is not None and n_tokens >= max_tokens:
@@ -154,15 +174,14 @@ def prepare_tokens(
                 bar.set_postfix(tokens=f"{n_tokens:,}")
                 if max_tokens is not None and n_tokens >= max_tokens:
                     break
-            f.flush()
-            os.fsync(f.fileno())
+            written(os.fsync, f.fileno())
         if n_docs == 0:
             raise ValueError(
                 f"source {os.fspath(source)!r} split {split!r} has no documents (empty files, no records, or a "
                 "cap of zero): nothing to tokenise"
             )
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, directory / f"{split}.bin")
+        written(os.chmod, tmp, 0o644)
+        written(os.replace, tmp, shard)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -188,6 +207,13 @@ def prepare_tokens(
     }
     atomic_write_json(directory / "meta.json", meta)
     return np.memmap(directory / f"{split}.bin", dtype=dtype, mode="r", shape=(n_tokens,))
+
+
+def _write_all(file, data: bytes) -> None:
+    """Write all of ``data`` to an unbuffered file (a raw write may take only part of it, e.g. on a disk filling up)."""
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view) :]
 
 
 def _known_total(source, split: str, source_options: dict) -> int | None:

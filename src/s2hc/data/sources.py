@@ -3,7 +3,8 @@
 ``iter_documents(source, split)`` yields the documents (str) of one split of a source, in a fixed order:
 
 - ``"embedded"`` (the default): the shipped corpus (:mod:`s2hc.data.corpus`), with its own validation split.
-- a ``.txt`` file, or a directory: each ``.txt`` file is one document (UTF-8, undecodable bytes replaced).
+- a ``.txt`` file, or a directory: each ``.txt`` file is one document (UTF-8, undecodable bytes replaced; a file
+  that is mostly not text, or holds NUL bytes, is refused: :func:`check_text`).
   Without ``val_source``, the last ``val_fraction`` of every file (cut at a blank line, else at a line end,
   near that point) is the validation split and the rest the training split.
 - a ``.jsonl`` / ``.jsonl.gz`` file: one JSON object per line, its ``text_field`` (default ``"text"``) a document.
@@ -27,6 +28,7 @@ import gzip
 import hashlib
 import json
 import os
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,13 +113,53 @@ def _split_text(text: str, split: str, val_fraction: float) -> str:
     return text[:cut] if split == "train" else text[cut:]
 
 
+#: A .txt file is refused as not text when more than this share of its characters are undecodable bytes
+#: or control characters (a binary file renamed .txt); fewer are replaced (U+FFFD) and the file is read.
+MAX_NON_TEXT_SHARE = 0.05
+_CONTROL = dict.fromkeys(c for c in range(32) if chr(c) not in "\t\n\r\f\v")
+
+
 def _iter_text_file(path: Path) -> Iterator[str]:
     with open(path, encoding="utf-8", errors="replace") as f:  # universal newlines: \r\n -> \n
-        yield f.read()
+        text = f.read()
+    check_text(text, path)
+    yield text
+
+
+def check_text(text: str, path: Path | str) -> None:
+    """ValueError naming ``path`` when ``text`` (read from it with undecodable bytes replaced) is not text: it
+    holds NUL characters (binary data, or UTF-16), or more than :data:`MAX_NON_TEXT_SHARE` of it is replaced
+    bytes and control characters."""
+    if "\x00" in text:
+        raise ValueError(
+            f"{str(path)!r} is not a UTF-8 text file (it contains NUL bytes: binary data, or UTF-16 text); "
+            "convert it to UTF-8 text or remove it from the source"
+        )
+    if not text:
+        return
+    bad = text.count("\ufffd") + len(text) - len(text.translate(_CONTROL))
+    if bad > MAX_NON_TEXT_SHARE * len(text):
+        raise ValueError(
+            f"{str(path)!r} is not a UTF-8 text file ({bad / len(text):.0%} of its characters are undecodable "
+            "bytes or control characters); convert it to UTF-8 text or remove it from the source"
+        )
 
 
 def _iter_jsonl(path: Path, text_field: str) -> Iterator[str]:
-    opener = gzip.open if path.name.lower().endswith(".gz") else open
+    compressed = path.name.lower().endswith(".gz")
+    try:
+        yield from _jsonl_records(path, text_field, compressed)
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{str(path)!r} is not UTF-8 text ({e.encoding} cannot decode it: {e.reason}); convert it to UTF-8"
+        ) from None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        what = "not a gzip file" if isinstance(e, gzip.BadGzipFile) else "a truncated or damaged gzip file"
+        raise ValueError(f"{str(path)!r} is {what} ({e}); recompress it or remove it from the source") from None
+
+
+def _jsonl_records(path: Path, text_field: str, compressed: bool) -> Iterator[str]:
+    opener = gzip.open if compressed else open
     with opener(path, "rt", encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -140,14 +182,24 @@ def _iter_parquet(path: Path, text_field: str) -> Iterator[str]:
         import pyarrow.parquet as pq
     except ImportError:
         raise ImportError(f"reading {path} needs pyarrow: pip install 's2hc[data]'") from None
-    pf = pq.ParquetFile(path)
-    names = pf.schema_arrow.names
-    if text_field not in names:
-        raise ValueError(f"{path}: no column text_field={text_field!r} (columns: {names})")
-    for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
-        for text in batch.column(0).to_pylist():
-            if text is not None:
-                yield text
+    import pyarrow as pa
+
+    try:
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+        if text_field not in names:
+            raise ValueError(f"{path}: no column text_field={text_field!r} (columns: {names})")
+        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
+            for text in batch.column(0).to_pylist():
+                if text is not None and not isinstance(text, str):
+                    raise ValueError(f"{path}: column {text_field!r} holds {type(text).__name__}, not strings")
+                if text is not None:
+                    yield text
+    except (pa.ArrowException, OSError, EOFError) as e:  # a truncated or foreign file: ArrowInvalid, ArrowIOError
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(
+            f"{str(path)!r} is not a readable Parquet file ({first}); rewrite it or remove it from the source"
+        ) from None
 
 
 def _hf_error(source: str, e: BaseException) -> ValueError:
@@ -240,8 +292,10 @@ def iter_documents(
     in (0, 0.5]. ``max_documents`` / ``max_chars``: caps on what is yielded. ``hf_split``: the split of a
     Hugging Face dataset to stream (of ``val_source`` too when that is an ``hf:`` source).
 
-    Errors: ``ValueError`` naming the path for a missing or unsupported path, naming the field for a record
-    without it, and one sentence for a Hub dataset that cannot be reached."""
+    Errors: ``ValueError`` naming the path for a missing or unsupported path or a damaged file (a ``.jsonl.gz``
+    that is not gzip or is truncated, a ``.jsonl`` that is not UTF-8, a broken Parquet file, a ``.txt`` that is
+    not text), naming the field for a record without it, and one sentence for a Hub dataset that cannot be
+    reached. Damaged files fail when they are read, i.e. on iteration."""
     _check_split(split)
     if max_documents is not None and max_documents < 1:
         raise ValueError(f"max_documents={max_documents!r} is not allowed; use a positive integer or None")

@@ -18,7 +18,7 @@ import torch
 
 from ..connection import HyperConnection
 from ..data.loader import eval_batches
-from ..data.shards import prepare_tokens
+from ..data.shards import prepare_tokens, stored_cache_dir
 from ..devices import autocast_dtype, resolve_device
 from ..io import atomic_write_text
 from ..rundir import METRICS, load_model, read_metrics, resolve_checkpoint
@@ -249,8 +249,8 @@ def diagnose_checkpoint(
     model = model.to(target)
     seq_len = seq_len or config.seq_len
     batch_size = batch_size or config.batch_size
-    ids = _validation_ids(data, config, cache_dir if cache_dir is not None else config.cache_dir, tokens, seq_len,
-                          batch_size)
+    cache = cache_dir if cache_dir is not None else stored_cache_dir(config.cache_dir)  # not another machine's
+    ids = _validation_ids(data, config, cache, tokens, seq_len, batch_size)
     capture = collect(model, ids, tokens=tokens, batch_size=batch_size, seed=seed,
                       autocast_dtype=autocast_dtype(config.dtype, target))
     summary = capture.summary()

@@ -37,6 +37,9 @@ def _check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int) -> list[li
 def _next_tokens(logits: torch.Tensor, temperature: float, top_k: int | None, generator) -> torch.Tensor:
     """Greedy (``temperature == 0``) or sampled next tokens from the last-position ``logits`` ``(B, V)``."""
     logits = logits.float()
+    if bool(torch.isnan(logits).any()):
+        raise ValueError("the model's next-token logits are NaN: its weights or activations are not finite, so "
+                         "nothing can be generated from it; check the checkpoint")
     if temperature <= 0:
         return logits.argmax(dim=-1)
     logits = logits / temperature

@@ -4,7 +4,8 @@ The tokens are cut into the same non-overlapping windows as the training loop's 
 (:func:`s2hc.data.loader.eval_batches`: window ``i`` is tokens ``i·L .. i·L + L``, predicting the last ``L``
 from the first ``L``; every token but the first is predicted once, with the context since its window's
 start), so ``perplexity = exp(mean cross-entropy per predicted token)`` is comparable with the run's
-``val_loss``. ``max_batches`` spreads a capped evaluation evenly over the whole split.
+``val_loss``. ``max_batches`` spreads a capped evaluation evenly over the whole split. A loss too large for
+``exp`` gives perplexity ``inf``; a NaN loss (non-finite logits) is refused with ValueError at the first batch.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..data.loader import eval_batches
-from ..data.shards import prepare_tokens
+from ..data.shards import prepare_tokens, stored_cache_dir
 from .loading import load_for_eval
 
 
@@ -44,6 +45,15 @@ class PerplexityResult:
             f"perplexity {self.perplexity:.3f} (loss {self.loss:.4f} nats/token, {self.bits_per_token:.4f} bits/token) "
             f"over {self.tokens:,} tokens of {self.source}:{self.split} in {self.windows:,} windows of {self.seq_len}"
         )
+
+
+def exp_or_inf(loss: float) -> float:
+    """``exp(loss)``, or ``inf`` where it overflows a float (a loss above about 709 nats: a model that is very
+    wrong has an infinite perplexity, not an OverflowError)."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
 
 
 @torch.no_grad()
@@ -77,14 +87,21 @@ def perplexity(
             total += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum").item()
             count += y.numel()
             windows += x.shape[0]
+            if math.isnan(total):  # stop at once: a NaN stays NaN over the rest of the split
+                raise ValueError(
+                    f"the model's loss is NaN on {source}:{split} (within its first {windows} windows): its logits are "
+                    "not finite, so it has no perplexity; check the checkpoint's weights"
+                )
             bar.update(x.shape[0])
-            bar.set_postfix(ppl=f"{math.exp(total / count):.2f}")
+            bar.set_postfix(ppl=f"{exp_or_inf(total / count):.2f}")
     finally:
         bar.close()
         model.train(was_training)
+    if count == 0:
+        raise ValueError(f"{source}:{split} has fewer than seq_len + 1 = {seq_len + 1} tokens: nothing to score")
     loss = total / count
     return PerplexityResult(
-        loss=loss, perplexity=math.exp(loss), bits_per_token=loss / math.log(2), tokens=count, windows=windows,
+        loss=loss, perplexity=exp_or_inf(loss), bits_per_token=loss / math.log(2), tokens=count, windows=windows,
         seq_len=seq_len, source=source, split=split,
     )  # fmt: skip
 
@@ -108,7 +125,7 @@ def checkpoint_perplexity(
     model, tokenizer, train_config = load_for_eval(checkpoint, device=device, dtype=dtype)
     data = "embedded" if data is None else data
     seq_len = train_config.seq_len if seq_len is None else seq_len
-    cache = train_config.cache_dir if cache_dir is None else cache_dir
+    cache = stored_cache_dir(train_config.cache_dir) if cache_dir is None else cache_dir
     tokens = prepare_tokens(data, tokenizer, cache, split, progress=progress)
     return perplexity(
         model, tokens, seq_len, batch_size=batch_size, max_batches=max_batches, progress=progress,

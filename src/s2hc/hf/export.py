@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 from pathlib import Path
 
 from ..data.tokenizer import HFTokenizer, TiktokenTokenizer, get_tokenizer, gpt2_files
 from ..devices import resolve_dtype
+from ..evaluate.loading import check_finite_weights
+from ..io import WriteError, atomic_write_text, check_output_dir
 from ..rundir import load_checkpoint, load_model
 from .configuration import S2HCConfig
 from .modeling import S2HCForCausalLM
@@ -87,13 +91,17 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
     (``tokenizer.json``, ``tokenizer_config.json``), ``configuration_s2hc.py`` / ``modeling_s2hc.py`` (imports
     from the installed s2hc) and ``s2hc_training.json`` (the run's training configuration and step).
     ``dtype``: ``"float32"`` (default: the checkpoint's), ``"bfloat16"`` or ``"float16"``.
-    ValueError in one sentence for a missing or foreign checkpoint, or an ``out_dir`` that is a file.
+    ValueError in one sentence for a missing or foreign checkpoint, a checkpoint with non-finite weights, or an
+    ``out_dir`` that cannot be written (a file, under a file, read-only, no permission; see
+    :func:`s2hc.io.check_output_dir`).
+    A write that fails (a full disk) raises OSError naming the file.
     """
     torch_dtype = resolve_dtype(dtype)
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
-        raise ValueError(f"output {str(out)!r} exists and is not a directory")
+        raise ValueError(f"out_dir {str(out_dir)!r} exists and is not a directory; give a directory")
     model, train_config = load_model(checkpoint)
+    check_finite_weights(model, checkpoint)
     payload = load_checkpoint(checkpoint, with_model=False)
     tokenizer = get_tokenizer(train_config.tokenizer)
     hf_model = from_s2hc(model, tokenizer)
@@ -101,15 +109,34 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
         hf_model = hf_model.to(torch_dtype)
     config = hf_model.config
     config.auto_map = dict(AUTO_MAP)
-    out.mkdir(parents=True, exist_ok=True)
-    hf_model.save_pretrained(out)
-    hf_tokenizer(tokenizer, model.config.max_seq_len).save_pretrained(out)
+    out = check_output_dir(out_dir, "out_dir")  # created here, after the checkpoint proved readable
+    with _writing(out / "model.safetensors"):
+        hf_model.save_pretrained(out)
+    with _writing(out / "tokenizer.json"):
+        hf_tokenizer(tokenizer, model.config.max_seq_len).save_pretrained(out)
     settings = out / "tokenizer_config.json"
     tokenizer_config = json.loads(settings.read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every transformers version knows
-    settings.write_text(json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(settings, json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
     for name, text in _SHIMS.items():
-        (out / name).write_text(text)
+        atomic_write_text(out / name, text)
     provenance = {"step": payload.get("step"), "train_config": train_config.to_dict(), "tokenizer": tokenizer.name}
-    (out / "s2hc_training.json").write_text(json.dumps(provenance, indent=2, default=str) + "\n")
+    atomic_write_text(out / "s2hc_training.json", json.dumps(provenance, indent=2, default=str) + "\n")
     return out
+
+
+@contextlib.contextmanager
+def _writing(path: Path):
+    """Turn a failed write of ``path`` into :class:`s2hc.io.WriteError` (one line: the file, the reason, what
+    to do). safetensors reports a full disk as ``SafetensorError: ... (os error 28)``, not as an OSError."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as error:
+        raise WriteError(getattr(error, "filename", None) or path, error) from error
+    except Exception as error:
+        code = re.search(r"os error (\d+)", str(error))
+        if code is None:
+            raise
+        raise WriteError(path, OSError(int(code[1]), os.strerror(int(code[1])))) from error

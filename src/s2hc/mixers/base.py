@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..checks import check_int
+from ..checks import check_streams
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +46,7 @@ class Mixer(nn.Module):
 
     def __init__(self, n_streams: int):
         super().__init__()
-        check_int("n_streams", n_streams)
+        check_streams("n_streams", n_streams)
         self.n_streams = n_streams
         self.num_inputs = 0
 

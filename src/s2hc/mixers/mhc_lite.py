@@ -77,8 +77,13 @@ class PermutationMixture(nn.Module):
         bias = torch.full((self.num_inputs,), resolve_off_identity_bias(off_identity_bias, size))
         bias[0] = 0.0
         self.bias = nn.Parameter(bias)
-        # 0/1 entries are exact in every dtype, so an ordinary buffer may follow the model's casts.
-        self.register_buffer("permutations", permutation_matrices(size).flatten(1), persistent=False)
+        # 0/1 entries are exact in every dtype, so an ordinary buffer may follow the model's casts. Built on the
+        # meta device (s2hc params counts there), only its shape is made: the n! permutations are never listed.
+        if torch.empty(0).device.type == "meta":
+            table = torch.empty(self.num_inputs, size * size)
+        else:
+            table = permutation_matrices(size).flatten(1)
+        self.register_buffer("permutations", table, persistent=False)
         self.accumulate_in_float64 = size > MAX_PERMUTATION_STREAMS
 
     def forward(self, d: torch.Tensor) -> torch.Tensor:

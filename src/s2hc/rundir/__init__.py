@@ -2,13 +2,23 @@
 
 - :mod:`~s2hc.rundir.layout`: the file names (``config.yaml``, ``metrics.jsonl``, ``checkpoint.pt`` or
   ``checkpoint.dcp/``) and :func:`write_config`.
-- :mod:`~s2hc.rundir.checkpoint`: one-file and sharded checkpoints, written atomically; :func:`load_model`
-  rebuilds ``(model, train_config)`` from either.
+- :mod:`~s2hc.rundir.guard`: a run is created or resumed, never overwritten; one process at a time
+  (:func:`open_run_directory`, :class:`RunLock`); temporary files of interrupted saves are removed.
+- :mod:`~s2hc.rundir.checkpoint`: one-file and sharded checkpoints, written atomically and only when finite,
+  with checksums verified on load; :func:`load_model` rebuilds ``(model, train_config)`` from either.
 - :mod:`~s2hc.rundir.metrics`: ``metrics.jsonl`` (:class:`MetricsLog`, :func:`read_metrics`).
 """
 
-from .checkpoint import checkpoint_paths, load_checkpoint, load_model, resolve_checkpoint, saved_step
-from .layout import CHECKPOINT, CONFIG, METRICS, SHARDED, write_config
+from .checkpoint import (
+    NonFiniteError,
+    checkpoint_paths,
+    load_checkpoint,
+    load_model,
+    resolve_checkpoint,
+    saved_step,
+)
+from .guard import RunLock, check_run_directory, holds_run, open_run_directory
+from .layout import CHECKPOINT, CONFIG, METRICS, SHARDED, read_config, write_config
 from .metrics import MetricsLog, final_train_loss, read_metrics
 
 __all__ = [
@@ -16,11 +26,17 @@ __all__ = [
     "CONFIG",
     "METRICS",
     "MetricsLog",
+    "NonFiniteError",
+    "RunLock",
     "SHARDED",
+    "check_run_directory",
     "checkpoint_paths",
     "final_train_loss",
+    "holds_run",
     "load_checkpoint",
     "load_model",
+    "open_run_directory",
+    "read_config",
     "read_metrics",
     "resolve_checkpoint",
     "saved_step",

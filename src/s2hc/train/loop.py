@@ -1,8 +1,14 @@
 """The training loop: one process or one rank of several, any device; resumable exactly from its last checkpoint.
 
-:func:`train` reads like nanoGPT's loop: set up (resume check, data, model, optimizer, restore), then per step
-the learning rate, the micro-steps, clipping, the update, logging, evaluation and checkpoints. What a
-checkpoint holds is :class:`~s2hc.train.state.Checkpointer`'s job, the files are :mod:`s2hc.rundir`'s.
+:func:`train` reads like nanoGPT's loop: set up (the run directory, resume check, data, model, optimizer,
+restore), then per step the learning rate, the micro-steps, clipping, the update, logging, evaluation and
+checkpoints. What a checkpoint holds is :class:`~s2hc.train.state.Checkpointer`'s job, the files are
+:mod:`s2hc.rundir`'s; the run directory is opened through :func:`s2hc.rundir.open_run_directory` (created or
+resumed, never overwritten, locked for the whole run).
+
+Nothing non-finite is kept: the loss and gradient are checked before each update, the weights after it and
+the validation loss when measured; the run then stops with :class:`TrainingError` naming the step and the
+checkpoint it keeps, which (like every checkpoint) was only written because all its tensors were finite.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
@@ -26,8 +33,18 @@ from ..data.shards import prepare_tokens
 from ..data.tokenizer import get_tokenizer
 from ..devices import autocast_dtype
 from ..diagnostics.collect import gradient_norms, training_diagnostics
+from ..io import WriteError
 from ..models import ModelConfig, Transformer
-from ..rundir import MetricsLog, checkpoint_paths, load_checkpoint, saved_step, write_config
+from ..rundir import (
+    MetricsLog,
+    NonFiniteError,
+    checkpoint_paths,
+    load_checkpoint,
+    open_run_directory,
+    read_config,
+    write_config,
+)
+from ..rundir.guard import notice
 from . import distributed
 from .optim import learning_rate, make_optimizer
 from .state import Checkpointer
@@ -40,7 +57,8 @@ RESUMABLE_CHANGES = {
 
 
 class TrainingError(RuntimeError):
-    """A run that cannot go on (non-finite loss); the message says what happened and what is kept."""
+    """A run that cannot go on (non-finite loss, gradient, weights or validation loss; a checkpoint that cannot be
+    written); the message, one line, says what happened at which step and which checkpoint is kept."""
 
 
 class Interrupted(RuntimeError):
@@ -90,8 +108,8 @@ def _check_resumable(saved: dict, config: TrainConfig, world_size: int) -> None:
     if changed:
         details = ", ".join(f"{k}: {before.get(k)!r} -> {getattr(config, k)!r}" for k in sorted(changed))
         raise ValueError(
-            f"the checkpoint in {config.out!r} was trained with a different configuration ({details}); "
-            f"resume with the same settings or choose another --out"
+            f"the run in {config.out!r} was trained with a different configuration ({details}); "
+            f"resume with the same settings, or choose another --out"
         )
     old = before["batch_size"] * before["grad_accum"] * saved.get("world_size", 1)
     new = config.batch_size * config.grad_accum * world_size
@@ -118,27 +136,94 @@ def evaluate(model, batches, device, amp_dtype) -> float:
     return total / max(count, 1)
 
 
-def train(config: TrainConfig, resume: bool = False) -> RunResult:
-    """Train ``config``; with ``resume`` continue exactly from ``config.out``'s newest checkpoint if there is one.
+def train(config: TrainConfig, resume: bool = False, overwrite: bool = False) -> RunResult:
+    """Train ``config`` into the run directory ``config.out``: a new run, or with ``resume`` the run there.
+
+    Without ``resume``, ``config.out`` must not hold a run (``config.yaml``, ``metrics.jsonl`` or a checkpoint)
+    unless ``overwrite`` asks to remove it first; with ``resume`` it must hold one, which continues exactly from
+    its newest checkpoint (or starts again from step 0 when it has none yet, with the same configuration). The
+    directory is locked for the whole run (:func:`s2hc.rundir.open_run_directory`; under torchrun by rank 0).
 
     One process, or one of several started by torchrun (DDP or FSDP2, see :mod:`s2hc.train.distributed`).
     Writes ``out/metrics.jsonl`` and a checkpoint (``out/checkpoint.pt``, or ``out/checkpoint.dcp/`` when
-    sharded) every ``checkpoint_every`` steps and at the end. Raises ValueError for bad input,
-    :class:`TrainingError` for a non-finite loss (the last good checkpoint is kept), :class:`Interrupted` after
-    saving on SIGINT/SIGTERM.
+    sharded) every ``checkpoint_every`` steps and at the end. Raises ValueError for bad input (and a run
+    directory refused as above, or in use by another process), :class:`TrainingError` for a non-finite loss,
+    gradient, weights or validation loss or a checkpoint that cannot be written (the last good checkpoint is
+    kept), :class:`Interrupted` after saving on SIGINT/SIGTERM.
     """
     ctx = distributed.setup(config.device, config.parallel)
     try:
-        return _train(config, resume, ctx)
+        with contextlib.ExitStack() as run_directory:
+            saved = _open_run(config, resume, overwrite, ctx, run_directory)
+            return _train(config, saved, ctx)
+    except WriteError as error:  # config.yaml or metrics.jsonl at the start: a full disk, say
+        raise TrainingError(str(error)) from error
     finally:
         distributed.teardown()
 
 
-def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunResult:
+def _on_main(ctx: distributed.Context, work):
+    """``work()`` on rank 0 alone; an exception there is raised on every rank (a ValueError as a ValueError)."""
+    result, failure = None, None
+    if ctx.is_main:
+        try:
+            result = work()
+        except BaseException as error:  # noqa: BLE001 - re-raised below, after the other ranks are told
+            failure = error
+    if ctx.distributed:
+        box = [None if failure is None else (isinstance(failure, ValueError), str(failure))]
+        dist.broadcast_object_list(box, src=0)
+        if failure is None and box[0] is not None:
+            is_value_error, message = box[0]
+            raise ValueError(message) if is_value_error else RuntimeError(f"rank 0 failed: {message}")
+    if failure is not None:
+        raise failure
+    return result
+
+
+def _open_run(config: TrainConfig, resume: bool, overwrite: bool, ctx: distributed.Context,
+              stack: contextlib.ExitStack) -> dict | None:
+    """Open (rank 0: check, lock, clean) the run directory; the header of the checkpoint to resume, or None."""
     out = Path(config.out).expanduser()
-    saved = load_checkpoint(out, with_model=False) if resume and out.is_dir() and checkpoint_paths(out) else None
-    if saved is not None:
-        _check_resumable(saved, config, ctx.world_size)
+
+    def open_on_main() -> dict | None:
+        stack.enter_context(open_run_directory(config.out, resume=resume, overwrite=overwrite, log=notice))
+        if not resume:
+            return None
+        if checkpoint_paths(out):
+            saved = load_checkpoint(out, with_model=False)  # verified: a damaged checkpoint stops here
+            _check_resumable(saved, config, ctx.world_size)
+            return saved
+        previous = read_config(out)
+        if previous is not None:
+            _check_resumable({"config": previous, "world_size": ctx.world_size}, config, ctx.world_size)
+        notice(f"{config.out!r} holds no checkpoint yet: its run starts again from step 0")
+        return None
+
+    saved = _on_main(ctx, open_on_main)
+    if not ctx.is_main and resume and checkpoint_paths(out):
+        saved = load_checkpoint(out, with_model=False, verify=False)  # rank 0 verified it
+    return saved
+
+
+def _non_finite_weights(model: torch.nn.Module, ctx: distributed.Context) -> str | None:
+    """None when every parameter (every rank's local shard) is finite, else the names of those that are not.
+
+    One fused norm of all parameters and one sync; only when that is not finite (a NaN, an infinity, or
+    finite values so large that their squares overflow) are the parameters looked at one by one."""
+    local = {name: p.to_local() if hasattr(p, "to_local") else p for name, p in model.named_parameters()}
+    tensors = [p.detach() for p in local.values() if p.numel()]
+    total = torch.nn.utils.get_total_norm(tensors) if tensors else torch.zeros(())
+    bad = []
+    if not bool(torch.isfinite(total)):
+        bad = [name for name, p in local.items() if not bool(torch.isfinite(p.detach()).all())]
+    if distributed.mean_across_ranks(float(len(bad)), ctx) == 0:
+        return None
+    return ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "") if bad else "on another rank"
+
+
+def _train(config: TrainConfig, saved: dict | None, ctx: distributed.Context) -> RunResult:
+    out = Path(config.out).expanduser()
     device, amp_dtype = ctx.device, autocast_dtype(config.dtype, ctx.device)
     tokenizer = get_tokenizer(config.tokenizer)
     model_config = _model_config(config, tokenizer.vocab_size)
@@ -156,9 +241,8 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
     step = checkpointer.restore(saved) if saved is not None else 0
     metrics = None
     if ctx.is_main:
-        out.mkdir(parents=True, exist_ok=True)
         write_config(out, config.to_dict())
-        metrics = MetricsLog(out, keep_until_step=step if saved is not None else None)
+        metrics = MetricsLog(out, keep_until_step=step if saved is not None else None, log=notice)
 
     tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world_size
     step_times: list[float] = []
@@ -169,64 +253,75 @@ def _train(config: TrainConfig, resume: bool, ctx: distributed.Context) -> RunRe
 
     def save() -> None:
         history = {"step_times": list(step_times), "train_loss": train_loss, "val_loss": val_loss}
-        checkpointer.save(step, {"config": config.to_dict(), "model_config": model_config.to_dict(),
-                                 "history": history})
+        try:
+            checkpointer.save(step, {"config": config.to_dict(), "model_config": model_config.to_dict(),
+                                     "history": history})
+        except NonFiniteError as error:
+            raise TrainingError(f"the training state of step {step} is not finite, so it was not saved "
+                                f"({str(error).removeprefix('not saved: ')}); stopped; {checkpointer.kept()}") from None
+
+    def stop(problem: str) -> TrainingError:
+        return TrainingError(f"{problem}; stopped; {checkpointer.kept()}")
 
     bar = tqdm(total=config.max_steps, initial=step, disable=not (config.progress and ctx.is_main),
                desc=f"{config.family}", unit="step")
     model.train()
-    with stop_on_signals() as received:
-        while step < config.max_steps:
-            started = time.perf_counter()
-            lr = learning_rate(step, peak=config.lr, warmup_steps=config.warmup_steps, max_steps=config.max_steps,
-                               min_ratio=config.min_lr_ratio)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            loss_sum = 0.0
-            for micro in range(config.grad_accum):
-                x, y = (t.to(device, non_blocking=True) for t in next(loader))
-                with distributed.gradient_sync(forward, ctx, enabled=micro == config.grad_accum - 1):
-                    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                        logits = forward(x)
-                    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                    (loss / config.grad_accum).backward()
-                loss_sum += loss.item()
-            train_loss = distributed.mean_across_ranks(loss_sum / config.grad_accum, ctx)
-            diagnose = bool(config.diagnostics_every) and (step + 1) % config.diagnostics_every == 0
-            layer_grads = gradient_norms(model) if diagnose else None  # before clipping; every rank (FSDP)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or float("inf"))
-            grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-            if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
-                bar.close()
-                kept = f"the last good checkpoint (step {saved_step(out)}) is kept in {str(out)!r}"
-                raise TrainingError(f"non-finite loss ({train_loss}) or gradient at step {step + 1}; stopped; {kept}")
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            step_time = time.perf_counter() - started
-            step_times.append(step_time)
-            bar.update(1)
-            if metrics and (step % config.log_every == 0 or step == config.max_steps):
-                metrics.write(step=step, loss=train_loss, lr=lr, grad_norm=grad_norm, tokens=step * tokens_per_step,
-                              step_time=step_time)
-                bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_step / step_time:.0f}")
-            if layer_grads is not None:  # a fixed batch, no RNG; every rank runs it (FSDP), the main one writes
-                record = training_diagnostics(model, validation[0][0], layer_grads, autocast_dtype=amp_dtype)
-                if metrics:
-                    metrics.write(step=step, diagnostics=record)
-            if (config.eval_every and step % config.eval_every == 0) or step == config.max_steps:
-                val_loss = evaluate(forward, validation, device, amp_dtype)
-                if metrics:
-                    metrics.write(step=step, val_loss=val_loss)
-            if (config.checkpoint_every and step % config.checkpoint_every == 0) or step == config.max_steps:
-                save()
-            if received:
-                save()
-                bar.close()
-                raise Interrupted(
-                    f"stopped by signal {received[0]} after step {step}; resume with --resume", received[0]
-                )
-    bar.close()
+    try:
+        with stop_on_signals() as received, contextlib.closing(bar):
+            while step < config.max_steps:
+                started = time.perf_counter()
+                lr = learning_rate(step, peak=config.lr, warmup_steps=config.warmup_steps,
+                                   max_steps=config.max_steps, min_ratio=config.min_lr_ratio)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                loss_sum = 0.0
+                for micro in range(config.grad_accum):
+                    x, y = (t.to(device, non_blocking=True) for t in next(loader))
+                    with distributed.gradient_sync(forward, ctx, enabled=micro == config.grad_accum - 1):
+                        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                            logits = forward(x)
+                        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                        (loss / config.grad_accum).backward()
+                    loss_sum += loss.item()
+                train_loss = distributed.mean_across_ranks(loss_sum / config.grad_accum, ctx)
+                diagnose = bool(config.diagnostics_every) and (step + 1) % config.diagnostics_every == 0
+                layer_grads = gradient_norms(model) if diagnose else None  # before clipping; every rank (FSDP)
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or float("inf"))
+                grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+                if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
+                    raise stop(f"non-finite loss ({train_loss}) or gradient at step {step + 1}")
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                bad = _non_finite_weights(model, ctx)
+                if bad is not None:
+                    raise stop(f"non-finite weights after the update of step {step + 1} ({bad}; learning rate {lr})")
+                step += 1
+                step_time = time.perf_counter() - started
+                step_times.append(step_time)
+                bar.update(1)
+                if metrics and (step % config.log_every == 0 or step == config.max_steps):
+                    metrics.write(step=step, loss=train_loss, lr=lr, grad_norm=grad_norm,
+                                  tokens=step * tokens_per_step, step_time=step_time)
+                    bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_step / step_time:.0f}")
+                if layer_grads is not None:  # a fixed batch, no RNG; every rank runs it (FSDP), the main one writes
+                    record = training_diagnostics(model, validation[0][0], layer_grads, autocast_dtype=amp_dtype)
+                    if metrics:
+                        metrics.write(step=step, diagnostics=record)
+                if (config.eval_every and step % config.eval_every == 0) or step == config.max_steps:
+                    val_loss = evaluate(forward, validation, device, amp_dtype)
+                    if distributed.mean_across_ranks(float(not math.isfinite(val_loss)), ctx) > 0:  # all ranks stop
+                        raise stop(f"non-finite validation loss ({val_loss}) at step {step}")
+                    if metrics:
+                        metrics.write(step=step, val_loss=val_loss)
+                if (config.checkpoint_every and step % config.checkpoint_every == 0) or step == config.max_steps:
+                    save()
+                if received:
+                    save()
+                    raise Interrupted(
+                        f"stopped by signal {received[0]} after step {step}; resume with --resume", received[0]
+                    )
+    except WriteError as error:  # a full disk while saving or logging: the last checkpoint written stays good
+        raise stop(f"at step {step}, {error}, then resume with --resume") from error
     # The median step ignores the first steps' warm-up (and compilation) and any evaluation pauses.
     median_step = statistics.median(step_times) if step_times else math.nan
     return RunResult(out=out, step=step, train_loss=train_loss, val_loss=val_loss,

@@ -4,6 +4,8 @@
 it collects the state of a run through ``torch.distributed.checkpoint.state_dict`` (so a DDP-, FSDP2- or
 un-wrapped model saves the same names), writes one file with one process and shards with several or
 under FSDP, and restores either into the current wrapping, resharding when the process count changed.
+Nothing is written unless every tensor of the state is finite (:class:`~s2hc.rundir.checkpoint.NonFiniteError`
+otherwise, on every rank).
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from ..rundir.checkpoint import load_checkpoint, load_sharded_into, save_checkpoint, save_sharded_checkpoint
+from ..rundir.checkpoint import (
+    NonFiniteError,
+    load_checkpoint,
+    load_sharded_into,
+    save_checkpoint,
+    save_sharded_checkpoint,
+)
 from ..rundir.layout import CHECKPOINT, SHARDED
 from . import distributed
 
@@ -53,23 +61,50 @@ class Checkpointer:
     ``save(step, extra)`` writes the model and optimizer with ``extra`` (configs, history) and the data
     loader's position and every RNG; ``restore(saved)`` puts a checkpoint read by
     :func:`~s2hc.rundir.checkpoint.load_checkpoint` back and returns its step. Collective under
-    ``torch.distributed``: every rank calls both.
+    ``torch.distributed``: every rank calls both. ``last_step`` and ``last_path``: the checkpoint of this run
+    written or restored last (None before the first), the one a failed run keeps.
     """
 
     def __init__(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader,
                  ctx: distributed.Context):
         self.run_dir, self.model, self.optimizer, self.loader, self.ctx = Path(run_dir), model, optimizer, loader, ctx
         self.sharded = ctx.distributed or ctx.parallel == "fsdp"
+        self.last_step: int | None = None
+        self.last_path: Path | None = None
+
+    def kept(self) -> str:
+        """What a run that stops now keeps, for its error message."""
+        if self.last_step is None:
+            return f"no checkpoint of this run was written to {str(self.run_dir)!r} yet"
+        return f"the last good checkpoint (step {self.last_step}) is kept in {str(self.last_path)!r}"
+
+    def _check_finite(self, state: dict[str, Any]) -> None:
+        """NonFiniteError on every rank when a tensor of any rank's (local shard of the) state is not finite."""
+        bad = []
+        for name, tensor in _tensors(state, ""):
+            local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+            if (local.is_floating_point() or local.is_complex()) and not bool(torch.isfinite(local).all()):
+                bad.append(name)
+        if distributed.mean_across_ranks(float(len(bad)), self.ctx) > 0:
+            names = bad or ["a tensor of another rank"]
+            more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+            raise NonFiniteError(f"not saved: {names[0]}{more} hold NaN or infinite values", names)
 
     def save(self, step: int, extra: dict[str, Any]) -> None:
+        """Write the checkpoint of ``step``: NonFiniteError (nothing written) when the state is not finite,
+        :class:`~s2hc.io.WriteError` (the previous checkpoint kept) when the disk refuses it."""
         extra = {**extra, "step": step, "loader": self.loader.state_dict(), "rng": rng_state(),
                  "world_size": self.ctx.world_size}
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         if self.sharded:
-            save_sharded_checkpoint(self.run_dir / SHARDED, {"model": model_state, "optimizer": optimizer_state},
+            self._check_finite({"model": model_state, "optimizer": optimizer_state})
+            path = self.run_dir / SHARDED
+            save_sharded_checkpoint(path, {"model": model_state, "optimizer": optimizer_state},
                                     extra, is_main=self.ctx.is_main, barrier=lambda: distributed.barrier(self.ctx))
-        else:
-            save_checkpoint(self.run_dir / CHECKPOINT, {**extra, "model": model_state, "optimizer": optimizer_state})
+        else:  # save_checkpoint checks finiteness itself, in the pass that computes the checksum
+            path = self.run_dir / CHECKPOINT
+            save_checkpoint(path, {**extra, "model": model_state, "optimizer": optimizer_state})
+        self.last_step, self.last_path = step, path
         if self.ctx.is_main:  # the other kind, if a run changed its process count, is older now
             stale = self.run_dir / (CHECKPOINT if self.sharded else SHARDED)
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
@@ -82,10 +117,23 @@ class Checkpointer:
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"])
         else:
-            full = load_checkpoint(saved["path"], self.ctx.device)
+            full = load_checkpoint(saved["path"], self.ctx.device, verify=False)  # verified when `saved` was read
             set_state_dict(self.model, self.optimizer, model_state_dict=full["model"],
                            optim_state_dict=full["optimizer"], options=StateDictOptions(full_state_dict=True))
         self.loader.load_state_dict(saved["loader"])
         if saved.get("world_size", 1) == 1 and self.ctx.world_size == 1:  # per-rank streams cannot be split
             set_rng_state(saved["rng"])
+        self.last_step, self.last_path = saved["step"], Path(saved["path"])
         return saved["step"]
+
+
+def _tensors(value: Any, name: str):
+    """``(name, tensor)`` for every tensor in nested dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _tensors(item, f"{name}.{key}" if name else str(key))
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _tensors(item, f"{name}[{index}]")

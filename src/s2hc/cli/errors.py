@@ -1,0 +1,71 @@
+"""How ``s2hc`` reports a user's problem: one line, ``s2hc CMD: error: ...``, and an exit status.
+
+:func:`report_error` is called by :func:`s2hc.cli.main` for a ``ValueError`` (exit 2), an ``OSError`` (exit 2;
+1 for a full disk, an exhausted quota or an I/O error during the work) or running out of memory (exit 1).
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+
+import torch
+
+
+def report_error(command: str, error: BaseException) -> int:
+    """One line and an exit status for a user's problem; a RuntimeError that is not running out of memory is
+    raised again (a bug)."""
+    if isinstance(error, ValueError):
+        return _fail(command, str(error), 2)
+    if isinstance(error, OSError):
+        return _fail(command, describe_os_error(error), 1 if error.errno in FAILED_RUN_ERRNOS else 2)
+    if not out_of_memory(error):
+        raise error
+    return _fail(command, f"out of memory ({_first_line(error)}); use a smaller model, batch or sequence "
+                 "length, or a machine with more memory", 1)
+
+
+#: OSErrors that end a run that had started (exit 1) rather than refuse an argument (exit 2).
+FAILED_RUN_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
+_OS_HINTS = {  # what to do, after the system's own reason (strerror)
+    errno.ENOSPC: "the disk is full: free some space or write elsewhere; files written before are kept",
+    errno.EDQUOT: "the disk quota is exhausted: free some space or write elsewhere",
+    errno.EIO: "the disk or file system failed: check it, then run again",
+    errno.EFBIG: "the file system cannot hold so large a file: write elsewhere",
+    errno.EACCES: "choose a location you can write to",
+    errno.EPERM: "choose another location",
+    errno.EROFS: "choose a writable location",
+    errno.ENOTDIR: "a part of the path is a file: choose another path",
+    errno.EISDIR: "give a file name",
+    errno.ENOENT: "check the path",
+    errno.EEXIST: "choose another name",
+    errno.ENAMETOOLONG: "choose a shorter name",
+}
+
+
+def describe_os_error(error: OSError) -> str:
+    """One line for an OSError: the file, the reason and what to do (an error that says so already is kept)."""
+    if error.filename is None and not str(error).startswith("[Errno"):  # a message already (s2hc.io.WriteError)
+        return _first_line(error)
+    reason = error.strerror or _first_line(error) or type(error).__name__
+    where = f"{str(error.filename)!r}: " if error.filename is not None else ""
+    if error.filename2 is not None:
+        where = f"{str(error.filename)!r} -> {str(error.filename2)!r}: "
+    hint = _OS_HINTS.get(error.errno)
+    return f"{where}{reason}" + (f"; {hint}" if hint else "")
+
+
+def out_of_memory(error: RuntimeError) -> bool:
+    """Whether ``error`` is an allocation that failed (CUDA or CPU): the machine's limit, not a bug."""
+    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0].strip() if lines else ""
+
+
+def _fail(command: str, message: str, status: int) -> int:
+    message = " ".join(line.strip() for line in message.strip().splitlines())  # one line, whatever it was
+    print(f"{command}: error: {message}", file=sys.stderr)
+    return status
