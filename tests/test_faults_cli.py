@@ -391,7 +391,7 @@ def test_stored_cache_dir_is_used_only_where_it_is_a_writable_directory(tmp_path
     (OSError(errno.ENOSPC, "No space left on device", "/data/x.bin"), 1,
      "s2hc params: error: '/data/x.bin': No space left on device; the disk is full"),
     (PermissionError(errno.EACCES, "Permission denied", "/data/x"), 2,
-     "s2hc params: error: '/data/x': Permission denied; choose a location you can write to"),
+     "s2hc params: error: '/data/x': Permission denied; choose a writable location"),
     (OSError(errno.EROFS, "Read-only file system", "/ro/x"), 2, "s2hc params: error: '/ro/x': Read-only file system"),
     (RuntimeError("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to "
                   "allocate 79999200000 bytes."), 1, "s2hc params: error: out of memory ("),

@@ -19,15 +19,20 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-# What to do about a failed write, by errno.
-_HINTS = {
+#: What to do about a failed file operation, by errno (after the system's own reason): the one table, used by
+#: WriteError here and by the command line's error lines (s2hc.cli.errors).
+OS_HINTS = {
     errno.ENOSPC: "the disk is full: free some space",
     errno.EDQUOT: "the disk quota is exhausted: free some space",
-    errno.EROFS: "the filesystem is read-only: choose a writable location",
-    errno.EACCES: "permission denied: choose a writable location",
-    errno.EPERM: "permission denied: choose a writable location",
+    errno.EIO: "the disk or file system failed: check it, then run again",
+    errno.EFBIG: "the file system cannot hold so large a file: write elsewhere",
+    errno.EROFS: "choose a writable location",
+    errno.EACCES: "choose a writable location",
+    errno.EPERM: "choose a writable location",
     errno.ENOTDIR: "a part of the path is a file, not a directory: choose another location",
     errno.EISDIR: "it is a directory: choose a file name",
+    errno.ENOENT: "check the path",
+    errno.EEXIST: "choose another name",
     errno.ENAMETOOLONG: "choose a shorter name",
 }
 
@@ -40,7 +45,7 @@ class WriteError(OSError):
     def __init__(self, path: Path | str, cause: OSError):
         reason = cause.strerror or str(cause) or type(cause).__name__
         code = errno.errorcode.get(cause.errno, "") if cause.errno is not None else ""
-        hint = _HINTS.get(cause.errno, "check the path and the disk")
+        hint = OS_HINTS.get(cause.errno, "check the path and the disk")
         message = f"could not write {str(path)!r}: {reason}{f' ({code})' if code else ''}; {hint}"
         super().__init__(cause.errno, message)
         self.path = str(path)
@@ -142,7 +147,7 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 def _reason(error: OSError) -> str:
-    hint = _HINTS.get(error.errno)
+    hint = OS_HINTS.get(error.errno)
     return f"{error.strerror or error}" + (f"; {hint}" if hint else "")
 
 

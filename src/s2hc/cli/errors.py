@@ -11,6 +11,8 @@ import sys
 
 import torch
 
+from ..io import OS_HINTS
+
 
 def report_error(command: str, error: BaseException) -> int:
     """One line and an exit status for a user's problem; a RuntimeError that is not running out of memory is
@@ -27,20 +29,6 @@ def report_error(command: str, error: BaseException) -> int:
 
 #: OSErrors that end a run that had started (exit 1) rather than refuse an argument (exit 2).
 FAILED_RUN_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
-_OS_HINTS = {  # what to do, after the system's own reason (strerror)
-    errno.ENOSPC: "the disk is full: free some space or write elsewhere; files written before are kept",
-    errno.EDQUOT: "the disk quota is exhausted: free some space or write elsewhere",
-    errno.EIO: "the disk or file system failed: check it, then run again",
-    errno.EFBIG: "the file system cannot hold so large a file: write elsewhere",
-    errno.EACCES: "choose a location you can write to",
-    errno.EPERM: "choose another location",
-    errno.EROFS: "choose a writable location",
-    errno.ENOTDIR: "a part of the path is a file: choose another path",
-    errno.EISDIR: "give a file name",
-    errno.ENOENT: "check the path",
-    errno.EEXIST: "choose another name",
-    errno.ENAMETOOLONG: "choose a shorter name",
-}
 
 
 def describe_os_error(error: OSError) -> str:
@@ -51,7 +39,7 @@ def describe_os_error(error: OSError) -> str:
     where = f"{str(error.filename)!r}: " if error.filename is not None else ""
     if error.filename2 is not None:
         where = f"{str(error.filename)!r} -> {str(error.filename2)!r}: "
-    hint = _OS_HINTS.get(error.errno)
+    hint = OS_HINTS.get(error.errno)
     return f"{where}{reason}" + (f"; {hint}" if hint else "")
 
 
