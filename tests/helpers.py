@@ -98,3 +98,25 @@ def run_connection(hc, branch, x, weights, **options) -> list[torch.Tensor]:
     out = hc(x, branch)
     (out.double() * weights.double()).sum().backward()
     return [out.detach(), *grads_of(hc, x)]
+
+
+def crash_after_checkpoint(config, step: int) -> None:
+    """Train ``config`` and stop as a crash would right after the checkpoint of ``step`` is written."""
+    import pytest
+
+    import s2hc.train.state as state
+    from s2hc.train import train
+
+    real = state.save_checkpoint
+
+    def save_then_crash(path, payload):
+        real(path, payload)
+        if payload["step"] == step:
+            raise KeyboardInterrupt
+
+    state.save_checkpoint = save_then_crash
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(config)
+    finally:
+        state.save_checkpoint = real

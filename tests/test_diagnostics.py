@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL_MODEL, randomize_, small_config
+from helpers import SMALL_MODEL, crash_after_checkpoint, randomize_, small_config
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -474,8 +474,6 @@ def _diagnostics(run_dir) -> list:
 
 
 def test_training_logs_diagnostics_and_resumes_exactly(corpus_file, tmp_path):
-    import s2hc.train.state as training_state
-
     config = small_config(corpus_file, tmp_path, max_steps=6, diagnostics_every=2, checkpoint_every=2, log_every=1,
                           eval_every=0, lr=3e-3)
     train(config)
@@ -493,19 +491,7 @@ def test_training_logs_diagnostics_and_resumes_exactly(corpus_file, tmp_path):
     assert not _diagnostics(plain.out)
 
     interrupted = config.replace(out=str(tmp_path / "interrupted"))
-    original = training_state.save_checkpoint
-
-    def save_then_crash(path, state):
-        original(path, state)
-        if state["step"] == 4:
-            raise KeyboardInterrupt
-
-    training_state.save_checkpoint = save_then_crash
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            train(interrupted)
-    finally:
-        training_state.save_checkpoint = original
+    crash_after_checkpoint(interrupted, 4)
     assert load_checkpoint(interrupted.out)["step"] == 4
     train(interrupted, resume=True)
     assert _losses(interrupted.out) == _losses(config.out)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import small_config
+from helpers import crash_after_checkpoint, small_config
 from test_rundir_integrity import full_disk
 
 from s2hc.cli import main
@@ -63,25 +63,6 @@ def cli_args(config) -> list[str]:
         "--checkpoint-every", str(config.checkpoint_every), "--log-every", str(config.log_every),
         "--seed", str(config.seed), "--no-progress", "--out", config.out,
     ]
-
-
-def crash_after_checkpoint(config, step: int) -> None:
-    """Train ``config`` and stop as a crash would right after the checkpoint of ``step`` (nothing else runs)."""
-    import s2hc.train.state as state
-
-    real = state.save_checkpoint
-
-    def save_then_crash(path, payload):
-        real(path, payload)
-        if payload["step"] == step:
-            raise KeyboardInterrupt
-
-    state.save_checkpoint = save_then_crash
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            train(config)
-    finally:
-        state.save_checkpoint = real
 
 
 def error_line(capsys) -> str:

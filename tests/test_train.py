@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL_MODEL
+from helpers import SMALL_MODEL, crash_after_checkpoint
 
 from s2hc.cli import main
 from s2hc.compare import compare
@@ -104,29 +104,10 @@ def test_resume_in_process_equals_uninterrupted(small, tmp_path):
     train(small)
     # "interrupted" at step 6: keep the step-6 checkpoint of a second run, then resume it
     interrupted = small.replace(out=str(tmp_path / "interrupted"), max_steps=12)
-    _run_until(interrupted, stop_after=6)
+    crash_after_checkpoint(interrupted, 6)
     assert load_checkpoint(interrupted.out)["step"] == 6
     train(interrupted, resume=True)
     assert losses(interrupted.out) == losses(small.out)
-
-
-def _run_until(config: TrainConfig, stop_after: int) -> None:
-    """Train, stopping right after the checkpoint of step ``stop_after`` (simulates a crash there)."""
-    import s2hc.train.state as state
-
-    original = state.save_checkpoint
-
-    def save_then_crash(path, state):
-        original(path, state)
-        if state["step"] == stop_after:
-            raise KeyboardInterrupt
-
-    state.save_checkpoint = save_then_crash
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            train(config)
-    finally:
-        state.save_checkpoint = original
 
 
 def _cli_args(config: TrainConfig) -> list[str]:
