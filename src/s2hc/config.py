@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -25,13 +24,12 @@ import yaml
 from . import mixers
 from .checks import check_bool, check_float, check_int, check_str, check_streams
 from .connection import COMPUTE_OPTIONS, KERNELS
-from .devices import AUTOCAST_NAMES
+from .devices import AUTOCAST_NAMES, DEVICE_NAME
 from .mixers import RESIDUAL, check_family, default_streams
 from .models import get_preset
 from .params import check_countable
 
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
-DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 
 # The range of every number, checked before anything runs (types come from the field's annotation).
 NONNEGATIVE_INTS = (  # the other ints are >= 1 (n_streams also <= MAX_STREAMS, seed in [0, MAX_SEED])
@@ -118,7 +116,7 @@ class TrainConfig:
             raise ValueError(f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}")
         if self.dtype not in AUTOCAST_NAMES:
             raise ValueError(f"dtype must be one of {list(AUTOCAST_NAMES)}, got {self.dtype!r}")
-        if not DEVICE_PATTERN.fullmatch(self.device):
+        if not DEVICE_NAME.fullmatch(self.device):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         self._check_connection()
         self.family_options = check_family_options(self.family, self.n_streams, self.family_options)

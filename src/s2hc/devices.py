@@ -13,9 +13,13 @@ torch.bfloat16
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 DEVICE_NAMES = ("auto", "cpu", "cuda", "cuda:N")
+#: The spelling of those names, checked before a run starts (whether CUDA is there is resolve_device's question).
+DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 AUTOCAST_NAMES = ("auto", "float32", "bfloat16")  # TrainConfig.dtype
 
