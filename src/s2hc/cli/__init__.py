@@ -3,6 +3,7 @@
   params    parameter counts of the hyper-connections of a model shape, per family  (:mod:`.params`)
   train     pretrain a language model with one residual family (resumable)          (:mod:`.train`)
   compare   train the same model with several families and write a report           (:mod:`.train`)
+  study     a grid of families × streams × seeds, resumable, with statistics        (:mod:`.study`)
   eval      perplexity and lm-evaluation-harness benchmarks of a checkpoint         (:mod:`.evaluate`)
   generate  sample continuations of a prompt from a checkpoint                      (:mod:`.evaluate`)
   export    write a checkpoint as a Hugging Face transformers model directory       (:mod:`.export`)
@@ -28,10 +29,10 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import bench, diagnose, evaluate, export, params, train
+from . import bench, diagnose, evaluate, export, params, study, train
 from .errors import report_error
 
-COMMANDS = (params, train, evaluate, export, diagnose, bench)
+COMMANDS = (params, train, study, evaluate, export, diagnose, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

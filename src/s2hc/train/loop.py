@@ -263,6 +263,14 @@ def _train(config: TrainConfig, saved: dict | None, ctx: distributed.Context) ->
     def stop(problem: str) -> TrainingError:
         return TrainingError(f"{problem}; stopped; {checkpointer.kept()}")
 
+    def diverged(problem: str, at_step: int) -> TrainingError:
+        """A non-finite value: recorded in metrics.jsonl as ``{"step", "diverged"}`` (studies count it), then
+        the run stops."""
+        if metrics:
+            with contextlib.suppress(WriteError):
+                metrics.write(step=at_step, diverged=problem)
+        return stop(problem)
+
     bar = tqdm(total=config.max_steps, initial=step, disable=not (config.progress and ctx.is_main),
                desc=f"{config.family}", unit="step")
     model.train()
@@ -289,12 +297,13 @@ def _train(config: TrainConfig, saved: dict | None, ctx: distributed.Context) ->
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or float("inf"))
                 grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
                 if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
-                    raise stop(f"non-finite loss ({train_loss}) or gradient at step {step + 1}")
+                    raise diverged(f"non-finite loss ({train_loss}) or gradient at step {step + 1}", step + 1)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 bad = _non_finite_weights(model, ctx)
                 if bad is not None:
-                    raise stop(f"non-finite weights after the update of step {step + 1} ({bad}; learning rate {lr})")
+                    problem = f"non-finite weights after the update of step {step + 1} ({bad}; learning rate {lr})"
+                    raise diverged(problem, step + 1)
                 step += 1
                 step_time = time.perf_counter() - started
                 step_times.append(step_time)
@@ -310,7 +319,7 @@ def _train(config: TrainConfig, saved: dict | None, ctx: distributed.Context) ->
                 if (config.eval_every and step % config.eval_every == 0) or step == config.max_steps:
                     val_loss = evaluate(forward, validation, device, amp_dtype)
                     if distributed.mean_across_ranks(float(not math.isfinite(val_loss)), ctx) > 0:  # all ranks stop
-                        raise stop(f"non-finite validation loss ({val_loss}) at step {step}")
+                        raise diverged(f"non-finite validation loss ({val_loss}) at step {step}", step)
                     if metrics:
                         metrics.write(step=step, val_loss=val_loss)
                 if (config.checkpoint_every and step % config.checkpoint_every == 0) or step == config.max_steps:

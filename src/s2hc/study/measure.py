@@ -1,0 +1,209 @@
+"""One finished (or diverged) study run, measured into one row of ``results.json``.
+
+A row holds everything the report needs, so that ``--report-only`` rebuilds the report from ``results.json``
+alone: the losses, the curves, gradient-norm statistics, the largest loss spike, the trained model's residual
+matrices (compact per-layer summaries, :func:`compact_diagnostics`), the rotation parameters' drift and their
+gradients at float32 against float64 (:func:`rotation_probe`), and, apart, what depends on the machine
+(``timing``: tokens/s and the median step time).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..config import TrainConfig
+from ..connection import HyperConnection
+from ..data.loader import eval_batches
+from ..data.shards import prepare_tokens
+from ..data.tokenizer import get_tokenizer
+from ..diagnostics import diagnose_checkpoint, mixing_connections
+from ..mixers.orthomaps import Rotation
+from ..models import Transformer
+from ..rundir import checkpoint_paths, load_checkpoint, load_model, read_config, read_metrics
+from ..rundir.metrics import final_train_loss
+from .spec import Configuration
+
+ROW_VERSION = 1  # rows of another version are measured again from their run directories
+# Kept per layer from the trained model's diagnostics: what the report's tables and figures read.
+DIAGNOSTIC_KEYS = {
+    "deviation_singular_values": ("mean", "p10", "p90"),
+    "column_sums": ("min", "max"),
+    "cumulative_column_sums": ("min", "max"),
+    "forward_amax": ("max",),
+    "backward_amax": ("max",),
+    "composite_forward_amax": ("max",),
+    "composite_backward_amax": ("max",),
+    "composite_spectral_norm": ("max",),
+    "spectral_norm": ("max",),
+    "identity_distance": ("mean",),
+    "negative_share": ("mean",),
+    "min_entry": ("min",),
+}
+
+
+def _round(value: Any, digits: int = 6) -> Any:
+    """Floats to ``digits`` significant digits (lists and dicts recursively): a row records measurements, not
+    their last bits."""
+    if isinstance(value, float):
+        return value if not math.isfinite(value) or value == 0 else float(f"{value:.{digits}g}")
+    if isinstance(value, list):
+        return [_round(v, digits) for v in value]
+    if isinstance(value, dict):
+        return {k: _round(v, digits) for k, v in value.items()}
+    return value
+
+
+def loss_spike(losses: list[float]) -> float:
+    """The largest rise of a loss curve above its running minimum (0 for a curve that never rises)."""
+    best, spike = math.inf, 0.0
+    for loss in losses:
+        spike = max(spike, loss - best) if math.isfinite(best) else spike
+        best = min(best, loss)
+    return spike
+
+
+def compact_diagnostics(summary: dict[str, Any]) -> dict[str, Any]:
+    """The per-layer statistics of :data:`DIAGNOSTIC_KEYS` and the stream similarities of a
+    :func:`~s2hc.diagnostics.summarize` dict, in the same structure (the diagnostics' figures draw them)."""
+    out: dict[str, Any] = {"layers": summary["layers"], "n_streams": summary["n_streams"],
+                           "tokens": summary["tokens"], "headline": summary["headline"]}
+    for key, stats in DIAGNOSTIC_KEYS.items():
+        out[key] = {stat: summary[key][stat] for stat in stats}
+    similarity = summary.get("stream_similarity")
+    if similarity and similarity.get("offdiagonal"):
+        out["stream_similarity"] = {
+            "labels": similarity["labels"],
+            "offdiagonal": {k: similarity["offdiagonal"][k] for k in ("mean", "min", "max")},
+            "pairwise_mean": similarity["pairwise_mean"],
+        }
+    return _round(out)
+
+
+def _rotation_parameters(connection: HyperConnection, grads: bool = False) -> list[torch.Tensor]:
+    """The parameters that make a connection's rotations (or, with ``grads``, their gradients): its Rotation
+    modules' own (α, b, γ) and the projection columns that feed them (the first rotation inputs of ``d_res``,
+    after the ``2n`` gate columns). Empty for a family without rotations."""
+    rotations = [m for m in connection.mixer.modules() if isinstance(m, Rotation)]
+    if not rotations:
+        return []
+
+    def pick(p: torch.Tensor) -> torch.Tensor:
+        return (p.grad if p.grad is not None else torch.zeros_like(p)) if grads else p
+
+    start, count = 2 * connection.n_streams, sum(r.num_inputs for r in rotations)
+    columns = pick(connection.projection)[:, start : start + count]
+    return [columns, *(pick(p) for r in rotations for p in r.parameters())]
+
+
+def _norm(tensors: list[torch.Tensor]) -> float:
+    return math.sqrt(sum(float(t.detach().double().square().sum()) for t in tensors))
+
+
+def _rotation_gradients(model: Transformer, batch: tuple[torch.Tensor, torch.Tensor],
+                        dtype: torch.dtype) -> list[float]:
+    """The gradient norm of each connection's rotation parameters for one batch, the model in ``dtype``."""
+    model = copy.deepcopy(model).to(dtype).train()
+    x, y = batch
+    F.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+    return [_norm(_rotation_parameters(hc, grads=True)) for _, hc in mixing_connections(model)]
+
+
+def rotation_probe(trained: Transformer, config: TrainConfig, batch) -> dict[str, Any] | None:
+    """How the rotation parameters of each connection moved, and whether their gradients are real.
+
+    The streams enter the first connection as identical copies, and an ``H_res`` whose rows sum to 1 maps
+    identical streams to themselves, so that connection's rotations cannot change the model's output: their
+    gradient is zero in exact arithmetic and what float32 computes is rounding noise. Measured per connection
+    (depth order): ``drift`` (norm of trained − initial rotation parameters; the initial model is rebuilt from
+    the seed exactly as training built it), ``grad_init_fp32`` / ``grad_init_fp64`` and ``grad_final_fp32`` /
+    ``grad_final_fp64`` (gradient norms on one validation batch at initialisation and after training, the model
+    in float32 and float64: a gradient that is rounding noise is orders of magnitude smaller in float64).
+    None for families without rotations.
+    """
+    connections = mixing_connections(trained)
+    if not connections or not any(_rotation_parameters(hc) for _, hc in connections):
+        return None
+    torch.manual_seed(config.seed)  # as training seeded the initial weights
+    initial = Transformer(trained.config)
+    drift = []
+    for (_, hc), (_, hc0) in zip(connections, mixing_connections(initial)):
+        trained_params, initial_params = _rotation_parameters(hc), _rotation_parameters(hc0)
+        drift.append(_norm([a - b for a, b in zip(trained_params, initial_params)]))
+    return _round({
+        "connections": [name for name, _ in connections],
+        "drift": drift,
+        "grad_init_fp32": _rotation_gradients(initial, batch, torch.float32),
+        "grad_init_fp64": _rotation_gradients(initial, batch, torch.float64),
+        "grad_final_fp32": _rotation_gradients(trained, batch, torch.float32),
+        "grad_final_fp64": _rotation_gradients(trained, batch, torch.float64),
+    }, digits=4)
+
+
+def _timing(run_dir: Path, records: list[dict], tokens_per_step: int) -> dict[str, float | None]:
+    """Tokens/s from the median step time (every step's time is in the checkpoint; the logged ones otherwise)."""
+    times: list[float] = []
+    if checkpoint_paths(run_dir):
+        times = list(load_checkpoint(run_dir, with_model=False)["history"]["step_times"])
+    if not times:
+        times = [r["step_time"] for r in records if "step_time" in r]
+    if not times:
+        return {"tokens_per_s": None, "median_step_s": None}
+    median = statistics.median(times)
+    return {"tokens_per_s": round(tokens_per_step / median, 1), "median_step_s": round(median, 5)}
+
+
+def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnostics_tokens: int,
+                device: str = "cpu") -> dict[str, Any]:
+    """The row of one run whose directory holds a finished or diverged run."""
+    records = read_metrics(run_dir)
+    config = TrainConfig.from_dict({**read_config(run_dir), "out": str(run_dir)})
+    diverged = next((r for r in records if "diverged" in r), None)
+    train_points = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    val_points = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    grad_norms = [r["grad_norm"] for r in records if isinstance(r.get("grad_norm"), float)]
+    tokens_per_step = config.batch_size * config.seq_len * config.grad_accum
+    row: dict[str, Any] = {
+        "name": run_dir.name, "label": configuration.label, "family": configuration.family,
+        "options": dict(configuration.options), "n_streams": configuration.n_streams, "seed": seed,
+        "steps": config.max_steps, "tokens": config.max_steps * tokens_per_step,
+        "status": "diverged" if diverged else "finished",
+        "diverged_at": diverged["step"] if diverged else None,
+        "diverged_reason": diverged["diverged"] if diverged else None,
+        "train_loss": final_train_loss(run_dir) if train_points and not diverged else None,
+        "val_loss": val_points[-1][1] if val_points and not diverged else None,
+        "grad_norm": {
+            "mean": statistics.fmean(grad_norms), "median": statistics.median(grad_norms),
+            "p95": sorted(grad_norms)[min(len(grad_norms) - 1, int(0.95 * len(grad_norms)))],
+            "max": max(grad_norms),
+        } if grad_norms else None,
+        "loss_spike": loss_spike([loss for _, loss in train_points]),
+        "curves": {"train": [list(p) for p in train_points], "val": [list(p) for p in val_points]},
+        "params": None, "hc_params": None, "diagnostics": None, "rotations": None,
+    }
+    row["val_ppl"] = math.exp(row["val_loss"]) if row["val_loss"] is not None else None
+    if checkpoint_paths(run_dir):
+        model, _ = load_model(run_dir)
+        row["params"], row["hc_params"] = model.num_params(), model.num_hc_params()
+        if not diverged:
+            result = diagnose_checkpoint(run_dir, data=config.data, tokens=diagnostics_tokens,
+                                         out=run_dir / "diagnostics", device=device)
+            if not result.get("nothing_to_measure"):
+                row["diagnostics"] = compact_diagnostics(result)
+            row["rotations"] = rotation_probe(model.float(), config, _probe_batch(config))
+    row["timing"] = _timing(run_dir, records, tokens_per_step)
+    row["version"] = ROW_VERSION
+    return _round(row)
+
+
+def _probe_batch(config: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's first validation batch (inputs, targets)."""
+    tokenizer = get_tokenizer(config.tokenizer)
+    tokens = prepare_tokens(config.data, tokenizer, config.cache_dir, "val", progress=False)
+    return next(iter(eval_batches(tokens, config.seq_len, config.batch_size, 1)))

@@ -1,0 +1,287 @@
+"""``s2hc study``: every run of a grid as an ordinary ``s2hc train`` process, resumable, then one report.
+
+``OUT/`` holds ``study.json`` (the checked grid; a later call must bring the same one), ``configs/NAME.yaml``
+(each run's full training configuration), ``runs/NAME/`` (each run's directory: ``s2hc eval``, ``diagnose`` and
+``export`` work on it), ``logs/NAME.log`` (its output), ``rows/NAME.json`` (its measurements, see
+:mod:`.measure`), and at the end ``results.json`` and ``report.md`` with ``figures/``.
+
+Runs are the plain commands :func:`train_command` returns (``--print-commands`` lists them for a scheduler),
+started ``jobs`` at a time. Calling the study again finishes it: a measured run is skipped, a finished one is
+measured, an interrupted one resumes from its checkpoint, a diverged one is recorded as diverged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from .. import __version__
+from ..io import atomic_write_text, check_output_dir
+from ..rundir import RunLock, holds_run, read_metrics, saved_step
+from .measure import ROW_VERSION, measure_run
+from .report import RESULTS, write_report
+from .spec import Configuration, StudySpec
+
+STUDY = "study.json"
+
+
+class StudyInterrupted(RuntimeError):
+    """SIGINT or SIGTERM reached the study: its runs saved checkpoints and stopped; calling it again resumes."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"stopped by signal {signum}; the runs saved their checkpoints: run the same command "
+                         "again to resume")
+        self.signum = signum
+
+
+class StudyFailed(RuntimeError):
+    """Some runs failed (neither finished nor diverged); the others were kept."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One (configuration, seed) of the grid and its files under ``OUT``."""
+
+    configuration: Configuration
+    seed: int
+    out: Path
+
+    @property
+    def name(self) -> str:
+        return self.configuration.run_name(self.seed)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.out / "runs" / self.name
+
+    @property
+    def config_path(self) -> Path:
+        return self.out / "configs" / f"{self.name}.yaml"
+
+    @property
+    def row_path(self) -> Path:
+        return self.out / "rows" / f"{self.name}.json"
+
+    @property
+    def log_path(self) -> Path:
+        return self.out / "logs" / f"{self.name}.log"
+
+
+def train_command(run: Run, executable: str | None = None) -> list[str]:
+    """The ``s2hc train`` command of ``run`` (``--resume`` when its directory already holds the run).
+    ``executable``: a Python to run it with (``python -m s2hc``) instead of the ``s2hc`` script."""
+    program = [executable, "-m", "s2hc"] if executable else ["s2hc"]
+    command = [*program, "train", "--config", str(run.config_path), "--out", str(run.run_dir)]
+    return command + (["--resume"] if holds_run(run.run_dir) else [])
+
+
+def _row(run: Run) -> dict[str, Any] | None:
+    if not run.row_path.is_file():
+        return None
+    row = json.loads(run.row_path.read_text())
+    return row if row.get("version") == ROW_VERSION else None
+
+
+def _state(run: Run, spec: StudySpec) -> str:
+    """``measured``, ``finished`` (to measure), ``diverged`` (to measure), ``started`` or ``new``."""
+    if _row(run) is not None:
+        return "measured"
+    if not holds_run(run.run_dir):
+        return "new"
+    if saved_step(run.run_dir) == yaml.safe_load(run.config_path.read_text())["max_steps"]:
+        return "finished"
+    with contextlib.suppress(ValueError):
+        if any("diverged" in r for r in read_metrics(run.run_dir)):
+            return "diverged"
+    return "started"
+
+
+def prepare(spec: StudySpec, out: Path) -> list[Run]:
+    """Write ``study.json`` and every run's config; ValueError when ``out`` holds a study of another grid."""
+    check_output_dir(out, "--out")
+    recorded = out / STUDY
+    grid = json.dumps(spec.to_dict(), indent=2, sort_keys=True)
+    if recorded.is_file() and recorded.read_text() != grid:
+        raise ValueError(f"--out {str(out)!r} holds a study of another grid or training settings ({STUDY} "
+                         "differs); choose another --out, or remove that directory to start it again")
+    atomic_write_text(recorded, grid)
+    runs = [Run(configuration, seed, out) for configuration, seed in spec.runs()]
+    for run in runs:
+        config = spec.run_config(run.configuration, run.seed, run.run_dir).to_dict()
+        config.pop("out")
+        config["progress"] = spec.train.get("progress", False)  # a bar in a log file is noise
+        run.config_path.parent.mkdir(parents=True, exist_ok=True)
+        text = yaml.safe_dump(config, sort_keys=False)
+        if not run.config_path.is_file() or run.config_path.read_text() != text:
+            atomic_write_text(run.config_path, text)
+    return runs
+
+
+def print_commands(spec: StudySpec, out: Path) -> list[str]:
+    """The shell commands of every run not yet finished, one per line (what a scheduler would run)."""
+    out = Path(out).expanduser()
+    check_output_dir(out, "--out")
+    with RunLock(out):
+        runs = prepare(spec, out)
+        return [shlex.join(train_command(run)) for run in runs if _state(run, spec) in ("new", "started")]
+
+
+def _environment(elapsed_s: float, jobs: int) -> dict[str, Any]:
+    commit = None
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        source = Path(__file__).resolve().parent
+        done = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10)
+        commit = done.stdout.strip() or None
+    return {
+        "s2hc": __version__, "commit": commit, "torch": torch.__version__, "python": platform.python_version(),
+        "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores visible, "
+                   + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"),
+        "jobs": jobs, "wall_s": round(elapsed_s, 1),
+    }
+
+
+class _Pool:
+    """Up to ``jobs`` training processes at once; each gets its share of the CPU threads, or its own GPU."""
+
+    def __init__(self, jobs: int, log):
+        self.jobs, self.log = jobs, log
+        self.active: dict[int, tuple[subprocess.Popen, Run, float, Any]] = {}
+        self.gpus = torch.cuda.device_count()
+
+    def _env(self, slot: int) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = str(slot % self.gpus)
+        elif self.jobs > 1:
+            threads = str(max(1, len(os.sched_getaffinity(0)) // self.jobs))
+            env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+        return env
+
+    def start(self, run: Run) -> None:
+        slot = next(i for i in range(self.jobs) if i not in self.active)
+        run.log_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = run.log_path.open("a")
+        command = train_command(run, sys.executable)
+        handle.write(f"$ {shlex.join(command)}\n")
+        handle.flush()
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=self._env(slot))
+        self.active[slot] = (process, run, time.monotonic(), handle)
+
+    def finished(self) -> list[tuple[Run, int, float]]:
+        """The runs that ended since the last call: ``(run, exit status, seconds)``."""
+        ended = []
+        for slot, (process, run, started, handle) in list(self.active.items()):
+            if process.poll() is not None:
+                handle.close()
+                del self.active[slot]
+                ended.append((run, process.returncode, time.monotonic() - started))
+        return ended
+
+    def stop(self, signum: int) -> None:
+        """Pass ``signum`` on and wait: each run saves a checkpoint after its current step."""
+        for process, *_ in self.active.values():
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signum)
+        for process, _, _, handle in self.active.values():
+            process.wait()
+            handle.close()
+        self.active.clear()
+
+
+@contextlib.contextmanager
+def _signals_to(received: list[int]):
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in previous:
+        signal.signal(s, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "auto", log=None) -> Path:
+    """Run every run of ``spec`` not yet finished in ``out``, measure each, write ``results.json`` and the report.
+
+    ``jobs`` runs at a time; ``device`` measures the trained models (``auto``: a GPU when there is one).
+    ``log``: where progress lines go (default stderr). Raises :class:`StudyInterrupted` after SIGINT/SIGTERM
+    (the runs saved checkpoints) and :class:`StudyFailed` when a run failed (the others are finished and kept).
+    Returns the report's path.
+    """
+    log = log or (lambda line: print(f"s2hc study: {line}", file=sys.stderr, flush=True))
+    out = Path(out).expanduser()
+    started_at = time.monotonic()
+    check_output_dir(out, "--out")
+    with RunLock(out):
+        runs = prepare(spec, out)
+        states = {run.name: _state(run, spec) for run in runs}
+        to_train = [run for run in runs if states[run.name] in ("new", "started")]
+        to_measure = [run for run in runs if states[run.name] in ("finished", "diverged")]
+        done = sum(state == "measured" for state in states.values())
+        log(f"{len(runs)} runs: {done} done, {len(to_measure)} to measure, {len(to_train)} to train "
+            f"({jobs} at a time) in {out}")
+        for run in to_measure:
+            _measure(run, spec, device, log)
+        failures = _train_all(to_train, spec, jobs, device, log)
+        if failures:
+            raise StudyFailed(f"{len(failures)} run(s) failed: " + "; ".join(failures)
+                              + f". The others are kept; see {out / 'logs'}, then run the same command again")
+        rows = [_row(run) for run in runs]
+        results = {"study": spec.to_dict(), "rows": rows,
+                   "environment": _environment(time.monotonic() - started_at, jobs)}
+        atomic_write_text(out / RESULTS, json.dumps(results, indent=1) + "\n")
+        return write_report(out)
+
+
+def _measure(run: Run, spec: StudySpec, device: str, log) -> dict[str, Any]:
+    row = measure_run(run.configuration, run.seed, run.run_dir, spec.diagnostics_tokens, device=device)
+    run.row_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run.row_path, json.dumps(row, indent=1) + "\n")
+    if row["status"] == "diverged":
+        log(f"{run.name} diverged at step {row['diverged_at']}: {row['diverged_reason']}")
+    return row
+
+
+def _train_all(runs: list[Run], spec: StudySpec, jobs: int, device: str, log) -> list[str]:
+    """Train ``runs`` ``jobs`` at a time, measuring each as it ends; the failures, described."""
+    pool, pending, failures, durations = _Pool(jobs, log), list(runs), [], []
+    received: list[int] = []
+    total = len(runs)
+    with _signals_to(received):
+        while pending or pool.active:
+            while pending and len(pool.active) < jobs and not received:
+                run = pending.pop(0)
+                step = saved_step(run.run_dir) if holds_run(run.run_dir) else None
+                log(f"start {run.name}" + (f" (resuming from step {step})" if step else ""))
+                pool.start(run)
+            if received:
+                pool.stop(received[0])
+                raise StudyInterrupted(received[0])
+            for run, status, seconds in pool.finished():
+                durations.append(seconds)
+                state = _state(run, spec)
+                if status == 0 or state == "diverged":
+                    _measure(run, spec, device, log)
+                else:
+                    failures.append(f"{run.name} (exit status {status}, log {run.log_path})")
+                    log(f"{run.name} failed with exit status {status}; its log: {run.log_path}")
+                left = len(pending) + len(pool.active)
+                eta = sum(durations) / len(durations) * left / jobs / 60
+                log(f"{total - left}/{total} trained, {left} left"
+                    + (f", about {eta:.0f} min to go" if left else ""))
+            time.sleep(0.2)
+    return failures

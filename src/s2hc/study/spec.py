@@ -1,0 +1,192 @@
+"""A study's grid, read from YAML and checked whole before anything runs.
+
+A study config (``configs/study-*.yaml``)::
+
+    description: what the study asks              # optional, shown in the report
+    train: {preset: tiny, max_steps: 300, ...}    # TrainConfig keys shared by every run (as in `s2hc train` configs)
+    streams: [4]                                  # stream counts of every family but residual (default [4])
+    seeds: 3                                      # a count (seeds 0, 1, 2) or a list of seeds
+    families:                                     # one configuration per entry and stream count
+      - residual
+      - mhc
+      - s2hc:rotation=expm                        # FAMILY:KEY=VALUE[,KEY=VALUE]
+      - {family: s2hc, streams: [2, 4, 8]}        # or a mapping: family, options, streams
+    baselines: [residual, mhc]                    # paired differences against these (default)
+    diagnostics_tokens: 2048                      # positions measured by the trained-model diagnostics
+
+Every grid point becomes a :class:`~s2hc.config.TrainConfig` here, so an unknown key, family or option, or a
+value out of range, is refused with the point named before the first run starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..checks import check_int, check_streams
+from ..config import TrainConfig, load_yaml_config, parse_assignment
+from ..mixers import RESIDUAL, check_family
+
+KEYS = ("description", "train", "streams", "seeds", "families", "baselines", "diagnostics_tokens")
+GRID_KEYS = ("family", "family_options", "n_streams", "seed", "out")  # set by the grid, not by `train:`
+DEFAULT_DIAGNOSTICS_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One family with its options at one stream count; the unit that seeds repeat."""
+
+    family: str
+    options: tuple[tuple[str, Any], ...]
+    n_streams: int
+
+    @property
+    def label(self) -> str:
+        """``"s2hc n=4"``, ``"s2hc (rotation=expm) n=4"``, ``"residual"``: how tables name it."""
+        if self.family == RESIDUAL:
+            return RESIDUAL
+        options = ", ".join(f"{k}={_word(v)}" for k, v in self.options)
+        return f"{self.family}{f' ({options})' if options else ''} n={self.n_streams}"
+
+    @property
+    def slug(self) -> str:
+        """``"s2hc-n4-rotation-expm"``: the label as a file name."""
+        parts = [self.family] + ([] if self.family == RESIDUAL else [f"n{self.n_streams}"])
+        parts += [f"{k}-{_word(v)}" for k, v in self.options]
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(parts))
+
+    def run_name(self, seed: int) -> str:
+        return f"{self.slug}-seed{seed}"
+
+
+def _word(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@dataclass(frozen=True)
+class StudySpec:
+    """A checked study: the shared training settings, the configurations and the seeds."""
+
+    train: dict[str, Any]
+    configurations: tuple[Configuration, ...]
+    seeds: tuple[int, ...]
+    baselines: tuple[str, ...] = (RESIDUAL, "mhc")
+    diagnostics_tokens: int = DEFAULT_DIAGNOSTICS_TOKENS
+    description: str = ""
+
+    def run_config(self, configuration: Configuration, seed: int, out: str | Path) -> TrainConfig:
+        """The TrainConfig of one run, written to ``out``."""
+        return TrainConfig.from_dict({
+            **self.train, "family": configuration.family, "n_streams": configuration.n_streams,
+            "family_options": dict(configuration.options), "seed": seed, "out": str(out),
+        })
+
+    def runs(self) -> list[tuple[Configuration, int]]:
+        """Every (configuration, seed), seed by seed: the order runs start in (a study cut short has every
+        configuration at its first seeds)."""
+        return [(c, seed) for seed in self.seeds for c in self.configurations]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["configurations"] = [
+            {"family": c.family, "options": dict(c.options), "n_streams": c.n_streams, "label": c.label}
+            for c in self.configurations
+        ]
+        return data
+
+
+def _entry(entry: Any, default_streams: list[int], where: str) -> list[Configuration]:
+    """The configurations of one ``families:`` entry (one per stream count)."""
+    if isinstance(entry, str):
+        family, _, option_text = entry.partition(":")
+        options = dict(parse_assignment(part, f"{where} {entry!r}") for part in option_text.split(",") if part.strip())
+        streams = default_streams
+    elif isinstance(entry, dict):
+        unknown = sorted(set(entry) - {"family", "options", "streams"})
+        if unknown or "family" not in entry:
+            raise ValueError(f"{where}: a mapping entry takes 'family' (required), 'options' and 'streams'; "
+                             f"got {sorted(entry)}")
+        family, options = entry["family"], entry.get("options") or {}
+        if not isinstance(options, dict):
+            raise ValueError(f"{where}: 'options' must be a mapping of option to value, got {options!r}")
+        streams = _streams(entry["streams"], f"{where} streams") if "streams" in entry else default_streams
+    else:
+        raise ValueError(f"{where}: expected FAMILY, FAMILY:KEY=VALUE or a mapping, got {entry!r}")
+    family = check_family(str(family).strip(), where)
+    if family == RESIDUAL:
+        if options:
+            raise ValueError(f"{where}: residual takes no options, got {options!r}")
+        return [Configuration(RESIDUAL, (), 1)]
+    frozen = tuple(sorted(options.items()))
+    return [Configuration(family, frozen, n) for n in streams]
+
+
+def _streams(value: Any, where: str) -> list[int]:
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ValueError(f"{where} is empty; give stream counts, e.g. [4]")
+    return [check_streams(where, v) for v in values]
+
+
+def _seeds(value: Any) -> tuple[int, ...]:
+    if isinstance(value, list):
+        if not value:
+            raise ValueError("seeds is empty; give a count (e.g. 3) or a list of seeds")
+        seeds = tuple(check_int("seeds", v, minimum=0) for v in value)
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds lists a seed twice: {list(seeds)}")
+        return seeds
+    return tuple(range(check_int("seeds", value, minimum=1)))
+
+
+def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = "the study config") -> StudySpec:
+    """A :class:`StudySpec` from the mapping of a study config; ``overrides`` are ``KEY=VALUE`` settings of
+    ``train`` (``--set``). ValueError naming the problem (and the grid point) for anything a run would refuse."""
+    unknown = sorted(set(values) - set(KEYS))
+    if unknown:
+        raise ValueError(f"{source}: unknown key(s) {unknown}; allowed: {list(KEYS)}")
+    train = values.get("train") or {}
+    if not isinstance(train, dict):
+        raise ValueError(f"{source}: 'train' must be a mapping of TrainConfig keys, got {train!r}")
+    train = {**train, **dict(parse_assignment(text) for text in overrides)}
+    fixed = sorted(set(train) & set(GRID_KEYS))
+    if fixed:
+        raise ValueError(f"{source}: train sets {fixed}, which the grid sets for every run (families, streams, "
+                         "seeds, --out); remove them from train")
+    TrainConfig.from_dict(train)  # unknown keys and bad values, named once, before the grid
+    families = values.get("families")
+    if not isinstance(families, list) or not families:
+        raise ValueError(f"{source}: 'families' is missing or empty; list at least one family, e.g. [residual, s2hc]")
+    default_streams = _streams(values.get("streams", [4]), f"{source}: streams")
+    configurations: list[Configuration] = []
+    for index, entry in enumerate(families):
+        for configuration in _entry(entry, default_streams, f"{source}: families[{index}]"):
+            if configuration in configurations:
+                raise ValueError(f"{source}: {configuration.label!r} is listed twice")
+            configurations.append(configuration)
+    baselines = values.get("baselines", [RESIDUAL, "mhc"])
+    if not isinstance(baselines, list):
+        raise ValueError(f"{source}: 'baselines' must be a list of families, got {baselines!r}")
+    spec = StudySpec(
+        train=train,
+        configurations=tuple(configurations),
+        seeds=_seeds(values.get("seeds", 3)),
+        baselines=tuple(check_family(b, f"{source}: baselines") for b in baselines),
+        diagnostics_tokens=check_int(f"{source}: diagnostics_tokens",
+                                     values.get("diagnostics_tokens", DEFAULT_DIAGNOSTICS_TOKENS), minimum=1),
+        description=str(values.get("description") or "").strip(),
+    )
+    for configuration in spec.configurations:  # every family option checked as the run will check it
+        try:
+            spec.run_config(configuration, spec.seeds[0], "unused")
+        except ValueError as error:
+            raise ValueError(f"{source}: {configuration.label}: {error}") from None
+    return spec
+
+
+def load_spec(path: str | Path, overrides: list[str] = ()) -> StudySpec:
+    """:func:`parse_spec` of the YAML file ``path``."""
+    return parse_spec(load_yaml_config(path), overrides, source=str(path))

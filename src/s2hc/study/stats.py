@@ -1,0 +1,62 @@
+"""The statistics of a study: per-configuration intervals and paired tests over seeds (SciPy).
+
+With a handful of seeds, Student's t is the honest choice: the interval of a mean is ``mean ± t(0.975, k−1) ·
+s / √k``, and two configurations trained with the same seeds (the same data order) are compared by the paired
+t-test on their per-seed differences. Holm's step-down correction keeps the chance of any false "different"
+in a table of comparisons below 5 %.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+LEVEL = 0.95
+
+
+def _scipy_stats():
+    try:
+        from scipy import stats
+    except ImportError:  # pragma: no cover - scipy comes with the `study` extra
+        raise ValueError("the study's statistics need SciPy: pip install 's2hc[study]'") from None
+    return stats
+
+
+def describe(values: list[float]) -> dict[str, Any]:
+    """``n``, ``mean``, ``std`` (sample) and ``ci95`` (Student's t interval of the mean; None for one value)."""
+    k = len(values)
+    if k == 0:
+        return {"n": 0, "mean": None, "std": None, "ci95": None}
+    mean = statistics.fmean(values)
+    if k == 1:
+        return {"n": 1, "mean": mean, "std": None, "ci95": None}
+    std = statistics.stdev(values)
+    half = _scipy_stats().t.ppf(0.5 + LEVEL / 2, k - 1) * std / math.sqrt(k)
+    return {"n": k, "mean": mean, "std": std, "ci95": [mean - half, mean + half]}
+
+
+def paired(values: dict[int, float], baseline: dict[int, float]) -> dict[str, Any] | None:
+    """The paired comparison of ``values`` against ``baseline`` over the seeds both have (``{seed: value}``):
+    ``seeds``, ``mean`` difference (values − baseline), its ``ci95``, and the two-sided paired t-test's ``p``
+    (None with fewer than 2 common seeds; 1.0 when every difference is the same zero)."""
+    seeds = sorted(set(values) & set(baseline))
+    if len(seeds) < 2:
+        return None
+    diffs = [values[s] - baseline[s] for s in seeds]
+    summary = describe(diffs)
+    if summary["std"] == 0:
+        p = 1.0 if summary["mean"] == 0 else 0.0
+    else:
+        p = float(_scipy_stats().ttest_rel([values[s] for s in seeds], [baseline[s] for s in seeds]).pvalue)
+    return {"seeds": seeds, "mean": summary["mean"], "ci95": summary["ci95"], "p": p}
+
+
+def holm(pvalues: list[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values, in the order given (monotone, capped at 1)."""
+    order = sorted(range(len(pvalues)), key=lambda i: pvalues[i])
+    adjusted, running = [0.0] * len(pvalues), 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(pvalues) - rank) * pvalues[index]))
+        adjusted[index] = running
+    return adjusted
