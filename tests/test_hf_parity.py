@@ -1,4 +1,4 @@
-"""Parity with Hugging Face transformers: Qwen3, Qwen2 (Qwen2.5) and Gemma3 give the same logits.
+"""Parity with Hugging Face transformers: Qwen3, Qwen2 (Qwen2.5), Gemma3 and GPT-2 give the same logits.
 
 Each architecture's transformers model is built offline from a small config (random weights, eager attention),
 its weights are moved far from their initialisation so that every norm offset, bias and rotation matters,
@@ -48,10 +48,13 @@ def hf_config(arch: str):
             rope_local_base_freq=10_000.0,
             tie_word_embeddings=True,
         )
+    if arch == "gpt2":
+        return transformers.GPT2Config(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                                       bos_token_id=0, eos_token_id=0)
     raise AssertionError(arch)
 
 
-ARCHITECTURES = ("qwen3", "qwen2", "gemma3")
+ARCHITECTURES = ("qwen3", "qwen2", "gemma3", "gpt2")
 
 
 @torch.no_grad()
@@ -61,11 +64,11 @@ def randomise(model: torch.nn.Module, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     for name, p in model.named_parameters():
         noise = torch.randn(p.shape, generator=generator)
-        if "embed" in name:
+        if "embed" in name or name.endswith(("wte.weight", "wpe.weight")):  # GPT-2's token and position tables
             p.copy_(noise)
         elif p.dim() == 2:
             p.copy_(noise / math.sqrt(p.shape[1]))
-        elif "norm" in name and "Gemma" not in type(model).__name__:
+        elif ("norm" in name or ".ln_" in name) and "Gemma" not in type(model).__name__ and name.endswith("weight"):
             p.copy_(1.0 + 0.3 * noise)
         else:
             p.copy_(0.3 * noise)
@@ -132,7 +135,9 @@ def test_unsupported_features_are_refused():
     with pytest.raises(ValueError, match="hidden_act"):
         config_from_hf(config)
     with pytest.raises(ValueError, match="model_type"):
-        config_from_hf(transformers.GPT2Config())
+        config_from_hf(transformers.LlamaConfig())
+    with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
+        config_from_hf(transformers.GPT2Config(scale_attn_by_inverse_layer_idx=True))
 
 
 def test_mismatched_state_dict_lists_missing_and_unexpected_keys():

@@ -24,6 +24,7 @@ LAYERS = [
     ["s2hc.diagnostics"],
     ["s2hc.train"],
     ["s2hc.compare", "s2hc.study", "s2hc.evaluate", "s2hc.hf", "s2hc.bench"],
+    ["s2hc.upcycle"],
     ["s2hc.cli", "s2hc.__main__"],
 ]
 

@@ -8,9 +8,9 @@ torch.Size([2, 8, 4, 64])
 """
 
 from . import mixers
-from .connection import HyperConnection, expand_streams, reduce_streams
+from .connection import HyperConnection, HyperHead, expand_streams, reduce_streams
 from .mixers import families
 
 __version__ = "0.1.0"
 
-__all__ = ["HyperConnection", "expand_streams", "families", "mixers", "reduce_streams", "__version__"]
+__all__ = ["HyperConnection", "HyperHead", "expand_streams", "families", "mixers", "reduce_streams", "__version__"]

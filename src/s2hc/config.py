@@ -72,6 +72,10 @@ class TrainConfig:
     n_streams: int | None = _setting(None, "streams n (None: 1 for residual, else 4)", flag=False)
     family_options: dict = _setting({}, "options of the family, e.g. {iterations: 10}", flag=False)
     model_overrides: dict = _setting({}, "other ModelConfig fields, e.g. {dim: 64}", flag=False)
+    init_from: str | None = _setting(
+        None, "run directory or checkpoint whose weights start this run (a residual one is upcycled to the run's "
+        "family, see `s2hc upcycle`); the optimizer and the schedule start fresh"
+    )
     # data
     data: str = _setting("embedded", "'embedded', a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG]")
     tokenizer: str = _setting("s2hc-bpe-4k", "'s2hc-bpe-4k', 'gpt2', a tokenizer.json path or a Hub name")

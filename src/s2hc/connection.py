@@ -46,7 +46,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from . import mixers
-from .checks import check_int, check_streams
+from .checks import check_float, check_int, check_streams
 from .mixers import RESIDUAL, check_family
 from .mixers.base import coefficient_dtype, scale_parameter
 
@@ -69,6 +69,57 @@ def reduce_streams(x: torch.Tensor) -> torch.Tensor:
     if x.dim() != 4:
         raise ValueError(f"x must have shape (batch, time, n_streams, dim), got shape {tuple(x.shape)}")
     return x.sum(dim=-2)
+
+
+class HyperHead(nn.Module):
+    """A learned reduction of streams ``x`` ``(B, T, n, C)`` into ``(B, T, C)``: DeepSeek-V4's ``HyperHead``.
+
+    Per token, with ``x̃ = RMSNorm(vec(X))`` over all n·C features (no weight, ``eps``)::
+
+        w = σ(α · x̃ W + b) + hc_eps        W ∈ R^{nC × n}, α ∈ R, b ∈ R^n
+        out = Σ_s w_s X_s
+
+    An alternative to :func:`reduce_streams` before the final norm; models use the sum, this module is for
+    one's own models and for DeepSeek-V4's weights (:mod:`s2hc.hf.deepseek_v4` converts ``hc_fn``,
+    ``hc_base``, ``hc_scale``). Initialised like the connections: ``W = 0``, ``α = 0.01``, and ``b = 0``
+    (DeepSeek-V4's), so every stream starts with weight ``0.5 + hc_eps``: half the sum, which a following
+    RMSNorm turns into the sum's output up to its ``eps``. The weights are computed in at least float32 and
+    so is the weighted sum (once per model, as DeepSeek-V4 does), cast back to x's dtype; autocast off.
+    """
+
+    def __init__(self, dim: int, n_streams: int, eps: float = 1e-6, hc_eps: float = 1e-6):
+        super().__init__()
+        self.dim, self.n_streams = check_int("dim", dim), check_streams("n_streams", n_streams)
+        self.eps = check_float("eps", eps, positive=True)
+        self.hc_eps = check_float("hc_eps", hc_eps, minimum=0.0)
+        self.projection = nn.Parameter(torch.zeros(n_streams * dim, n_streams))
+        self.alpha = scale_parameter(0.01)
+        self.bias = nn.Parameter(torch.zeros(n_streams))
+
+    def _check(self, x: torch.Tensor) -> None:
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point torch.Tensor of shape (batch, time, n_streams, dim), got "
+                            f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if x.dim() != 4 or x.shape[-2:] != (self.n_streams, self.dim):
+            raise ValueError(f"x must have shape (batch, time, n_streams={self.n_streams}, dim={self.dim}), "
+                             f"got shape {tuple(x.shape)}")
+
+    def weights(self, x: torch.Tensor) -> torch.Tensor:
+        """The per-token stream weights ``w`` ``(B, T, n)`` for streams ``x``, in at least float32."""
+        self._check(x)
+        dtype = coefficient_dtype(x.dtype)
+        with _stream_precision(x):
+            flat = x.flatten(-2).to(dtype)
+            d = F.rms_norm(flat, (flat.shape[-1],), None, self.eps) @ self.projection.to(dtype)
+            return torch.sigmoid(self.alpha.to(dtype) * d + self.bias.to(dtype)) + self.hc_eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.weights(x)
+        with _stream_precision(x):
+            return (w.unsqueeze(-1) * x.to(w.dtype)).sum(dim=-2).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, n_streams={self.n_streams}, eps={self.eps}, hc_eps={self.hc_eps}"
 
 
 # ------------------------------------------------------------------- the eager fast path's autograd functions
@@ -140,9 +191,12 @@ def _stream_precision(x: torch.Tensor):
     return torch.autocast(x.device.type, enabled=False)
 
 
-def _folded_weight(norm_weight: torch.Tensor, projection: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def _folded_weight(norm_weight: torch.Tensor | None, projection: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``diag(w) W`` ``(nC, K)`` in ``dtype``: ``RMSNorm(X) W = r · X (diag(w) W)``, so the fast paths never
-    write (or store for backward) the normed n·C-wide features."""
+    write (or store for backward) the normed n·C-wide features. ``norm_weight=None`` (a norm without a weight,
+    DeepSeek-V4's mHC): ``W`` itself."""
+    if norm_weight is None:
+        return projection.to(dtype)
     return norm_weight.to(dtype).unsqueeze(-1) * projection.to(dtype)
 
 
@@ -162,7 +216,8 @@ class ComputePath:
         self, flat: torch.Tensor, norm_weight: torch.Tensor, projection: torch.Tensor, eps: float
     ) -> torch.Tensor:
         """``d = RMSNorm(flat) W``: ``flat`` ``(..., nC)`` (the flattened streams, in their dtype), the norm's
-        ``norm_weight`` ``(nC,)`` and ``projection`` W ``(nC, K)`` -> ``(..., K)`` in the coefficient dtype."""
+        ``norm_weight`` ``(nC,)`` (or None: no weight) and ``projection`` W ``(nC, K)`` -> ``(..., K)`` in the
+        coefficient dtype."""
         raise NotImplementedError
 
     def read_mix(self, x: torch.Tensor, pre: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +242,8 @@ class ReferencePath(ComputePath):
     def norm_project(self, flat, norm_weight, projection, eps):
         dtype = coefficient_dtype(flat.dtype)
         flat = flat.to(dtype)
-        normed = F.rms_norm(flat, (flat.shape[-1],), norm_weight.to(dtype), eps)
+        weight = None if norm_weight is None else norm_weight.to(dtype)
+        normed = F.rms_norm(flat, (flat.shape[-1],), weight, eps)
         return normed @ projection.to(dtype)
 
     def read_mix(self, x, pre, res):
@@ -356,7 +412,9 @@ class HyperConnection(nn.Module):
     connection follows x's dtype (its coefficients in at least float32), as under autocast, and ``h`` has x's
     dtype; a non-tensor or an integer ``x`` is refused with TypeError, a branch returning anything but a tensor too.
     ``self.family`` is the family's name, ``self.mixer`` its constraint map (a :class:`s2hc.mixers.Mixer`;
-    None for ``"residual"``).
+    None for ``"residual"``). Two settings come from the mixer: ``mixer.pre_offset`` is added to ``H_pre`` after
+    its gate and ``mixer.weighted_norm=False`` leaves the RMSNorm without a weight (``self.norm_weight`` is
+    None); only ``family="mhc", variant="deepseek-v4"`` changes them (DeepSeek-V4's mHC).
     """
 
     def __init__(
@@ -397,7 +455,10 @@ class HyperConnection(nn.Module):
             self.norm_weight = nn.Parameter(torch.ones(dim))
             self.projection = nn.Parameter(torch.zeros(dim, 2 + n))
         else:
-            self.norm_weight = nn.Parameter(torch.ones(width))
+            if self.mixer.weighted_norm:
+                self.norm_weight = nn.Parameter(torch.ones(width))
+            else:  # DeepSeek-V4's mHC: the norm has no weight (a None parameter keeps the attribute)
+                self.register_parameter("norm_weight", None)
             self.projection = nn.Parameter(torch.zeros(width, 2 * n + self.mixer.num_inputs))
         self.alpha_pre = scale_parameter(0.01)
         self.alpha_post = scale_parameter(0.01)
@@ -522,6 +583,8 @@ class HyperConnection(nn.Module):
         else:
             pre = torch.sigmoid(alpha_pre * d_pre + bias_pre)
             post = 2.0 * torch.sigmoid(alpha_post * d_post + bias_post)
+        if self.mixer.pre_offset:  # DeepSeek-V4's mHC: H_pre = σ(·) + hc_eps
+            pre = pre + self.mixer.pre_offset
         res = self.mixer(d_res, fused=path.fused_mixer)
         return pre, post, res.mT if self.transpose_res else res
 

@@ -4,6 +4,7 @@
   train     pretrain a language model with one residual family (resumable)          (:mod:`.train`)
   compare   train the same model with several families and write a report           (:mod:`.train`)
   study     a grid of families × streams × seeds, resumable, with statistics        (:mod:`.study`)
+  upcycle   a pretrained residual model with hyper-connections, same function       (:mod:`.upcycle`)
   eval      perplexity and lm-evaluation-harness benchmarks of a checkpoint         (:mod:`.evaluate`)
   generate  sample continuations of a prompt from a checkpoint                      (:mod:`.evaluate`)
   export    write a checkpoint as a Hugging Face transformers model directory       (:mod:`.export`)
@@ -29,10 +30,10 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import bench, diagnose, evaluate, export, params, study, train
+from . import bench, diagnose, evaluate, export, params, study, train, upcycle
 from .errors import report_error
 
-COMMANDS = (params, train, study, evaluate, export, diagnose, bench)
+COMMANDS = (params, train, study, upcycle, evaluate, export, diagnose, bench)
 
 
 def build_parser() -> argparse.ArgumentParser:

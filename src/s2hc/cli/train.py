@@ -18,6 +18,7 @@ from ..config import TrainConfig, load_yaml_config, option_fields, parse_assignm
 from ..mixers import families
 from ..train import Interrupted, TrainingError, train
 from ..train.distributed import launch, launched_by_torchrun
+from ..train.init import inherit_model_settings
 from .common import parse_families, positive_int
 
 _TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}
@@ -44,7 +45,8 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
 
 
 def training_config(args: argparse.Namespace, **fixed) -> TrainConfig:
-    """TrainConfig from defaults < --config file < --set < explicit flags < ``fixed`` (None values skipped)."""
+    """TrainConfig from defaults < --init-from's model settings < --config file < --set < explicit flags < ``fixed``
+    (None values skipped)."""
     values = load_yaml_config(args.config) if args.config else {}
     values.update(parse_assignment(text) for text in args.set)
     for f in option_fields():
@@ -54,7 +56,7 @@ def training_config(args: argparse.Namespace, **fixed) -> TrainConfig:
         options = dict(parse_assignment(text, "--family-option") for text in args.family_option)
         values["family_options"] = {**values.get("family_options", {}), **options}
     values.update({k: v for k, v in fixed.items() if v is not None})
-    return TrainConfig.from_dict(values)
+    return TrainConfig.from_dict(inherit_model_settings(values))
 
 
 def register(subparsers) -> None:

@@ -4,6 +4,8 @@
   (:func:`config_from_hf`, :func:`load_hf_state_dict`; logit parity tested).
 - :mod:`~s2hc.hf.configuration`, :mod:`~s2hc.hf.modeling`, :mod:`~s2hc.hf.export`: an s2hc checkpoint as a
   ``transformers`` model (``S2HCConfig``, ``S2HCForCausalLM``, :func:`export`).
+- :mod:`~s2hc.hf.deepseek_v4`: DeepSeek-V4's mHC connection and head parameters, both ways, for
+  ``HyperConnection(family="mhc", variant="deepseek-v4")`` and :class:`s2hc.HyperHead`.
 
 Importing this package registers the model type ``"s2hc"`` with ``AutoConfig`` and ``AutoModelForCausalLM``::
 

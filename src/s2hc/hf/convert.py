@@ -1,10 +1,11 @@
-"""Hugging Face ``transformers`` parity: configs and weights of Qwen3, Qwen2 / Qwen2.5 and Gemma3 (text).
+"""Hugging Face ``transformers`` parity: configs and weights of Qwen3, Qwen2 / Qwen2.5, Gemma3 (text), GPT-2.
 
 ``config_from_hf`` maps a ``Qwen3Config``, ``Qwen2Config``, ``Gemma3TextConfig`` (or a ``Gemma3Config``,
-whose text part is used) to a :class:`ModelConfig`; ``load_hf_state_dict`` copies the weights of the matching
-``*ForCausalLM`` into a :class:`Transformer`. With ``family="residual"`` the two models then give the same
-logits (``tests/test_hf_parity.py``). With another mixer the transformer weights are loaded the same way and
-the hyper-connections keep their initialisation. Neither function imports ``transformers``; they read the
+whose text part is used) or ``GPT2Config`` to a :class:`ModelConfig`; ``load_hf_state_dict`` copies the weights
+of the matching ``*ForCausalLM`` (``GPT2LMHeadModel``) into a :class:`Transformer`. With ``family="residual"``
+the two models then give the same logits (``tests/test_hf_parity.py``). With another mixer the transformer weights
+are loaded the same way and the hyper-connections keep their initialisation (``s2hc upcycle`` sets them so that
+the model keeps the source's function). Neither function imports ``transformers``; they read the
 config's attributes, so a config loaded from a ``config.json`` works the same way.
 
 Features outside this model raise ValueError rather than convert approximately: scaled RoPE
@@ -24,7 +25,7 @@ from ..models import ModelConfig, Transformer
 
 __all__ = ["config_from_hf", "load_hf_state_dict"]
 
-ARCHITECTURES = ("qwen3", "qwen2", "gemma3_text")
+ARCHITECTURES = ("qwen3", "qwen2", "gemma3_text", "gpt2")
 
 
 def _get(hf_config: Any, name: str, default: Any = None) -> Any:
@@ -79,6 +80,8 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
     """
     hf_config = _text_config(hf_config)
     model_type = _get(hf_config, "model_type")
+    if model_type == "gpt2":
+        return _gpt2_config(hf_config, overrides)
     if model_type not in ARCHITECTURES:
         raise ValueError(f"model_type must be one of {list(ARCHITECTURES)} (or 'gemma3'), got {model_type!r}")
     n_heads = _get(hf_config, "num_attention_heads")
@@ -142,6 +145,27 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
     return ModelConfig.from_dict(fields)
 
 
+def _gpt2_config(hf_config: Any, overrides: dict[str, Any]) -> ModelConfig:
+    """GPT-2 (``GPT2Config``): LayerNorm, tanh-GELU MLP, learned positions, biases everywhere, tied head."""
+    activation = _get(hf_config, "activation_function", "gelu_new")
+    if activation not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise ValueError(f"activation_function must be 'gelu_new' (tanh-approximated GELU) to convert, "
+                         f"got {activation!r}")
+    for name, allowed in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False),
+                          ("reorder_and_upcast_attn", False), ("add_cross_attention", False)):
+        if bool(_get(hf_config, name, allowed)) != allowed:
+            raise ValueError(f"{name} must be {allowed} to convert, got {_get(hf_config, name)!r}")
+    dim = _get(hf_config, "n_embd")
+    fields = dict(
+        vocab_size=_get(hf_config, "vocab_size"), dim=dim, n_layers=_get(hf_config, "n_layer"),
+        n_heads=_get(hf_config, "n_head"), ffn_dim=_get(hf_config, "n_inner") or 4 * dim,
+        max_seq_len=_get(hf_config, "n_positions"), norm="layernorm", norm_eps=_get(hf_config, "layer_norm_epsilon"),
+        mlp="gelu", qkv_bias=True, out_bias=True, mlp_bias=True, pos="learned",
+        tie_embeddings=bool(_get(hf_config, "tie_word_embeddings", True)),
+    )
+    return ModelConfig.from_dict({**fields, **overrides})
+
+
 _IGNORED = re.compile(r".*(rotary_emb\.(original_)?inv_freq|embed_scale)$")
 _LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 
@@ -172,6 +196,47 @@ def _target_name(name: str, post_norms: bool) -> str | None:
     return None
 
 
+_GPT2_LAYER = re.compile(r"h\.(\d+)\.(ln_1|ln_2|attn\.c_attn|attn\.c_proj|mlp\.c_fc|mlp\.c_proj)\.(weight|bias)")
+_GPT2_MODULES = {"ln_1": "attn_norm", "ln_2": "mlp_norm", "attn.c_proj": "attn.o_proj", "mlp.c_fc": "mlp.up_proj",
+                 "mlp.c_proj": "mlp.down_proj"}
+_GPT2_SIMPLE = {"wte.weight": "embed.weight", "wpe.weight": "pos_embed.weight", "ln_f.weight": "norm.weight",
+                "ln_f.bias": "norm.bias", "lm_head.weight": "lm_head.weight"}
+
+
+def _gpt2_tensors(name: str, value: torch.Tensor, dim: int):
+    """``(our name or None, tensor)`` pairs for one GPT-2 tensor. GPT-2's ``Conv1D`` stores ``(in, out)``, the
+    transpose of a Linear's weight, and ``c_attn`` holds q, k and v side by side."""
+    name = name.removeprefix("transformer.")
+    if name in _GPT2_SIMPLE:
+        return [(_GPT2_SIMPLE[name], value)]
+    match = _GPT2_LAYER.fullmatch(name)
+    if match is None:
+        return [(None, value)]
+    layer, module, leaf = match.groups()
+    linear = value.t() if leaf == "weight" and not module.startswith("ln_") else value
+    if module == "attn.c_attn":
+        if linear.shape[0] != 3 * dim:
+            return [(None, value)]  # reported as unexpected
+        return [(f"blocks.{layer}.attn.{p}_proj.{leaf}", part) for p, part in zip("qkv", linear.split(dim))]
+    return [(f"blocks.{layer}.{_GPT2_MODULES[module]}.{leaf}", linear)]
+
+
+def _named_tensors(hf_state_dict: Mapping[str, torch.Tensor], config: ModelConfig):
+    """``(Hugging Face name, our name or None, tensor)`` for every tensor of a Hugging Face state dict."""
+    gpt2 = any(_GPT2_LAYER.fullmatch(k.removeprefix("transformer.")) for k in hf_state_dict)
+    for hf_name, value in hf_state_dict.items():
+        if gpt2:
+            if _GPT2_BUFFER.fullmatch(hf_name):
+                continue
+            for target, tensor in _gpt2_tensors(hf_name, value, config.dim):
+                yield hf_name, target, tensor
+        elif not _IGNORED.fullmatch(hf_name):
+            yield hf_name, _target_name(_strip_prefix(hf_name), config.post_norms), value
+
+
+_GPT2_BUFFER = re.compile(r"(transformer\.)?h\.\d+\.attn\.(masked_)?bias")  # causal masks of old checkpoints
+
+
 def _strip_prefix(name: str) -> str:
     for prefix in ("model.language_model.", "model."):
         if name.startswith(prefix):
@@ -181,7 +246,8 @@ def _strip_prefix(name: str) -> str:
 
 @torch.no_grad()
 def load_hf_state_dict(model: Transformer, hf_state_dict: Mapping[str, torch.Tensor]) -> Transformer:
-    """Copy a Hugging Face Qwen3 / Qwen2 / Gemma3 ``*ForCausalLM`` state dict into ``model``; returns ``model``.
+    """Copy a Hugging Face Qwen3 / Qwen2 / Gemma3 ``*ForCausalLM`` or ``GPT2LMHeadModel`` state dict into
+    ``model``; returns ``model``.
 
     ``model`` must have been built from :func:`config_from_hf` of the same config (or one of the same
     shapes). Every non-hyper-connection parameter must be supplied exactly once; ValueError listing the
@@ -197,10 +263,7 @@ def load_hf_state_dict(model: Transformer, hf_state_dict: Mapping[str, torch.Ten
     mapped: dict[str, torch.Tensor] = {}
     unexpected: list[str] = []
     lm_head: tuple[str, torch.Tensor] | None = None
-    for hf_name, value in hf_state_dict.items():
-        if _IGNORED.fullmatch(hf_name):
-            continue
-        target = _target_name(_strip_prefix(hf_name), model.config.post_norms)
+    for hf_name, target, value in _named_tensors(hf_state_dict, model.config):
         if tied and target == "lm_head.weight":
             lm_head = (hf_name, value)
         elif target is None or target not in expected or target in mapped:

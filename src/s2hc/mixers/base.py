@@ -34,7 +34,8 @@ class Mixer(nn.Module):
     """Base class of a constraint map ``M``: ``d_res (..., K) -> H_res (..., n, n)``.
 
     Subclasses set ``num_inputs`` (K), ``guarantees``, ``gate`` (how the connection turns its
-    ``d_pre``/``d_post`` into ``H_pre``/``H_post``: ``"sigmoid"`` as in mHC, ``"tanh"`` as in HC),
+    ``d_pre``/``d_post`` into ``H_pre``/``H_post``: ``"sigmoid"`` as in mHC, ``"tanh"`` as in HC), and rarely
+    ``pre_offset`` and ``weighted_norm`` (DeepSeek-V4's mHC: ``H_pre + ε`` and a norm without a weight),
     own their scales ``α``, static biases ``b`` and family parameters, and implement :meth:`mix`.
     The input is promoted to at least float32 before :meth:`mix` sees it, so the guarantees hold to
     float32 rounding whatever the model's dtype; the result stays in that dtype (the caller casts).
@@ -43,6 +44,11 @@ class Mixer(nn.Module):
     name: str = ""
     guarantees: Guarantees = Guarantees()
     gate: str = "sigmoid"
+    #: Two connection settings a family may change (only ``mhc`` with ``variant="deepseek-v4"`` does): a
+    #: constant added to ``H_pre`` after its gate, and whether the connection's RMSNorm over the n·C features
+    #: has a learnable weight. The connection reads them from its mixer, so a variant stays one family.
+    pre_offset: float = 0.0
+    weighted_norm: bool = True
 
     def __init__(self, n_streams: int):
         super().__init__()

@@ -25,6 +25,7 @@ __all__ = ["ModelConfig", "PRESETS", "get_preset"]
 NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "geglu", "gelu")
 POSITIONS = ("rope", "learned")
+STREAM_REDUCTIONS = ("sum", "mean")
 # HyperConnection's own keywords (its RMSNorm epsilon; mixing with H_resᵀ), accepted beside the family's options.
 CONNECTION_OPTIONS = ("eps", "transpose_res")
 
@@ -93,7 +94,9 @@ class ModelConfig:
 
     Residual family: ``family`` (a name from :func:`s2hc.families`), ``n_streams`` (1 for ``"residual"``)
     and ``family_options`` (the family's options, see :func:`s2hc.mixers.options`, plus ``eps``), passed
-    to every :class:`s2hc.HyperConnection` of the model.
+    to every :class:`s2hc.HyperConnection` of the model. ``stream_reduce``: how the streams become one before
+    the final norm, ``"sum"`` (the papers') or ``"mean"`` (the same up to the final norm's ε; upcycled models
+    use it so that they compute exactly what their residual source computes, see :mod:`s2hc.models.upcycle`).
     """
 
     vocab_size: int = 4096
@@ -125,6 +128,7 @@ class ModelConfig:
     family: str = RESIDUAL
     n_streams: int = 1
     family_options: dict[str, Any] = field(default_factory=dict)
+    stream_reduce: str = "sum"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len", "sliding_window_pattern", "n_streams"):
@@ -147,6 +151,7 @@ class ModelConfig:
         _check_choice("norm", self.norm, NORMS)
         _check_choice("mlp", self.mlp, MLPS)
         _check_choice("pos", self.pos, POSITIONS)
+        _check_choice("stream_reduce", self.stream_reduce, STREAM_REDUCTIONS)
         if self.ffn_dim is None:
             self.ffn_dim = 4 * self.dim if self.mlp == "gelu" else 64 * math.ceil(8 * self.dim / 3 / 64)
         check_int("ffn_dim", self.ffn_dim)

@@ -4,7 +4,7 @@ Data flow (``n = config.n_streams``)::
 
     ids (B, T) -> embed (· sqrt(C) for Gemma) [+ learned positions] -> expand_streams -> (B, T, n, C)
       -> per layer: attention sublayer, then MLP sublayer, each  X <- hc(X, branch)
-      -> reduce_streams (B, T, C) -> final norm -> LM head -> logits (B, T, vocab)
+      -> reduce_streams (sum, or mean: ``stream_reduce``) (B, T, C) -> final norm -> LM head -> logits (B, T, vocab)
 
 A branch is everything between the connection's read and write: the pre-norm, the sublayer and, with
 ``post_norms`` (Gemma3), the norm on its output. With ``family="residual"`` the model is the plain pre-norm
@@ -491,7 +491,12 @@ class Transformer(nn.Module):
         positions = torch.arange(T, device=input_ids.device)
         h = self._embed(input_ids, positions)
         x = self.run_blocks(expand_streams(h, self.config.n_streams), attention_inputs(self.config, positions))
-        return self.lm_head(self.norm(reduce_streams(x)))
+        return self.lm_head(self.norm(self.reduce_streams(x)))
+
+    def reduce_streams(self, x: torch.Tensor) -> torch.Tensor:
+        """Streams ``(B, T, n, C)`` -> ``(B, T, C)``: their sum, or their mean with ``stream_reduce="mean"``."""
+        reduced = reduce_streams(x)
+        return reduced / x.shape[-2] if self.config.stream_reduce == "mean" else reduced
 
     def run_blocks(self, x: torch.Tensor, inputs: AttentionInputs, cache=None) -> torch.Tensor:
         """Every block in order on streams ``x`` ``(B, T, n, C)`` (or the layout the blocks' connections take,
@@ -541,7 +546,7 @@ class Transformer(nn.Module):
         h = self._embed(input_ids, positions)
         inputs = attention_inputs(config, positions, past=past, attention_mask=attention_mask)
         x = self.run_blocks(expand_streams(h, config.n_streams), inputs, cache)
-        return self.lm_head(self.norm(reduce_streams(x)))
+        return self.lm_head(self.norm(self.reduce_streams(x)))
 
     def extra_repr(self) -> str:
         c = self.config

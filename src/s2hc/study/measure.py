@@ -119,8 +119,9 @@ def rotation_probe(trained: Transformer, config: TrainConfig, batch) -> dict[str
     """How the rotation parameters of each connection moved, and whether their gradients are real.
 
     The streams enter the first connection as identical copies, and an ``H_res`` whose rows sum to 1 maps
-    identical streams to themselves, so that connection's rotations cannot change the model's output: their
-    gradient is zero in exact arithmetic and what float32 computes is rounding noise. Measured per connection
+    identical streams to themselves; the last connection's streams are summed, and an ``H_res`` whose columns sum
+    to 1 keeps the sum. Neither connection's rotations can change the model's output: their gradient is zero in
+    exact arithmetic and what float32 computes is rounding noise. Measured per connection
     (depth order): ``drift`` (norm of trained − initial rotation parameters; the initial model is rebuilt from
     the seed exactly as training built it), ``grad_init_fp32`` / ``grad_init_fp64`` and ``grad_final_fp32`` /
     ``grad_final_fp64`` (gradient norms on one validation batch at initialisation and after training, the model

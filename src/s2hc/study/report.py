@@ -195,12 +195,11 @@ def diagnostics_table(results: dict[str, Any]) -> list[str]:
 
 
 def rotation_lines(results: dict[str, Any]) -> list[str]:
-    """The early-training question: the first connection's rotation gradients and drift against the others'."""
+    """The early-training question: the rotation gradients and drift of the first and last connections (whose
+    ``H_res`` cannot change the output) against the others'."""
     lines = [
-        "| configuration | first connection: grad at init fp32 / fp64 | others: median grad at init fp32 / fp64 "
-        "| first: drift | others: median drift | first: grad after training fp32 / fp64 "
-        "| others: after training fp32 / fp64 |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| configuration | connection | grad at init fp32 / fp64 | grad after training fp32 / fp64 | drift |",
+        "|---|---|---:|---:|---:|",
     ]
     count = 0
     for label, runs in _groups(results["rows"]).items():
@@ -208,20 +207,16 @@ def rotation_lines(results: dict[str, Any]) -> list[str]:
         if not probes:
             continue
         count += 1
+        parts = [("first", lambda v: v[0]), ("last", lambda v: v[-1]),
+                 ("others (median)", lambda v: statistics.median(v[1:-1]) if len(v) > 2 else math.nan)]
+        for name, pick in parts:
 
-        def first(key: str, probes=probes) -> float:
-            return statistics.fmean(p[key][0] for p in probes)
+            def mean(key: str, pick=pick, probes=probes) -> str:
+                return _sci(statistics.fmean(pick(p[key]) for p in probes))
 
-        def others(key: str, probes=probes) -> float:
-            return statistics.fmean(statistics.median(p[key][1:]) for p in probes)
-
-        lines.append(
-            f"| {label} | {_sci(first('grad_init_fp32'))} / {_sci(first('grad_init_fp64'))} "
-            f"| {_sci(others('grad_init_fp32'))} / {_sci(others('grad_init_fp64'))} "
-            f"| {_sci(first('drift'))} | {_sci(others('drift'))} "
-            f"| {_sci(first('grad_final_fp32'))} / {_sci(first('grad_final_fp64'))} "
-            f"| {_sci(others('grad_final_fp32'))} / {_sci(others('grad_final_fp64'))} |"
-        )
+            lines.append(f"| {label if name == 'first' else ''} | {name} "
+                         f"| {mean('grad_init_fp32')} / {mean('grad_init_fp64')} "
+                         f"| {mean('grad_final_fp32')} / {mean('grad_final_fp64')} | {mean('drift')} |")
     return lines if count else []
 
 
@@ -374,13 +369,14 @@ def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Pa
         lines += table + [""]
     rotations = rotation_lines(results)
     if rotations:
-        lines += ["## Early training: the first connection's rotations", "",
+        lines += ["## Early training: the rotations of the first and last connections", "",
                   "The streams enter the first connection as identical copies, and an `H_res` whose rows sum to 1 "
-                  "maps identical copies to themselves: in exact arithmetic the first connection's rotation "
-                  "parameters get no gradient, ever. Gradient norms of each connection's rotation parameters "
-                  "(projection columns and α, b, γ) on one validation batch, the model in float32 and float64, at "
-                  "initialisation and after training; drift: norm of trained − initial parameters. Mean over seeds; "
-                  "'others': median over the other connections.", ""]
+                  "maps identical copies to themselves; the last connection's streams are summed, and an `H_res` "
+                  "whose columns sum to 1 keeps that sum. So in exact arithmetic the rotation parameters of these two "
+                  "connections get no gradient, ever, and what float32 computes is rounding noise. Gradient norms of "
+                  "each connection's rotation parameters (projection columns and α, b, γ) on one validation batch, "
+                  "the model in float32 and float64, at initialisation and after training; drift: norm of trained − "
+                  "initial parameters. Mean over seeds; 'others': median over the connections in between.", ""]
         lines += rotations + [""]
     if figure_paths:
         lines += ["## Figures", ""]

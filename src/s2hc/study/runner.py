@@ -80,11 +80,12 @@ class Run:
         return self.out / "logs" / f"{self.name}.log"
 
 
-def train_command(run: Run, executable: str | None = None) -> list[str]:
-    """The ``s2hc train`` command of ``run`` (``--resume`` when its directory already holds the run).
-    ``executable``: a Python to run it with (``python -m s2hc``) instead of the ``s2hc`` script."""
+def train_command(run: Run, nproc: int = 1, executable: str | None = None) -> list[str]:
+    """The ``s2hc train`` command of ``run`` (``--resume`` when its directory already holds the run; ``--nproc``
+    for several processes). ``executable``: a Python to run it with (``python -m s2hc``), not the ``s2hc`` script."""
     program = [executable, "-m", "s2hc"] if executable else ["s2hc"]
     command = [*program, "train", "--config", str(run.config_path), "--out", str(run.run_dir)]
+    command += ["--nproc", str(nproc)] if nproc > 1 else []
     return command + (["--resume"] if holds_run(run.run_dir) else [])
 
 
@@ -113,11 +114,10 @@ def prepare(spec: StudySpec, out: Path) -> list[Run]:
     """Write ``study.json`` and every run's config; ValueError when ``out`` holds a study of another grid."""
     check_output_dir(out, "--out")
     recorded = out / STUDY
-    grid = json.dumps(spec.to_dict(), indent=2, sort_keys=True)
-    if recorded.is_file() and recorded.read_text() != grid:
+    if recorded.is_file() and json.loads(recorded.read_text()).get("grid") != json.loads(json.dumps(spec.grid())):
         raise ValueError(f"--out {str(out)!r} holds a study of another grid or training settings ({STUDY} "
                          "differs); choose another --out, or remove that directory to start it again")
-    atomic_write_text(recorded, grid)
+    atomic_write_text(recorded, json.dumps({"grid": spec.grid(), "study": spec.to_dict()}, indent=2) + "\n")
     runs = [Run(configuration, seed, out) for configuration, seed in spec.runs()]
     for run in runs:
         config = spec.run_config(run.configuration, run.seed, run.run_dir).to_dict()
@@ -136,7 +136,7 @@ def print_commands(spec: StudySpec, out: Path) -> list[str]:
     check_output_dir(out, "--out")
     with RunLock(out):
         runs = prepare(spec, out)
-        return [shlex.join(train_command(run)) for run in runs if _state(run, spec) in ("new", "started")]
+        return [shlex.join(train_command(run, spec.nproc)) for run in runs if _state(run, spec) in ("new", "started")]
 
 
 def _environment(elapsed_s: float, jobs: int) -> dict[str, Any]:
@@ -157,15 +157,15 @@ def _environment(elapsed_s: float, jobs: int) -> dict[str, Any]:
 class _Pool:
     """Up to ``jobs`` training processes at once; each gets its share of the CPU threads, or its own GPU."""
 
-    def __init__(self, jobs: int, log):
-        self.jobs, self.log = jobs, log
+    def __init__(self, jobs: int, nproc: int):
+        self.jobs, self.nproc = jobs, nproc
         self.active: dict[int, tuple[subprocess.Popen, Run, float, Any]] = {}
         self.gpus = torch.cuda.device_count()
 
     def _env(self, slot: int) -> dict[str, str]:
         env = dict(os.environ)
         if self.gpus:
-            env["CUDA_VISIBLE_DEVICES"] = str(slot % self.gpus)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str((slot * self.nproc + i) % self.gpus) for i in range(self.nproc))
         elif self.jobs > 1:
             threads = str(max(1, len(os.sched_getaffinity(0)) // self.jobs))
             env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
@@ -175,7 +175,7 @@ class _Pool:
         slot = next(i for i in range(self.jobs) if i not in self.active)
         run.log_path.parent.mkdir(parents=True, exist_ok=True)
         handle = run.log_path.open("a")
-        command = train_command(run, sys.executable)
+        command = train_command(run, self.nproc, sys.executable)
         handle.write(f"$ {shlex.join(command)}\n")
         handle.flush()
         process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=self._env(slot))
@@ -258,7 +258,7 @@ def _measure(run: Run, spec: StudySpec, device: str, log) -> dict[str, Any]:
 
 def _train_all(runs: list[Run], spec: StudySpec, jobs: int, device: str, log) -> list[str]:
     """Train ``runs`` ``jobs`` at a time, measuring each as it ends; the failures, described."""
-    pool, pending, failures, durations = _Pool(jobs, log), list(runs), [], []
+    pool, pending, failures, durations = _Pool(jobs, spec.nproc), list(runs), [], []
     received: list[int] = []
     total = len(runs)
     with _signals_to(received):

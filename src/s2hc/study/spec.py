@@ -13,6 +13,7 @@ A study config (``configs/study-*.yaml``)::
       - {family: s2hc, streams: [2, 4, 8]}        # or a mapping: family, options, streams
     baselines: [residual, mhc]                    # paired differences against these (default)
     diagnostics_tokens: 2048                      # positions measured by the trained-model diagnostics
+    nproc: 1                                      # processes (GPUs) per run: `s2hc train --nproc N` (torchrun)
 
 Every grid point becomes a :class:`~s2hc.config.TrainConfig` here, so an unknown key, family or option, or a
 value out of range, is refused with the point named before the first run starts.
@@ -30,7 +31,7 @@ from ..checks import check_int, check_streams
 from ..config import TrainConfig, load_yaml_config, parse_assignment
 from ..mixers import RESIDUAL, check_family
 
-KEYS = ("description", "train", "streams", "seeds", "families", "baselines", "diagnostics_tokens")
+KEYS = ("description", "train", "streams", "seeds", "families", "baselines", "diagnostics_tokens", "nproc")
 GRID_KEYS = ("family", "family_options", "n_streams", "seed", "out")  # set by the grid, not by `train:`
 DEFAULT_DIAGNOSTICS_TOKENS = 2048
 
@@ -76,6 +77,7 @@ class StudySpec:
     baselines: tuple[str, ...] = (RESIDUAL, "mhc")
     diagnostics_tokens: int = DEFAULT_DIAGNOSTICS_TOKENS
     description: str = ""
+    nproc: int = 1
 
     def run_config(self, configuration: Configuration, seed: int, out: str | Path) -> TrainConfig:
         """The TrainConfig of one run, written to ``out``."""
@@ -88,6 +90,11 @@ class StudySpec:
         """Every (configuration, seed), seed by seed: the order runs start in (a study cut short has every
         configuration at its first seeds)."""
         return [(c, seed) for seed in self.seeds for c in self.configurations]
+
+    def grid(self) -> dict[str, Any]:
+        """What decides the runs (training settings, configurations, seeds): a study directory keeps one."""
+        data = self.to_dict()
+        return {key: data[key] for key in ("train", "configurations", "seeds")}
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -178,6 +185,7 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
         diagnostics_tokens=check_int(f"{source}: diagnostics_tokens",
                                      values.get("diagnostics_tokens", DEFAULT_DIAGNOSTICS_TOKENS), minimum=1),
         description=str(values.get("description") or "").strip(),
+        nproc=check_int(f"{source}: nproc", values.get("nproc", 1)),
     )
     for configuration in spec.configurations:  # every family option checked as the run will check it
         try:

@@ -32,7 +32,7 @@ def describe(values: list[float]) -> dict[str, Any]:
     if k == 1:
         return {"n": 1, "mean": mean, "std": None, "ci95": None}
     std = statistics.stdev(values)
-    half = _scipy_stats().t.ppf(0.5 + LEVEL / 2, k - 1) * std / math.sqrt(k)
+    half = float(_scipy_stats().t.ppf(0.5 + LEVEL / 2, k - 1)) * std / math.sqrt(k)
     return {"n": k, "mean": mean, "std": std, "ci95": [mean - half, mean + half]}
 
 

@@ -46,6 +46,7 @@ from ..rundir import (
 )
 from ..rundir.guard import notice
 from . import distributed
+from .init import load_initial_weights
 from .optim import learning_rate, make_optimizer
 from .state import Checkpointer
 
@@ -227,12 +228,15 @@ def _train(config: TrainConfig, saved: dict | None, ctx: distributed.Context) ->
     device, amp_dtype = ctx.device, autocast_dtype(config.dtype, ctx.device)
     tokenizer = get_tokenizer(config.tokenizer)
     model_config = _model_config(config, tokenizer.vocab_size)
-    if saved is not None and saved["model_config"] != model_config.to_dict():
+    if saved is not None and ModelConfig.from_dict(saved["model_config"]) != model_config:
         raise ValueError(f"the checkpoint in {str(out)!r} holds a model of another shape; choose another --out")
     loader, validation = _data(config, tokenizer, ctx)
 
     torch.manual_seed(config.seed)  # the same initial weights on every rank
-    model = set_connection_options(Transformer(model_config).to(device), **config.connection)
+    model = Transformer(model_config)
+    if config.init_from and saved is None:  # a resumed run restores its own weights below
+        load_initial_weights(model, config.init_from)
+    model = set_connection_options(model.to(device), **config.connection)
     params, hc_params = model.num_params(), model.num_hc_params()
     forward = distributed.wrap(model, ctx, config.compile, amp_dtype)
     optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))

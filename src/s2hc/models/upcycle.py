@@ -1,0 +1,113 @@
+"""Function-preserving upcycling: a residual model's weights in a hyper-connection model that computes the same.
+
+The streams start as copies of the embedding. Every connection reads ``h = Σ_i H_pre,i X_i`` and writes
+``X'_i = Σ_j H_res,ij X_j + H_post,i F(h)``; the model's output is ``Σ_i X_i`` before the final norm. Let the
+read be uniform (``H_pre,i = 1/n``), the writes sum to ``n`` (``Σ_i H_post,i = n``) and the columns of ``H_res``
+sum to 1. Then the streams' sum ``S`` moves as ``S' = S + n F(S/n)``: the mean ``S/n`` follows the residual
+model's ``h' = h + F(h)`` exactly. The paper's model sums the streams at the end, ``n`` times the residual
+model's output, which the final norm does not see except through its ε (a relative error of about
+``ε / mean(h²)``, 1e-2 for a freshly initialised model); an upcycled model therefore takes their mean
+(``stream_reduce="mean"``) and computes the source's function to rounding. ``H_res``'s rows summing to 1 as well
+keeps the streams' mean the mixing's fixed point, so the streams are free to differ around it.
+
+With the coefficient projections at zero (their initial value) every ``H`` is its bias alone, the same for every
+token. The read bias is ``logit(1/n)``; the write biases give the favoured stream ``layer_index mod n`` (as the
+paper's initialisation does) ``1 + spread`` and the others ``1 − spread/(n − 1)``. The writes are not uniform,
+so the streams separate after the first write and the mixing receives real gradients from the first step; with
+uniform writes they would stay copies, and ``H_res`` would never matter.
+
+Which families qualify: those whose ``H_res`` has rows and columns summing to 1 whatever its parameters are
+(``mhc-lite``, ``kromhc``, ``s2hc``, ``isometric``, ``identity``) and ``mhc`` (Sinkhorn: rows exact, columns to
+its tolerance). ``hc`` (unconstrained) and ``orthogonal`` (a rotation keeps norms, not sums) are refused: they
+would match at step 0 only because their ``H_res`` starts at the identity, and nothing in them keeps the
+streams' sum the residual stream's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .. import mixers
+from ..connection import HyperConnection
+from ..mixers import RESIDUAL
+from .config import ModelConfig
+from .transformer import Transformer
+
+DEFAULT_SPREAD = 0.5
+_REFUSED = {
+    RESIDUAL: "it is the source's own family (one stream): there is nothing to upcycle",
+    "hc": "its H_res is unconstrained, so nothing keeps its columns summing to 1 and the streams' sum stops "
+    "following the source's residual stream",
+    "orthogonal": "an orthogonal H_res keeps norms, not sums (its columns do not sum to 1), so the streams' sum "
+    "stops following the source's residual stream",
+}
+
+
+def upcyclable_families() -> list[str]:
+    """The families :func:`upcycle_model` accepts."""
+    return [f for f in mixers.families() if _reason(f) is None]
+
+
+def _reason(family: str) -> str | None:
+    if family in _REFUSED:
+        return _REFUSED[family]
+    guarantees = mixers.get(family).guarantees
+    if family == "mhc" or (guarantees.row_sums_one and guarantees.col_sums_one):
+        return None
+    return "its H_res is not guaranteed to have rows and columns summing to 1"  # pragma: no cover - a new family
+
+
+def check_upcyclable(family: str, argument: str = "--family") -> str:
+    """``family`` if a residual model can be upcycled into it function-preservingly; ValueError saying why not."""
+    mixers.check_family(family, argument)
+    reason = _reason(family)
+    if reason is not None:
+        raise ValueError(f"{argument} {family!r} cannot start from a residual model with the same function: "
+                         f"{reason}; choose one of {upcyclable_families()}")
+    return family
+
+
+def upcycling_biases(n_streams: int, layer_index: int, spread: float = DEFAULT_SPREAD) -> tuple[torch.Tensor, ...]:
+    """``(bias_pre, bias_post)`` ``(n,)`` of a sigmoid-gated connection: ``H_pre = 1/n`` for every stream,
+    ``H_post = 1 + spread`` at stream ``layer_index mod n`` and ``1 − spread/(n − 1)`` elsewhere (sum ``n``)."""
+    if not 0 < spread < 1:
+        raise ValueError(f"spread must be in (0, 1) (so that every H_post lies in (0, 2)), got {spread!r}")
+    n = n_streams
+    post = torch.full((n,), 1.0 - spread / (n - 1), dtype=torch.float64)
+    post[layer_index % n] = 1.0 + spread
+    pre = torch.full((n,), -math.log(n - 1), dtype=torch.float64)  # logit(1/n)
+    return pre.float(), torch.logit(post / 2).float()  # H_post = 2·sigmoid(b)
+
+
+def upcycle_model(source: Transformer, family: str, n_streams: int, family_options: dict | None = None,
+                  spread: float = DEFAULT_SPREAD) -> Transformer:
+    """A ``family`` model with ``n_streams`` streams that computes what the residual ``source`` computes.
+
+    Every weight of ``source`` is copied; each connection's coefficient projection stays zero, its gate biases
+    are :func:`upcycling_biases` and its mixer keeps the family's initialisation. ValueError for a source that is
+    not residual, a family that does not qualify (:func:`check_upcyclable`), fewer than 2 streams or a bad
+    ``spread``.
+    """
+    if source.config.family != RESIDUAL:
+        raise ValueError(f"the source model must be residual (one stream) to upcycle, got family "
+                         f"{source.config.family!r} with {source.config.n_streams} streams")
+    check_upcyclable(family)
+    if n_streams < 2:
+        raise ValueError(f"--streams must be >= 2 to upcycle into {family!r}, got {n_streams}")
+    config = ModelConfig.from_dict({**source.config.to_dict(), "family": family, "n_streams": n_streams,
+                                    "family_options": dict(family_options or {}), "stream_reduce": "mean"})
+    target = Transformer(config).to(next(source.parameters()).dtype)
+    missing, unexpected = target.load_state_dict(source.state_dict(), strict=False)
+    if unexpected or any("_hc." not in name for name in missing):  # pragma: no cover - the same architecture
+        raise ValueError(f"the source's weights do not fit the {family} model: missing {missing}, "
+                         f"unexpected {unexpected}")
+    with torch.no_grad():
+        for module in target.modules():
+            if isinstance(module, HyperConnection) and not module.is_residual:
+                pre, post = upcycling_biases(n_streams, module.layer_index, spread)
+                module.projection.zero_()
+                module.bias_pre.copy_(pre)
+                module.bias_post.copy_(post)
+    return target

@@ -1,0 +1,61 @@
+"""Starting a run from another one's weights (``init_from``): the same model, or a residual model upcycled.
+
+``s2hc train --init-from RUN`` continues pretraining from ``RUN``'s model with a fresh optimizer and schedule.
+When ``RUN`` holds a residual model and the new run another family, the weights are upcycled on the way in
+(:func:`s2hc.models.upcycle.upcycle_model`): the new model computes the source's function at step 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..mixers import RESIDUAL
+from ..models import Transformer
+from ..models.upcycle import check_upcyclable, upcycle_model
+from ..rundir import load_checkpoint, load_model
+
+# The keys that make the model and its vocabulary: taken from the source run when a run starting from it does
+# not set them.
+MODEL_KEYS = ("preset", "model_overrides", "tokenizer", "family", "n_streams", "family_options")
+
+
+def inherit_model_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """TrainConfig ``values`` completed from the run in ``values["init_from"]`` (unchanged without one).
+
+    The model keys ``values`` leaves unset come from the source's stored configuration; a run of another family
+    than a residual source's gets ``stream_reduce: mean`` (what upcycling needs to be exact). ValueError when the
+    source is not a checkpoint, or cannot be upcycled into the requested family.
+    """
+    source = values.get("init_from")
+    if not source:
+        return values
+    stored = load_checkpoint(source, with_model=False)["config"]
+    out = dict(values)
+    explicit_family = "family" in values
+    for key in MODEL_KEYS:
+        if key not in out and key in stored:
+            if key in ("n_streams", "family_options") and explicit_family:
+                continue  # a new family takes its own defaults
+            out[key] = stored[key]
+    if stored["family"] == RESIDUAL and out.get("family", RESIDUAL) != RESIDUAL:
+        check_upcyclable(out["family"], "family (with init_from a residual run)")
+        out["model_overrides"] = {"stream_reduce": "mean", **dict(out.get("model_overrides") or {})}
+    return out
+
+
+@torch.no_grad()
+def load_initial_weights(model: Transformer, path: str) -> None:
+    """Copy the weights of the checkpoint ``path`` into ``model``, upcycling a residual source to ``model``'s
+    family. ValueError when the shapes differ (naming the differing settings)."""
+    source, _ = load_model(path)
+    target = model.config
+    if source.config.family == RESIDUAL and target.family != RESIDUAL:
+        source = upcycle_model(source, target.family, target.n_streams, target.family_options)
+    if source.config != target:
+        mine, theirs = target.to_dict(), source.config.to_dict()
+        differ = ", ".join(f"{k}: {theirs.get(k)!r} there, {mine[k]!r} here" for k in mine if mine[k] != theirs.get(k))
+        raise ValueError(f"init_from {path!r} holds a model of another shape ({differ}); drop the settings that "
+                         "change the model, which are then taken from it")
+    model.load_state_dict(source.state_dict())
