@@ -263,3 +263,19 @@ def test_train_init_from_a_residual_run_with_a_family_refuses_one_that_cannot_ke
         tiny_residual, tmp_path, capsys):
     assert main(["train", "--init-from", tiny_residual, "--family", "hc", "--out", str(tmp_path / "x")]) == 2
     assert "'hc' cannot start from a residual model" in capsys.readouterr().err
+
+
+def test_a_run_from_weights_first_measures_them_and_upcycled_starts_where_residual_does(
+        tiny_residual, corpus_file, tmp_path):
+    def first_validation(family: str, streams: str) -> tuple[int, float]:
+        out = tmp_path / family
+        assert main(["train", "--init-from", tiny_residual, "--family", family, "--streams", streams,
+                     "--out", str(out), "--max-steps", "2", "--eval-every", "2", "--data", str(corpus_file),
+                     "--no-progress"]) == 0
+        first = next(r for r in read_metrics(out) if "val_loss" in r)
+        return first["step"], first["val_loss"]
+
+    step, residual = first_validation("residual", "1")
+    assert step == 0
+    assert first_validation("s2hc", "4") == pytest.approx((0, residual), abs=1e-5)
+    assert first_validation("mhc", "4") == pytest.approx((0, residual), abs=1e-5)

@@ -275,6 +275,13 @@ def _train(config: TrainConfig, saved: dict | None, ctx: distributed.Context) ->
                 metrics.write(step=at_step, diverged=problem)
         return stop(problem)
 
+    if config.init_from and saved is None and config.eval_every:
+        # A run from another run's weights first measures them: its curve starts at the source's loss (an
+        # upcycled model's equals the residual source's, which is the point of upcycling).
+        val_loss = evaluate(forward, validation, device, amp_dtype)
+        if metrics:
+            metrics.write(step=0, val_loss=val_loss)
+
     bar = tqdm(total=config.max_steps, initial=step, disable=not (config.progress and ctx.is_main),
                desc=f"{config.family}", unit="step")
     model.train()
