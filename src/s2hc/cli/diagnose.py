@@ -1,4 +1,5 @@
-"""``s2hc diagnose``: the measurements of docs/design.md section 2 for a checkpoint, or for synthetic matrices.
+"""``s2hc diagnose``: the measurements of docs/design.md section 2 for a checkpoint, for the static matrices
+of a safetensors checkpoint (``--static``: the biases alone, no model built), or for synthetic matrices.
 
 Exit status: 0 on success and
 for a model without stream mixing (nothing to measure, said so); 2 for bad input (a missing, corrupt or
@@ -9,15 +10,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from ..checks import check_streams
 from ..diagnostics.report import REPORT_NAME, default_out, diagnose_checkpoint, diagnose_synthetic, nothing_message
+from ..diagnostics.static import diagnose_static, write_static
 from ..diagnostics.synthetic import DEFAULT_SWEEP
 from ..io import check_output_dir
 from ..rundir import resolve_checkpoint
 from .common import nonnegative_float, output_directory, parse_families, positive_int
 
 DEFAULT_SYNTHETIC_OUT = "runs/diagnose-synthetic"
+DEFAULT_STATIC_OUT = "runs/diagnose-static"
 CHECKPOINT_ONLY = ("data", "device", "cache_dir", "seq_len", "batch_size")
 SYNTHETIC_ONLY = ("families", "layers", "streams", "logit_scale", "sweep")
 
@@ -32,14 +36,20 @@ def register(subparsers) -> None:
         help="measure what the residual matrices do (a checkpoint, or --synthetic)",
         description=(
             "Measure the residual matrices of a trained model on real tokens (CHECKPOINT: a run directory or a "
-            "checkpoint file), or with --synthetic each family's matrices from random inputs of logit scale S. "
-            "Writes OUT/diagnostics.json, PNG figures and OUT/report.md. See docs/diagnostics.md."
+            "checkpoint file); with --static the input-independent matrices (the biases alone, d = 0) of a "
+            "safetensors checkpoint (CHECKPOINT: a .safetensors file or a directory, sharded or not; s2hc exports "
+            "and DeepSeek-V4's layout), reading only the hyper-connection tensors; or with --synthetic each "
+            "family's matrices from random inputs of logit scale S. Writes OUT/diagnostics.json (static.json), PNG "
+            "figures and OUT/report.md. See docs/diagnostics.md."
         ),
     )
     parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT", help="run directory or checkpoint file")
     parser.add_argument("--out", default=None,
-                        help=f"output directory (default: RUN/diagnostics for a checkpoint, {DEFAULT_SYNTHETIC_OUT} "
-                             "for --synthetic)")
+                        help=f"output directory (default: RUN/diagnostics for a checkpoint, {DEFAULT_STATIC_OUT}/NAME "
+                             f"for --static, {DEFAULT_SYNTHETIC_OUT} for --synthetic)")
+    parser.add_argument("--static", action="store_true",
+                        help="CHECKPOINT is safetensors (file or directory): measure its matrices at d = 0, reading "
+                             "only the hyper-connection tensors")
     parser.add_argument("--tokens", type=positive_int, default=1024, help="token positions measured (default 1024)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the token sample / random inputs (default 0)")
     model = parser.add_argument_group("checkpoint")
@@ -75,14 +85,41 @@ def _fail(message: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.static and args.synthetic:
+        args.subparser.error("--static and --synthetic exclude each other")
     if args.synthetic == (args.checkpoint is not None):
         args.subparser.error("give either CHECKPOINT or --synthetic (exactly one)")
-    wrong = SYNTHETIC_ONLY if not args.synthetic else CHECKPOINT_ONLY
+    wrong = (CHECKPOINT_ONLY + SYNTHETIC_ONLY if args.static else
+             CHECKPOINT_ONLY if args.synthetic else SYNTHETIC_ONLY)
     given = [f"--{name.replace('_', '-')}" for name in wrong if getattr(args, name) is not None]
     if given:
-        mode = "--synthetic" if args.synthetic else "a CHECKPOINT"
+        mode = "--static" if args.static else "--synthetic" if args.synthetic else "a CHECKPOINT"
         args.subparser.error(f"{', '.join(given)} do(es) not apply to {mode}")
+    if args.static:
+        return _static(args)
     return _synthetic(args) if args.synthetic else _checkpoint(args)
+
+
+def _static(args: argparse.Namespace) -> int:
+    name = Path(args.checkpoint).expanduser().resolve()
+    name = name.stem if name.suffix == ".safetensors" else name.name
+    try:
+        result = diagnose_static(args.checkpoint)  # read first: bad input leaves no output directory behind
+        with output_directory(args.out or Path(DEFAULT_STATIC_OUT) / name, "--out") as out:
+            write_static(result, out)
+    except ValueError as error:
+        return _fail(str(error))
+    head = result["headline"]
+    print(
+        f"{result['family']} (n = {result['n_streams']}, {result['layout']} layout), {result['depth']} connections, "
+        f"biases alone (d = 0), {result['tensors_read']} tensors read: worst column-sum error "
+        f"{head['col_sum_error']:.3g}, worst ‖H‖₂ {head['spectral_norm']:.6g}, composite ‖P‖₂ "
+        f"{head['composite_spectral_norm_at_depth']:.6g}, composite Amax forward {head['composite_forward_amax']:.4g} "
+        f"/ backward {head['composite_backward_amax']:.4g}, largest ‖H − I‖_F "
+        f"{max(result['identity_distance']['mean']):.4g}"
+    )
+    print(f"Report: {out / REPORT_NAME}")
+    return 0
 
 
 def _checkpoint(args: argparse.Namespace) -> int:

@@ -55,7 +55,7 @@ def write_json(path: Path, obj: dict[str, Any]) -> Path:
     return Path(path)
 
 
-def _write_text(path: Path, text: str) -> Path:
+def write_text(path: Path, text: str) -> Path:
     atomic_write_text(Path(path), text)
     return Path(path)
 
@@ -76,14 +76,14 @@ def _fmt(value: Any) -> str:
     return f"{value:.4g}"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"
     lines = ["| " + " | ".join(header) + " |", rule]
     lines += ["| " + " | ".join(c if isinstance(c, str) else _fmt(c) for c in row) + " |" for row in rows]
     return lines
 
 
-def _figures(out: Path, summaries: dict[str, dict[str, Any]], with_streams: bool) -> dict[str, Path]:
+def write_figures(out: Path, summaries: dict[str, dict[str, Any]], with_streams: bool) -> dict[str, Path]:
     """The per-family figures into ``out``; {} without matplotlib."""
     if not plots.have_matplotlib():
         return {}
@@ -110,7 +110,7 @@ FIGURE_CAPTIONS = {
 }
 
 
-def _figure_lines(figures: dict[str, Path], relative_to: Path) -> list[str]:
+def figure_lines(figures: dict[str, Path], relative_to: Path) -> list[str]:
     if not figures:
         return ["(Figures need matplotlib: `pip install 's2hc[plot]'`.)", ""]
     lines = []
@@ -120,17 +120,17 @@ def _figure_lines(figures: dict[str, Path], relative_to: Path) -> list[str]:
     return lines
 
 
-def _guarantee_lines(summary: dict[str, Any]) -> list[str]:
+def guarantee_lines(summary: dict[str, Any]) -> list[str]:
     checks = summary.get("guarantees")
     if checks is None:
         return []
     if not checks:
         return ["The family claims no guarantee on H_res (nothing to check).", ""]
     rows = [[c["property"], c["measured"], c["tolerance"], c["holds"]] for c in checks]
-    return _table(["claimed property", "measured worst deviation", "tolerance", "holds"], rows) + [""]
+    return table(["claimed property", "measured worst deviation", "tolerance", "holds"], rows) + [""]
 
 
-def _layer_lines(summary: dict[str, Any]) -> list[str]:
+def layer_lines(summary: dict[str, Any]) -> list[str]:
     sim = summary.get("stream_similarity") or {}
     off = sim.get("offdiagonal")
     rows = []
@@ -152,10 +152,10 @@ def _layer_lines(summary: dict[str, Any]) -> list[str]:
     header = ["connection", "row-sum err max", "col-sum err max", "col-sum err p99", "‖H‖₂ max",
               "deviation σ (mean)", "‖H − I‖_F mean", "negative share", "Σ H_pre mean", "Σ H_post mean",
               "stream cosine mean"]
-    return _table(header, rows) + [""]
+    return table(header, rows) + [""]
 
 
-def _depth_lines(summary: dict[str, Any]) -> list[str]:
+def depth_lines(summary: dict[str, Any]) -> list[str]:
     rows = []
     for i in range(summary["depth"]):
         rows.append([
@@ -169,7 +169,7 @@ def _depth_lines(summary: dict[str, Any]) -> list[str]:
         ])
     header = ["connections composed", "‖P‖₂ max", "forward Amax max", "backward Amax max", "col-sum err max",
               "column sum min", "column sum max"]
-    return _table(header, rows) + [""]
+    return table(header, rows) + [""]
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
@@ -243,7 +243,7 @@ def diagnose_checkpoint(
         result = _nothing_to_measure(path, model, config)
         if out is not None:
             write_json(out / JSON_NAME, result)
-            _write_text(out / REPORT_NAME, _nothing_report(result))
+            write_text(out / REPORT_NAME, _nothing_report(result))
         return result
     target = resolve_device(device)
     model = model.to(target)
@@ -271,11 +271,11 @@ def diagnose_checkpoint(
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / JSON_NAME, result)
-        figures = _figures(out, {result["family"]: summary}, with_streams=True)
+        figures = write_figures(out, {result["family"]: summary}, with_streams=True)
         history = _history_figure(path.parent, out)
         if history:
             figures["training_history"] = history
-        _write_text(out / REPORT_NAME, _checkpoint_report(result, figures, out))
+        write_text(out / REPORT_NAME, _checkpoint_report(result, figures, out))
     return result
 
 
@@ -312,7 +312,7 @@ def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Pa
     lines = [
         f"# s2hc diagnose: `{result['checkpoint']}`",
         "",
-        f"Family `{result['family']}`{_options(result.get('family_options'))}, "
+        f"Family `{result['family']}`{options_text(result.get('family_options'))}, "
         f"n = {result['n_streams']} streams, preset "
         f"`{result['preset']}` ({result['n_layers']} layers, {result['depth']} connections). Measured on "
         f"{result['tokens']:,} token positions of the validation split of `{result['data']}` (windows of "
@@ -321,7 +321,7 @@ def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Pa
         "## Summary",
         "",
     ]
-    lines += _table(["measurement", "worst over layers and tokens"], [
+    lines += table(["measurement", "worst over layers and tokens"], [
         ["row-sum error of H_res", head["row_sum_error"]],
         ["column-sum error of H_res", head["col_sum_error"]],
         ["spectral norm of H_res", head["spectral_norm"]],
@@ -332,21 +332,21 @@ def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Pa
         ["cumulative column sum (largest)", head["cumulative_column_sum_max"]],
         ["mean cosine between the output streams", head.get("stream_similarity_output_mean")],
     ]) + [""]
-    lines += ["## Guarantees of the family, measured", ""] + _guarantee_lines(result)
+    lines += ["## Guarantees of the family, measured", ""] + guarantee_lines(result)
     lines += ["## Per connection", "", "Errors and norms are the worst over tokens unless marked mean.", ""]
-    lines += _layer_lines(result)
+    lines += layer_lines(result)
     lines += [
         "## Across depth",
         "",
         "P = H_l ⋯ H_0: the residual path through the first l + 1 connections, per token.",
         "",
     ]
-    lines += _depth_lines(result)
-    lines += ["## Figures", ""] + _figure_lines(figures, out)
+    lines += depth_lines(result)
+    lines += ["## Figures", ""] + figure_lines(figures, out)
     return "\n".join(lines)
 
 
-def _options(options: dict | None) -> str:
+def options_text(options: dict | None) -> str:
     return f" ({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else ""
 
 
@@ -404,12 +404,12 @@ def diagnose_synthetic(
         out = Path(out).expanduser()
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / JSON_NAME, result)
-        figures = _figures(out, summaries, with_streams=False)
+        figures = write_figures(out, summaries, with_streams=False)
         if sweep_rows and plots.have_matplotlib():
             figures["logit_scale_sweep"] = plots.plot_logit_scale_sweep(
                 sweep_rows, out / plots.FIGURES["logit_scale_sweep"]
             )
-        _write_text(out / REPORT_NAME, _synthetic_report(result, summaries, figures, out))
+        write_text(out / REPORT_NAME, _synthetic_report(result, summaries, figures, out))
     return result
 
 
@@ -424,7 +424,7 @@ def synthetic_table(summaries: dict[str, dict[str, Any]]) -> list[str]:
     header = ["family", "col-sum err (1 layer)", "column sum max (1 layer)", "‖H‖₂ max", "‖P_L‖₂ max",
               "composite fwd Amax", "composite bwd Amax", "cumulative column sum max", "composite col-sum err",
               "negative share"]
-    return _table(header, rows)
+    return table(header, rows)
 
 
 def _synthetic_report(result: dict[str, Any], summaries: dict[str, dict[str, Any]], figures: dict[str, Path],
@@ -442,7 +442,7 @@ def _synthetic_report(result: dict[str, Any], summaries: dict[str, dict[str, Any
     lines += synthetic_table(summaries) + [""]
     lines += ["## Guarantees claimed, measured", ""]
     for family, s in summaries.items():
-        lines += [f"`{family}`:", ""] + _guarantee_lines(s)
+        lines += [f"`{family}`:", ""] + guarantee_lines(s)
     if result["logit_scale_sweep"]:
         lines += [
             "## Against the logit scale",
@@ -461,8 +461,8 @@ def _synthetic_report(result: dict[str, Any], summaries: dict[str, dict[str, Any
                     for e in entries
                 ]
             )
-        lines += _table(["family"] + [f"S = {s:g}" for s in scales], rows) + [""]
-    lines += ["## Figures", ""] + _figure_lines(figures, out)
+        lines += table(["family"] + [f"S = {s:g}" for s in scales], rows) + [""]
+    lines += ["## Figures", ""] + figure_lines(figures, out)
     return "\n".join(lines)
 
 
@@ -504,8 +504,8 @@ def compare_section(out: Path, results: dict[str, list], data: str = "embedded",
             "",
         ]
         lines += synthetic_table(summaries) + [""]
-        figures = _figures(out / "diagnostics", summaries, with_streams=True)
-        lines += _figure_lines(figures, out)
+        figures = write_figures(out / "diagnostics", summaries, with_streams=True)
+        lines += figure_lines(figures, out)
     if links:
         lines += ["Per-run reports: " + ", ".join(links), ""]
     lines += notes + ([""] if notes else [])

@@ -1,0 +1,376 @@
+"""``s2hc diagnose --static``: the input-independent part of every residual matrix, read from safetensors alone.
+
+A connection's matrices are functions of its biases plus a term driven by the token (``α · d``, ``d`` the
+projection of the normalised streams). With ``d = 0`` (the streams set to zero, whose RMS norm is zero) only the
+biases remain: the matrices a checkpoint would apply to a token it has no opinion about. They tell, without
+data, without a GPU and without loading the model, how far each layer's mixing sits from the identity, whether
+it amplifies anything, and what the product over depth does.
+
+Two layouts are recognised, by tensor name (any prefix before them, e.g. ``model.``):
+
+- s2hc (``s2hc export``): ``blocks.L.attn_hc.*`` and ``blocks.L.mlp_hc.*``; the family and its options come
+  from ``config.json`` beside the weights (its ``s2hc`` entry).
+- DeepSeek-V4: transformers' ``layers.L.attn_hc.{base,scale}`` / ``layers.L.ffn_hc.*`` and ``hc_head.hc_base``,
+  or the released checkpoints' ``layers.L.hc_attn_base`` / ``hc_ffn_*`` / ``hc_head_base``; ``hc_mult`` follows
+  from ``base``'s length (``2n + n²``), ``hc_sinkhorn_iters`` and ``hc_eps`` from ``config.json`` when present
+  (else transformers' defaults, 20 and 1e-6). ``H_res`` is reported as applied, ``combᵀ``
+  (:mod:`s2hc.hf.deepseek_v4`).
+
+Only the tensors the static matrices need are read (biases and scales; not the projections, whose term is
+zero here, nor anything else): a sharded checkpoint's index says which shards hold them, and only those are
+opened, lazily (``safetensors.safe_open``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..connection import HyperConnection, HyperHead
+from ..hf.deepseek_v4 import connection_from_hf
+from ..models import ModelConfig
+from . import report as reports
+from .summary import summarize
+
+__all__ = ["StaticCheckpoint", "diagnose_static", "read_static", "static_matrices", "write_static"]
+
+INDEX = "model.safetensors.index.json"
+JSON_NAME = "static.json"
+S2HC = "s2hc"
+DEEPSEEK_V4 = "deepseek-v4"
+# s2hc: every tensor of a connection but the token-driven ones (the projection and the norm before it).
+_S2HC_KEY = re.compile(r"^(?P<prefix>.*?)blocks\.(?P<layer>\d+)\.(?P<sublayer>attn|mlp)_hc\.(?P<param>.+)$")
+_S2HC_DYNAMIC = ("projection", "norm_weight")
+_DSV4_KEYS = (
+    re.compile(r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.(?P<sublayer>attn|ffn)_hc\.(?P<param>base|scale)$"),
+    re.compile(r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.hc_(?P<sublayer>attn|ffn)_(?P<param>base|scale)$"),
+)
+_DSV4_HEAD = re.compile(r"^(?P<prefix>.*?)hc_head(?:\.hc_|_)(?P<param>base|scale)$")
+_DSV4_ANY = re.compile(r"(?:^|\.)(?:(?:attn|ffn)_hc\.|hc_(?:attn|ffn)_|hc_head[._])")
+_LOOKED_FOR = ("s2hc's blocks.L.{attn,mlp}_hc.*, DeepSeek-V4's layers.L.{attn,ffn}_hc.{base,scale}, "
+               "layers.L.hc_{attn,ffn}_{base,scale}")
+
+
+@dataclass
+class StaticCheckpoint:
+    """The hyper-connections of a checkpoint, rebuilt from their stored biases.
+
+    ``connections``: ``(name, HyperConnection)`` in depth order (per layer the attention's, then the MLP's),
+    float64, their token-driven parameters left at zero; ``head``: DeepSeek-V4's ``HyperHead`` or None.
+    ``tensors_read``: the names of the tensors read, ``files``: the safetensors files opened.
+    """
+
+    source: str
+    layout: str
+    family: str
+    n_streams: int
+    family_options: dict[str, Any]
+    connections: list[tuple[str, HyperConnection]]
+    head: HyperHead | None = None
+    tensors_read: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+
+    @property
+    def transposed(self) -> bool:
+        return bool(self.family_options.get("transpose_res", False))
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+
+def _safetensors_files(path: Path) -> tuple[dict[str, Path] | None, list[Path], Path]:
+    """``(weight_map, files, directory)``: a sharded checkpoint's name -> shard map (None without an index),
+    the safetensors files, and the directory holding ``config.json``."""
+    if path.is_file():
+        if path.name == INDEX:
+            path = path.parent
+        elif path.suffix == ".safetensors":
+            return None, [path], path.parent
+        else:
+            raise ValueError(f"{str(path)!r} is not a .safetensors file, a {INDEX} or a directory holding them")
+    if not path.is_dir():
+        raise ValueError(f"{str(path)!r} does not exist; give a .safetensors file or a directory holding them")
+    index = path / INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise ValueError(f"{str(index)!r} is not a safetensors index with a weight_map ({error})") from None
+        files = {name: path / shard for name, shard in weight_map.items()}
+        return files, sorted(set(files.values())), path
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{str(path)!r} holds no .safetensors file and no {INDEX}")
+    return None, files, path
+
+
+def _read(weight_map: dict[str, Path] | None, files: list[Path], wanted) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """The tensors whose names ``wanted(name)`` accepts, read one by one; the files opened."""
+    from safetensors import SafetensorError, safe_open
+
+    if weight_map is not None:  # only the shards that hold wanted tensors are opened
+        names_by_file: dict[Path, list[str]] = {}
+        for name, shard in weight_map.items():
+            if wanted(name):
+                names_by_file.setdefault(shard, []).append(name)
+    else:
+        names_by_file = {file: None for file in files}
+    tensors, opened = {}, []
+    for file, names in names_by_file.items():
+        try:
+            with safe_open(str(file), framework="pt") as handle:
+                opened.append(str(file))
+                for name in names if names is not None else [k for k in handle.keys() if wanted(k)]:  # noqa: SIM118
+                    tensors[name] = handle.get_tensor(name)
+        except (OSError, SafetensorError) as error:
+            raise ValueError(f"cannot read {str(file)!r}: {error}") from None
+    return tensors, opened
+
+
+def _config(directory: Path) -> dict[str, Any]:
+    path = directory / "config.json"
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"cannot read {str(path)!r}: {error}") from None
+    return config if isinstance(config, dict) else {}
+
+
+def _wanted(name: str) -> bool:
+    s2hc = _S2HC_KEY.match(name)
+    if s2hc:
+        return s2hc["param"] not in _S2HC_DYNAMIC
+    return any(pattern.match(name) for pattern in (*_DSV4_KEYS, _DSV4_HEAD))
+
+
+# ------------------------------------------------------------------------------------------------ layouts
+
+
+def _s2hc_connections(source: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
+    settings = config.get("s2hc")
+    if not isinstance(settings, dict):
+        raise ValueError(f"{source!r} has s2hc hyper-connection tensors but no config.json with an 's2hc' entry "
+                         "beside them (an `s2hc export` directory has one); the family cannot be known without it")
+    model = ModelConfig.from_dict(settings)
+    grouped: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for name, tensor in tensors.items():
+        key = _S2HC_KEY.match(name)
+        grouped.setdefault((int(key["layer"]), key["sublayer"]), {})[key["param"]] = tensor
+    connections = []
+    for layer in range(model.n_layers):
+        for sublayer in ("attn", "mlp"):
+            state = grouped.pop((layer, sublayer), None)
+            name = f"blocks.{layer}.{sublayer}_hc"
+            if state is None:
+                raise ValueError(f"{source!r}: the hyper-connection tensors of {name} are missing "
+                                 f"(config.json says {model.n_layers} layers of family {model.family!r})")
+            connection = HyperConnection(1, model.n_streams, family=model.family, layer_index=layer,
+                                         **model.family_options).double()
+            _load(connection, state, name, source)
+            connections.append((name, connection))
+    if grouped:
+        extra = sorted(f"blocks.{layer}.{sublayer}_hc" for layer, sublayer in grouped)
+        raise ValueError(f"{source!r} has hyper-connection tensors of {extra}, beyond the {model.n_layers} layers "
+                         "of its config.json")
+    return model.family, model.n_streams, dict(model.family_options), connections
+
+
+def _load(connection: HyperConnection, state: dict[str, torch.Tensor], name: str, source: str) -> None:
+    """Load ``state`` (all but the token-driven tensors) into ``connection``; ValueError naming what differs."""
+    expected = {k: tuple(v.shape) for k, v in connection.state_dict().items() if k not in _S2HC_DYNAMIC}
+    for key, shape in expected.items():
+        if key not in state:
+            raise ValueError(f"{source!r}: tensor {name}.{key} is missing (expected shape {shape})")
+        if tuple(state[key].shape) != shape:
+            raise ValueError(f"{source!r}: tensor {name}.{key} has shape {tuple(state[key].shape)}, expected {shape} "
+                             f"(n_streams={connection.n_streams}, family {connection.family!r})")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise ValueError(f"{source!r}: unexpected tensor(s) {[f'{name}.{k}' for k in unexpected]} for family "
+                         f"{connection.family!r}")
+    connection.load_state_dict({k: v.double() for k, v in state.items()}, strict=False)
+
+
+def _streams_of(base: torch.Tensor, name: str, source: str) -> int:
+    """``n`` from ``base`` ``(2n + n²,)``."""
+    size = base.numel()
+    n = round(-1 + (1 + size) ** 0.5)
+    if base.dim() != 1 or n < 1 or n * n + 2 * n != size:
+        raise ValueError(f"{source!r}: tensor {name} has shape {tuple(base.shape)}; DeepSeek-V4's base is (2n + n²,)")
+    return n
+
+
+def _deepseek_connections(source: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
+    grouped: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    head: dict[str, torch.Tensor] = {}
+    names: dict[tuple[int, str], str] = {}
+    for name, tensor in tensors.items():
+        match = next((m for m in (p.match(name) for p in _DSV4_KEYS) if m), None)
+        if match:
+            sublayer = "attn" if match["sublayer"] == "attn" else "ffn"
+            grouped.setdefault((int(match["layer"]), sublayer), {})[match["param"]] = tensor
+            names[(int(match["layer"]), sublayer)] = name.rsplit(".", 1)[0] if "_hc." in name else name
+        else:
+            head[_DSV4_HEAD.match(name)["param"]] = tensor
+    if not grouped:
+        raise ValueError(f"{source!r} has a DeepSeek-V4 hyper-head but no connection tensors")
+    first = min(grouped)
+    if "base" not in grouped[first]:
+        raise ValueError(f"{source!r}: layer {first[0]}'s {first[1]} connection has no base tensor")
+    n = _streams_of(grouped[first]["base"], f"layers.{first[0]}.{first[1]}_hc.base", source)
+    hf_config = {"hidden_size": 1, "hc_mult": n, "hc_sinkhorn_iters": config.get("hc_sinkhorn_iters", 20),
+                 "hc_eps": config.get("hc_eps", 1e-6), "rms_norm_eps": config.get("rms_norm_eps", 1e-6)}
+    if config.get("hc_mult", n) != n:
+        raise ValueError(f"{source!r}: config.json says hc_mult={config['hc_mult']}, but base has {n} streams")
+    connections = []
+    layers = sorted({layer for layer, _ in grouped})
+    for layer in layers:
+        for sublayer in ("attn", "ffn"):
+            state = grouped.get((layer, sublayer))
+            name = f"layers.{layer}.{sublayer}_hc"
+            if state is None or set(state) != {"base", "scale"}:
+                have = sorted(state or {})
+                raise ValueError(f"{source!r}: {name} needs base and scale, found {have}")
+            state = {"fn": torch.zeros((2 + n) * n, n, dtype=torch.float64),  # the token-driven term: zero here
+                     **{k: v.double() for k, v in state.items()}}
+            try:
+                connection = connection_from_hf(hf_config, state, layer_index=layer).double()
+            except ValueError as error:
+                raise ValueError(f"{source!r}: {name}: {error}") from None
+            connections.append((name, connection))
+    hyper_head = None
+    if head:
+        hyper_head = HyperHead(1, n, eps=hf_config["rms_norm_eps"], hc_eps=hf_config["hc_eps"]).double()
+        if set(head) != {"base", "scale"} or tuple(head["base"].shape) != (n,) or head["scale"].numel() != 1:
+            raise ValueError(f"{source!r}: hc_head needs base ({n},) and scale (1,), found "
+                             f"{ {k: tuple(v.shape) for k, v in head.items()} }")
+        hyper_head.bias.copy_(head["base"].double())
+        hyper_head.alpha.copy_(head["scale"].double().reshape(1))
+    options = {"variant": DEEPSEEK_V4, "iterations": hf_config["hc_sinkhorn_iters"], "hc_eps": hf_config["hc_eps"]}
+    return "mhc", n, options, connections, hyper_head
+
+
+@torch.no_grad()
+def read_static(path: str | Path) -> StaticCheckpoint:
+    """The hyper-connections stored in ``path`` (a ``.safetensors`` file, a directory of them, or a sharded
+    checkpoint's directory or index), rebuilt from their biases; see the module docstring for the layouts.
+    ValueError (one sentence) for a missing or unreadable path, no hyper-connection tensors, a missing
+    ``config.json`` for the s2hc layout, or tensors of the wrong shape."""
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        raise ValueError("reading safetensors needs the safetensors package (pip install 's2hc[hf]')") from None
+    source = str(path)
+    weight_map, files, directory = _safetensors_files(Path(path).expanduser())
+    tensors, opened = _read(weight_map, files, _wanted)
+    if not tensors:
+        raise ValueError(f"{source!r} holds no hyper-connection tensors (looked for {_LOOKED_FOR}); a residual "
+                         "model has none")
+    config = _config(directory)
+    head = None
+    if any(_S2HC_KEY.match(name) for name in tensors):
+        family, n, options, connections = _s2hc_connections(source, tensors, config)
+        layout = S2HC
+    else:
+        family, n, options, connections, head = _deepseek_connections(source, tensors, config)
+        layout = DEEPSEEK_V4
+    return StaticCheckpoint(source=source, layout=layout, family=family, n_streams=n, family_options=options,
+                            connections=connections, head=head, tensors_read=sorted(tensors), files=opened)
+
+
+@torch.no_grad()
+def static_matrices(checkpoint: StaticCheckpoint) -> dict[str, torch.Tensor]:
+    """Every connection's matrices at ``d = 0``, float64: ``pre`` ``(L, n)``, ``post`` ``(L, n)``, ``res``
+    ``(L, n, n)`` (as applied, ``X' = res X``), and ``head`` ``(n,)`` when there is a hyper-head."""
+    zero = torch.zeros(1, 1, checkpoint.n_streams, 1, dtype=torch.float64)
+    pre, post, res = zip(*(c.coefficients(zero) for _, c in checkpoint.connections))
+    out = {"pre": torch.cat(pre).flatten(0, 1), "post": torch.cat(post).flatten(0, 1),
+           "res": torch.cat(res).flatten(0, 1)}
+    if checkpoint.head is not None:
+        out["head"] = checkpoint.head.weights(zero)[0, 0]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def diagnose_static(path: str | Path, out: str | Path | None = None) -> dict[str, Any]:
+    """Measure the static matrices of ``path`` (:func:`read_static`, :func:`static_matrices`) with every
+    measurement of :func:`s2hc.diagnostics.summary.summarize` (one "token": the biases alone). With ``out``,
+    writes ``out/static.json``, the figures and ``out/report.md`` (only after the checkpoint was read).
+    Returns the JSON object: ``kind`` ("static"), ``source``, ``layout``, ``family``, ``n_streams``,
+    ``family_options``, ``tensors_read``, ``files``, ``head_weights`` (DeepSeek-V4's hyper-head, or None),
+    ``matrices`` (``pre``, ``post``, ``res`` as nested lists) and the summary's keys."""
+    checkpoint = read_static(path)
+    matrices = static_matrices(checkpoint)
+    names = [name for name, _ in checkpoint.connections]
+    summary = summarize(matrices["res"][:, None], matrices["pre"][:, None], matrices["post"][:, None], names=names,
+                        family=checkpoint.family, transposed=checkpoint.transposed)
+    result = {
+        "kind": "static",
+        "source": checkpoint.source,
+        "layout": checkpoint.layout,
+        "family": checkpoint.family,
+        "n_streams": checkpoint.n_streams,
+        "family_options": checkpoint.family_options,
+        "tensors_read": len(checkpoint.tensors_read),
+        "files": checkpoint.files,
+        "head_weights": matrices["head"].tolist() if "head" in matrices else None,
+        "matrices": {key: matrices[key].tolist() for key in ("pre", "post", "res")},
+        **summary,
+    }
+    if out is not None:
+        write_static(result, out)
+    return result
+
+
+def write_static(result: dict[str, Any], out: str | Path) -> Path:
+    """Write :func:`diagnose_static`'s ``result`` into ``out``: ``static.json``, the figures, ``report.md``."""
+    out = Path(out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    reports.write_json(out / JSON_NAME, result)
+    figures = reports.write_figures(out, {result["family"]: result}, with_streams=False)
+    reports.write_text(out / reports.REPORT_NAME, _report(result, figures, out))
+    return out
+
+
+def _report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
+    head = result["headline"]
+    lines = [
+        f"# s2hc diagnose --static: `{result['source']}`",
+        "",
+        f"Family `{result['family']}`{reports.options_text(result['family_options'])} ({result['layout']} "
+        f"layout), n = {result['n_streams']} streams, {result['depth']} connections. The matrices at d = 0: the "
+        f"biases alone, what every connection applies before any token moves it ({result['tensors_read']} "
+        f"tensors read from {len(result['files'])} file(s), no model built). The numbers: [`{JSON_NAME}`]"
+        f"({JSON_NAME}).",
+        "",
+        "## Summary",
+        "",
+    ]
+    lines += reports.table(["measurement", "worst over connections"], [
+        ["row-sum error of H_res", head["row_sum_error"]],
+        ["column-sum error of H_res", head["col_sum_error"]],
+        ["spectral norm of H_res", head["spectral_norm"]],
+        ["smallest deviation singular value", head["smallest_deviation_singular_value_mean"]],
+        [f"spectral norm of the composite of all {result['depth']}", head["composite_spectral_norm_at_depth"]],
+        ["composite forward Amax gain (any depth)", head["composite_forward_amax"]],
+        ["composite backward Amax gain (any depth)", head["composite_backward_amax"]],
+        ["cumulative column sum (largest)", head["cumulative_column_sum_max"]],
+    ]) + [""]
+    if result["head_weights"] is not None:
+        weights = ", ".join(f"{w:.4g}" for w in result["head_weights"])
+        lines += [f"Hyper-head stream weights at d = 0: {weights}.", ""]
+    lines += ["## Guarantees of the family, measured", ""] + reports.guarantee_lines(result)
+    lines += ["## Per connection", ""] + reports.layer_lines(result)
+    lines += ["## Across depth", "", "P = H_l ⋯ H_0: the static residual path through the first l + 1 connections.",
+              ""] + reports.depth_lines(result)
+    lines += ["## Figures", ""] + reports.figure_lines(figures, out)
+    return "\n".join(lines)
