@@ -429,3 +429,36 @@ def test_variant_mixer_float64_gradcheck():
     randomize_(mixer, torch.Generator().manual_seed(0), 0.5)
     d = torch.randn(2, 9, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).requires_grad_()
     assert torch.autograd.gradcheck(lambda d, a, b: mixer(d), (d, mixer.alpha, mixer.bias))
+
+
+def test_a_model_reduces_its_streams_with_deepseeks_head(tmp_path):
+    """``stream_reduce="head"``: the model's final reduction is a HyperHead, loaded from transformers' head it
+    computes what ``DeepseekV4HyperHead`` computes before the final norm; at initialisation it is half the sum
+    (the final norm sees the sum's direction); it learns; it exports; a residual model refuses it."""
+    from s2hc.hf import S2HCForCausalLM
+    from s2hc.hf.export import from_s2hc
+    from s2hc.models import ModelConfig, Transformer
+
+    shape = dict(vocab_size=64, dim=DIM, n_layers=2, n_heads=2, ffn_dim=32, family="mhc", n_streams=N,
+                 family_options={"variant": "deepseek-v4", "hc_eps": 1e-4})
+    torch.manual_seed(0)
+    summed = Transformer(ModelConfig(**shape))
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(**shape, stream_reduce="head"))
+    ids = torch.randint(0, 64, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():  # half the sum, which the final RMSNorm (eps 1e-6) does not see but through its eps
+        torch.testing.assert_close(model(ids), summed(ids), atol=1e-3, rtol=1e-3)
+    config = hf_config(hc_eps=1e-4, rms_norm_eps=model.config.norm_eps)
+    theirs = hf_head(config)
+    model.stream_head.load_state_dict(dv4.head_state_from_hf(theirs, DIM, N))
+    x = streams()
+    torch.testing.assert_close(model.reduce_streams(x), theirs(x), **TOL)
+    model(ids).logsumexp(-1).mean().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.stream_head.parameters())
+    assert set(model.stream_head.parameters()) <= set(model.hyper_connection_parameters())
+    from_s2hc(model).save_pretrained(tmp_path)
+    reloaded = S2HCForCausalLM.from_pretrained(tmp_path)
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded.model(ids), model(ids))
+    with pytest.raises(ValueError, match="stream_reduce='head' weighs several streams"):
+        ModelConfig(vocab_size=64, stream_reduce="head")

@@ -1,4 +1,4 @@
-"""``s2hc diagnose --static``: the matrices at d = 0 read from safetensors alone (s2hc/diagnostics/static.py).
+"""``s2hc diagnose --static``: the matrices at d = 0 read from safetensors alone (s2hc/hf/static.py).
 
 The references are independent of the reader: for s2hc's layout, the model's own connections on real streams
 with every ``α`` set to zero (the token-driven term switched off, not the input); for DeepSeek-V4's layout,
@@ -19,8 +19,8 @@ pytest.importorskip("transformers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
 from s2hc.cli import main  # noqa: E402
-from s2hc.diagnostics.static import diagnose_static, read_static, static_matrices  # noqa: E402
 from s2hc.hf.export import from_s2hc  # noqa: E402
+from s2hc.hf.static import diagnose_static, read_static, static_matrices  # noqa: E402
 from s2hc.models import ModelConfig, Transformer  # noqa: E402
 from s2hc.models.upcycle import upcycle_model  # noqa: E402
 
@@ -93,6 +93,18 @@ def test_a_sharded_checkpoint_opens_only_the_shards_that_hold_hyper_connection_t
     single = read_static(save(model, tmp_path / "single"))
     for (_, a), (_, b) in zip(checkpoint.connections, single.connections):
         assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_a_models_hyper_head_is_read_with_its_connections(tmp_path):
+    torch.manual_seed(0)
+    config = ModelConfig(vocab_size=64, **SMALL_MODEL, family="s2hc", n_streams=N, stream_reduce="head")
+    model = Transformer(config)
+    with torch.no_grad():
+        model.stream_head.bias.copy_(torch.tensor([-1.0, 0.0, 0.5, 2.0]))
+    result = diagnose_static(save(model, tmp_path / "head"))
+    expected = torch.sigmoid(torch.tensor([-1.0, 0.0, 0.5, 2.0], dtype=torch.float64)) + 1e-6
+    assert result["head_weights"] == pytest.approx(expected.tolist(), abs=1e-7)
+    assert result["depth"] == 2 * SMALL_MODEL["n_layers"]
 
 
 def test_an_upcycled_model_reads_as_the_upcycling_initialisation(tmp_path):

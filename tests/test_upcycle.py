@@ -60,6 +60,25 @@ def test_the_upcycled_model_computes_the_source_function_in_float32(family, n):
     assert (got - expected).abs().max().item() <= TOLERANCE
 
 
+def test_deepseek_v4_mhc_upcycles_to_within_its_epsilon():
+    """DeepSeek-V4's Sinkhorn divides by (sum + hc_eps), so each H_res keeps the streams' mean only to 1 − hc_eps:
+    over k connections the mean shrinks by about k·hc_eps relative to the branches. Measured in float64 (no
+    rounding): that error and no more; with hc_eps = 0 the variant is as exact as the paper's mhc. H_pre's
+    offset is compensated exactly (its bias is logit(1/n − hc_eps))."""
+    source = source_model().double()
+    ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+    connections = 2 * source.config.n_layers
+    with torch.no_grad():
+        expected = source(ids)
+        paper = upcycle_model(source, "mhc", 4).eval()(ids)
+        exact = upcycle_model(source, "mhc", 4, {"variant": "deepseek-v4", "hc_eps": 0.0}).eval()(ids)
+        default = upcycle_model(source, "mhc", 4, {"variant": "deepseek-v4"}).eval()(ids)
+    assert (exact - expected).abs().max().item() == pytest.approx((paper - expected).abs().max().item(), rel=1e-6)
+    error = (default - expected).abs().max().item()
+    bound = connections * 1e-6 * expected.abs().max().item()
+    assert bound / 10 < error <= bound + TOLERANCE
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_upcycled_model_is_as_close_as_the_source_itself_under_bfloat16(family):
     source = source_model()

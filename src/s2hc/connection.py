@@ -79,9 +79,9 @@ class HyperHead(nn.Module):
         w = σ(α · x̃ W + b) + hc_eps        W ∈ R^{nC × n}, α ∈ R, b ∈ R^n
         out = Σ_s w_s X_s
 
-    An alternative to :func:`reduce_streams` before the final norm; models use the sum, this module is for
-    one's own models and for DeepSeek-V4's weights (:mod:`s2hc.hf.deepseek_v4` converts ``hc_fn``,
-    ``hc_base``, ``hc_scale``). Initialised like the connections: ``W = 0``, ``α = 0.01``, and ``b = 0``
+    An alternative to :func:`reduce_streams` before the final norm: a model's with ``stream_reduce="head"``,
+    one's own models', DeepSeek-V4's (:mod:`s2hc.hf.deepseek_v4` converts ``hc_fn``, ``hc_base``,
+    ``hc_scale``). Initialised like the connections: ``W = 0``, ``α = 0.01``, and ``b = 0``
     (DeepSeek-V4's), so every stream starts with weight ``0.5 + hc_eps``: half the sum, which a following
     RMSNorm turns into the sum's output up to its ``eps``. The weights are computed in at least float32 and
     so is the weighted sum (once per model, as DeepSeek-V4 does), cast back to x's dtype; autocast off.

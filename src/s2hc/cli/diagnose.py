@@ -14,7 +14,6 @@ from pathlib import Path
 
 from ..checks import check_streams
 from ..diagnostics.report import REPORT_NAME, default_out, diagnose_checkpoint, diagnose_synthetic, nothing_message
-from ..diagnostics.static import diagnose_static, write_static
 from ..diagnostics.synthetic import DEFAULT_SWEEP
 from ..io import check_output_dir
 from ..rundir import resolve_checkpoint
@@ -101,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _static(args: argparse.Namespace) -> int:
+    try:
+        from ..hf.static import diagnose_static, write_static
+    except ImportError:
+        return _fail("--static reads safetensors checkpoints with the hf extra: pip install 's2hc[hf]'")
     name = Path(args.checkpoint).expanduser().resolve()
     name = name.stem if name.suffix == ".safetensors" else name.name
     try:

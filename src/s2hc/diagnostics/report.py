@@ -222,6 +222,7 @@ def diagnose_checkpoint(
     cache_dir: str | None = None,
     seq_len: int | None = None,
     batch_size: int | None = None,
+    loaded: tuple[Any, Any] | None = None,
 ) -> dict[str, Any]:
     """Measure a trained model on ``tokens`` positions of the validation split of ``data``.
 
@@ -233,11 +234,13 @@ def diagnose_checkpoint(
     ``data``, ``seed``, ``layers``, ``depth``, ``tokens``, and one key per measurement (see
     :func:`s2hc.diagnostics.summary.summarize`); for a model without stream mixing (``residual``)
     ``nothing_to_measure: true`` with what was ``checked``. ValueError for a missing, corrupt or foreign file.
+    ``loaded``: the ``(model, train_config)`` of ``checkpoint`` when the caller has read it already (it is not
+    read again; the model is moved to ``device``).
     """
     if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
         raise ValueError(f"tokens must be an integer >= 1, got {tokens!r}")
     path = resolve_checkpoint(checkpoint)
-    model, config = load_model(path)
+    model, config = loaded if loaded is not None else load_model(path)
     out = Path(out).expanduser() if out is not None else None
     if not mixing_connections(model):
         result = _nothing_to_measure(path, model, config)

@@ -25,7 +25,7 @@ __all__ = ["ModelConfig", "PRESETS", "get_preset"]
 NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "geglu", "gelu")
 POSITIONS = ("rope", "learned")
-STREAM_REDUCTIONS = ("sum", "mean")
+STREAM_REDUCTIONS = ("sum", "mean", "head")
 # HyperConnection's own keywords (its RMSNorm epsilon; mixing with H_resᵀ), accepted beside the family's options.
 CONNECTION_OPTIONS = ("eps", "transpose_res")
 
@@ -96,7 +96,9 @@ class ModelConfig:
     and ``family_options`` (the family's options, see :func:`s2hc.mixers.options`, plus ``eps``), passed
     to every :class:`s2hc.HyperConnection` of the model. ``stream_reduce``: how the streams become one before
     the final norm, ``"sum"`` (the papers') or ``"mean"`` (the same up to the final norm's ε; upcycled models
-    use it so that they compute exactly what their residual source computes, see :mod:`s2hc.models.upcycle`).
+    use it so that they compute exactly what their residual source computes, see :mod:`s2hc.models.upcycle`),
+    or ``"head"``: a learned per-token weighting, DeepSeek-V4's ``HyperHead`` (:class:`s2hc.HyperHead`, its
+    ``hc_eps`` from ``family_options``, else 1e-6); needs a multi-stream family.
     """
 
     vocab_size: int = 4096
@@ -179,6 +181,9 @@ class ModelConfig:
             raise _fail("family_options", self.family_options, "a dict of the family's options")
         self.family_options = dict(self.family_options)
         if self.family == RESIDUAL:
+            if self.stream_reduce == "head":
+                raise ValueError("stream_reduce='head' weighs several streams; family='residual' has one, so use "
+                                 "'sum' (or choose a multi-stream family)")
             if self.n_streams != 1:
                 raise ValueError(f"n_streams must be 1 for family='residual', got n_streams={self.n_streams}")
             if self.family_options:

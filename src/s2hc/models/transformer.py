@@ -4,7 +4,8 @@ Data flow (``n = config.n_streams``)::
 
     ids (B, T) -> embed (· sqrt(C) for Gemma) [+ learned positions] -> expand_streams -> (B, T, n, C)
       -> per layer: attention sublayer, then MLP sublayer, each  X <- hc(X, branch)
-      -> reduce_streams (sum, or mean: ``stream_reduce``) (B, T, C) -> final norm -> LM head -> logits (B, T, vocab)
+      -> reduce_streams (sum, mean or HyperHead: ``stream_reduce``) (B, T, C) -> final norm -> LM head
+      -> logits (B, T, vocab)
 
 A branch is everything between the connection's read and write: the pre-norm, the sublayer and, with
 ``post_norms`` (Gemma3), the norm on its output. With ``family="residual"`` the model is the plain pre-norm
@@ -33,7 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..connection import HyperConnection, expand_streams, reduce_streams
+from ..connection import HyperConnection, HyperHead, expand_streams, reduce_streams
+from ..mixers.mhc import DEEPSEEK_V4_EPS
 from .config import ModelConfig
 
 __all__ = [
@@ -406,6 +408,10 @@ class Transformer(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.pos_embed = nn.Embedding(config.max_seq_len, config.dim) if config.pos == "learned" else None
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
+        self.stream_head = None
+        if config.stream_reduce == "head":
+            hc_eps = config.family_options.get("hc_eps", DEEPSEEK_V4_EPS)
+            self.stream_head = HyperHead(config.dim, config.n_streams, eps=config.norm_eps, hc_eps=hc_eps)
         self.norm = make_norm(config)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
@@ -468,9 +474,11 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in self.hyper_connection_parameters())
 
     def hyper_connection_parameters(self) -> list[nn.Parameter]:
-        """The parameters of every :class:`s2hc.HyperConnection` (empty for ``family="residual"``), e.g. for
-        an optimiser group of their own; :meth:`init_weights` never touches them."""
-        return [p for module in self.modules() if isinstance(module, HyperConnection) for p in module.parameters()]
+        """The parameters of every :class:`s2hc.HyperConnection` and of the :class:`s2hc.HyperHead` (empty for
+        ``family="residual"``), e.g. for an optimiser group of their own; :meth:`init_weights` never touches
+        them."""
+        return [p for module in self.modules() if isinstance(module, (HyperConnection, HyperHead))
+                for p in module.parameters()]
 
     def forward(
         self,
@@ -494,7 +502,10 @@ class Transformer(nn.Module):
         return self.lm_head(self.norm(self.reduce_streams(x)))
 
     def reduce_streams(self, x: torch.Tensor) -> torch.Tensor:
-        """Streams ``(B, T, n, C)`` -> ``(B, T, C)``: their sum, or their mean with ``stream_reduce="mean"``."""
+        """Streams ``(B, T, n, C)`` -> ``(B, T, C)``: their sum, their mean with ``stream_reduce="mean"``, or
+        the :class:`s2hc.HyperHead`'s weighted sum with ``stream_reduce="head"``."""
+        if self.stream_head is not None:
+            return self.stream_head(x)
         reduced = reduce_streams(x)
         return reduced / x.shape[-2] if self.config.stream_reduce == "mean" else reduced
 

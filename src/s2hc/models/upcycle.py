@@ -25,8 +25,6 @@ streams' sum the residual stream's.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .. import mixers
@@ -69,16 +67,19 @@ def check_upcyclable(family: str, argument: str = "--family") -> str:
     return family
 
 
-def upcycling_biases(n_streams: int, layer_index: int, spread: float = DEFAULT_SPREAD) -> tuple[torch.Tensor, ...]:
+def upcycling_biases(n_streams: int, layer_index: int, spread: float = DEFAULT_SPREAD,
+                     pre_offset: float = 0.0) -> tuple[torch.Tensor, ...]:
     """``(bias_pre, bias_post)`` ``(n,)`` of a sigmoid-gated connection: ``H_pre = 1/n`` for every stream,
-    ``H_post = 1 + spread`` at stream ``layer_index mod n`` and ``1 − spread/(n − 1)`` elsewhere (sum ``n``)."""
+    ``H_post = 1 + spread`` at stream ``layer_index mod n`` and ``1 − spread/(n − 1)`` elsewhere (sum ``n``).
+    ``pre_offset``: a constant the connection adds to ``H_pre`` after its gate (DeepSeek-V4's ``hc_eps``), taken
+    off the gate's target so that ``H_pre`` is still ``1/n``."""
     if not 0 < spread < 1:
         raise ValueError(f"spread must be in (0, 1) (so that every H_post lies in (0, 2)), got {spread!r}")
     n = n_streams
     post = torch.full((n,), 1.0 - spread / (n - 1), dtype=torch.float64)
     post[layer_index % n] = 1.0 + spread
-    pre = torch.full((n,), -math.log(n - 1), dtype=torch.float64)  # logit(1/n)
-    return pre.float(), torch.logit(post / 2).float()  # H_post = 2·sigmoid(b)
+    pre = torch.full((n,), 1.0 / n - pre_offset, dtype=torch.float64)
+    return torch.logit(pre).float(), torch.logit(post / 2).float()  # H_pre = σ(b) + offset, H_post = 2·σ(b)
 
 
 def upcycle_model(source: Transformer, family: str, n_streams: int, family_options: dict | None = None,
@@ -106,7 +107,7 @@ def upcycle_model(source: Transformer, family: str, n_streams: int, family_optio
     with torch.no_grad():
         for module in target.modules():
             if isinstance(module, HyperConnection) and not module.is_residual:
-                pre, post = upcycling_biases(n_streams, module.layer_index, spread)
+                pre, post = upcycling_biases(n_streams, module.layer_index, spread, module.mixer.pre_offset)
                 module.projection.zero_()
                 module.bias_pre.copy_(pre)
                 module.bias_post.copy_(post)

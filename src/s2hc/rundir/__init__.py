@@ -14,6 +14,7 @@ from .checkpoint import (
     checkpoint_paths,
     load_checkpoint,
     load_model,
+    model_from_payload,
     resolve_checkpoint,
     saved_step,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "holds_run",
     "load_checkpoint",
     "load_model",
+    "model_from_payload",
     "open_run_directory",
     "read_config",
     "read_metrics",

@@ -273,7 +273,11 @@ def load_checkpoint(
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu"):
     """``(model, train_config)`` rebuilt from the configuration stored in a checkpoint, weights loaded."""
-    payload = load_checkpoint(path, map_location)
+    return model_from_payload(load_checkpoint(path, map_location))
+
+
+def model_from_payload(payload: dict[str, Any]):
+    """``(model, train_config)`` from what :func:`load_checkpoint` returned (with the model's weights)."""
     model = Transformer(ModelConfig.from_dict(payload["model_config"]))
     try:
         model.load_state_dict(payload["model"])

@@ -26,11 +26,12 @@ from ..data.tokenizer import get_tokenizer
 from ..diagnostics import diagnose_checkpoint, mixing_connections
 from ..mixers.orthomaps import Rotation
 from ..models import Transformer
-from ..rundir import checkpoint_paths, load_checkpoint, load_model, read_config, read_metrics
+from ..rundir import checkpoint_paths, load_checkpoint, model_from_payload, read_config, read_metrics
 from ..rundir.metrics import final_train_loss
+from ..train.init import load_initial_weights
 from .spec import Configuration
 
-ROW_VERSION = 1  # rows of another version are measured again from their run directories
+ROW_VERSION = 2  # rows of another version are measured again from their run directories
 # Kept per layer from the trained model's diagnostics: what the report's tables and figures read.
 DIAGNOSTIC_KEYS = {
     "deviation_singular_values": ("mean", "p10", "p90"),
@@ -123,7 +124,8 @@ def rotation_probe(trained: Transformer, config: TrainConfig, batch) -> dict[str
     to 1 keeps the sum. Neither connection's rotations can change the model's output: their gradient is zero in
     exact arithmetic and what float32 computes is rounding noise. Measured per connection
     (depth order): ``drift`` (norm of trained − initial rotation parameters; the initial model is rebuilt from
-    the seed exactly as training built it), ``grad_init_fp32`` / ``grad_init_fp64`` and ``grad_final_fp32`` /
+    the seed exactly as training built it, and loaded from ``init_from`` when the run started from another
+    run's weights), ``grad_init_fp32`` / ``grad_init_fp64`` and ``grad_final_fp32`` /
     ``grad_final_fp64`` (gradient norms on one validation batch at initialisation and after training, the model
     in float32 and float64: a gradient that is rounding noise is orders of magnitude smaller in float64).
     None for families without rotations.
@@ -133,6 +135,8 @@ def rotation_probe(trained: Transformer, config: TrainConfig, batch) -> dict[str
         return None
     torch.manual_seed(config.seed)  # as training seeded the initial weights
     initial = Transformer(trained.config)
+    if config.init_from:  # a run that started from another one's weights (upcycled or continued)
+        load_initial_weights(initial, config.init_from)
     drift = []
     for (_, hc), (_, hc0) in zip(connections, mixing_connections(initial)):
         trained_params, initial_params = _rotation_parameters(hc), _rotation_parameters(hc0)
@@ -147,11 +151,10 @@ def rotation_probe(trained: Transformer, config: TrainConfig, batch) -> dict[str
     }, digits=4)
 
 
-def _timing(run_dir: Path, records: list[dict], tokens_per_step: int) -> dict[str, float | None]:
-    """Tokens/s from the median step time (every step's time is in the checkpoint; the logged ones otherwise)."""
-    times: list[float] = []
-    if checkpoint_paths(run_dir):
-        times = list(load_checkpoint(run_dir, with_model=False)["history"]["step_times"])
+def _timing(payload: dict | None, records: list[dict], tokens_per_step: int) -> dict[str, float | None]:
+    """Tokens/s from the median step time (every step's time is in the checkpoint ``payload``; the logged ones
+    otherwise)."""
+    times = list(payload["history"]["step_times"]) if payload is not None else []
     if not times:
         times = [r["step_time"] for r in records if "step_time" in r]
     if not times:
@@ -189,16 +192,17 @@ def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnost
         "params": None, "hc_params": None, "diagnostics": None, "rotations": None,
     }
     row["val_ppl"] = math.exp(row["val_loss"]) if row["val_loss"] is not None else None
-    if checkpoint_paths(run_dir):
-        model, _ = load_model(run_dir)
+    payload = load_checkpoint(run_dir) if checkpoint_paths(run_dir) else None  # read (and verified) once
+    if payload is not None:
+        model, saved_config = model_from_payload(payload)
         row["params"], row["hc_params"] = model.num_params(), model.num_hc_params()
         if not diverged:
             result = diagnose_checkpoint(run_dir, data=config.data, tokens=diagnostics_tokens,
-                                         out=run_dir / "diagnostics", device=device)
+                                         out=run_dir / "diagnostics", device=device, loaded=(model, saved_config))
             if not result.get("nothing_to_measure"):
                 row["diagnostics"] = compact_diagnostics(result)
-            row["rotations"] = rotation_probe(model.float(), config, _probe_batch(config))
-    row["timing"] = _timing(run_dir, records, tokens_per_step)
+            row["rotations"] = rotation_probe(model.cpu().float(), config, _probe_batch(config))
+    row["timing"] = _timing(payload, records, tokens_per_step)
     row["version"] = ROW_VERSION
     return _round(row)
 

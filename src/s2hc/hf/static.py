@@ -8,8 +8,9 @@ it amplifies anything, and what the product over depth does.
 
 Two layouts are recognised, by tensor name (any prefix before them, e.g. ``model.``):
 
-- s2hc (``s2hc export``): ``blocks.L.attn_hc.*`` and ``blocks.L.mlp_hc.*``; the family and its options come
-  from ``config.json`` beside the weights (its ``s2hc`` entry).
+- s2hc (``s2hc export``): ``blocks.L.attn_hc.*`` and ``blocks.L.mlp_hc.*`` (and ``stream_head.*`` with
+  ``stream_reduce="head"``); the family and its options come from ``config.json`` beside the weights (its
+  ``s2hc`` entry).
 - DeepSeek-V4: transformers' ``layers.L.attn_hc.{base,scale}`` / ``layers.L.ffn_hc.*`` and ``hc_head.hc_base``,
   or the released checkpoints' ``layers.L.hc_attn_base`` / ``hc_ffn_*`` / ``hc_head_base``; ``hc_mult`` follows
   from ``base``'s length (``2n + n²``), ``hc_sinkhorn_iters`` and ``hc_eps`` from ``config.json`` when present
@@ -24,6 +25,7 @@ opened, lazily (``safetensors.safe_open``).
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +34,11 @@ from typing import Any
 import torch
 
 from ..connection import HyperConnection, HyperHead
-from ..hf.deepseek_v4 import connection_from_hf
+from ..diagnostics import report as reports
+from ..diagnostics.summary import summarize
+from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
-from . import report as reports
-from .summary import summarize
+from .deepseek_v4 import connection_from_hf
 
 __all__ = ["StaticCheckpoint", "diagnose_static", "read_static", "static_matrices", "write_static"]
 
@@ -46,12 +49,12 @@ DEEPSEEK_V4 = "deepseek-v4"
 # s2hc: every tensor of a connection but the token-driven ones (the projection and the norm before it).
 _S2HC_KEY = re.compile(r"^(?P<prefix>.*?)blocks\.(?P<layer>\d+)\.(?P<sublayer>attn|mlp)_hc\.(?P<param>.+)$")
 _S2HC_DYNAMIC = ("projection", "norm_weight")
+_S2HC_HEAD = re.compile(r"^(?P<prefix>.*?)stream_head\.(?P<param>bias|alpha)$")  # stream_reduce="head"
 _DSV4_KEYS = (
     re.compile(r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.(?P<sublayer>attn|ffn)_hc\.(?P<param>base|scale)$"),
     re.compile(r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.hc_(?P<sublayer>attn|ffn)_(?P<param>base|scale)$"),
 )
 _DSV4_HEAD = re.compile(r"^(?P<prefix>.*?)hc_head(?:\.hc_|_)(?P<param>base|scale)$")
-_DSV4_ANY = re.compile(r"(?:^|\.)(?:(?:attn|ffn)_hc\.|hc_(?:attn|ffn)_|hc_head[._])")
 _LOOKED_FOR = ("s2hc's blocks.L.{attn,mlp}_hc.*, DeepSeek-V4's layers.L.{attn,ffn}_hc.{base,scale}, "
                "layers.L.hc_{attn,ffn}_{base,scale}")
 
@@ -147,7 +150,7 @@ def _wanted(name: str) -> bool:
     s2hc = _S2HC_KEY.match(name)
     if s2hc:
         return s2hc["param"] not in _S2HC_DYNAMIC
-    return any(pattern.match(name) for pattern in (*_DSV4_KEYS, _DSV4_HEAD))
+    return any(pattern.match(name) for pattern in (_S2HC_HEAD, *_DSV4_KEYS, _DSV4_HEAD))
 
 
 # ------------------------------------------------------------------------------------------------ layouts
@@ -160,8 +163,12 @@ def _s2hc_connections(source: str, tensors: dict[str, torch.Tensor], config: dic
                          "beside them (an `s2hc export` directory has one); the family cannot be known without it")
     model = ModelConfig.from_dict(settings)
     grouped: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    head: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         key = _S2HC_KEY.match(name)
+        if key is None:
+            head[_S2HC_HEAD.match(name)["param"]] = tensor
+            continue
         grouped.setdefault((int(key["layer"]), key["sublayer"]), {})[key["param"]] = tensor
     connections = []
     for layer in range(model.n_layers):
@@ -179,7 +186,23 @@ def _s2hc_connections(source: str, tensors: dict[str, torch.Tensor], config: dic
         extra = sorted(f"blocks.{layer}.{sublayer}_hc" for layer, sublayer in grouped)
         raise ValueError(f"{source!r} has hyper-connection tensors of {extra}, beyond the {model.n_layers} layers "
                          "of its config.json")
-    return model.family, model.n_streams, dict(model.family_options), connections
+    hyper_head = None
+    if head:
+        hyper_head = HyperHead(1, model.n_streams, eps=model.norm_eps,
+                               hc_eps=model.family_options.get("hc_eps", DEEPSEEK_V4_EPS)).double()
+        _load_head(hyper_head, head, {"bias": "bias", "alpha": "alpha"}, source)
+    return model.family, model.n_streams, dict(model.family_options), connections, hyper_head
+
+
+def _load_head(head: HyperHead, state: dict[str, torch.Tensor], names: dict[str, str], source: str) -> None:
+    """Set ``head``'s bias and α from ``state`` (keys: ``names``' values); ValueError naming a bad tensor."""
+    n = head.n_streams
+    for param, shape in (("bias", (n,)), ("alpha", (1,))):
+        value = state.get(names[param])
+        if value is None or value.numel() != math.prod(shape):
+            found = None if value is None else tuple(value.shape)
+            raise ValueError(f"{source!r}: the hyper-head needs a {names[param]} of shape {shape}, found {found}")
+        getattr(head, param).copy_(value.double().reshape(shape))
 
 
 def _load(connection: HyperConnection, state: dict[str, torch.Tensor], name: str, source: str) -> None:
@@ -248,11 +271,7 @@ def _deepseek_connections(source: str, tensors: dict[str, torch.Tensor], config:
     hyper_head = None
     if head:
         hyper_head = HyperHead(1, n, eps=hf_config["rms_norm_eps"], hc_eps=hf_config["hc_eps"]).double()
-        if set(head) != {"base", "scale"} or tuple(head["base"].shape) != (n,) or head["scale"].numel() != 1:
-            raise ValueError(f"{source!r}: hc_head needs base ({n},) and scale (1,), found "
-                             f"{ {k: tuple(v.shape) for k, v in head.items()} }")
-        hyper_head.bias.copy_(head["base"].double())
-        hyper_head.alpha.copy_(head["scale"].double().reshape(1))
+        _load_head(hyper_head, head, {"bias": "base", "alpha": "scale"}, source)
     options = {"variant": DEEPSEEK_V4, "iterations": hf_config["hc_sinkhorn_iters"], "hc_eps": hf_config["hc_eps"]}
     return "mhc", n, options, connections, hyper_head
 
@@ -275,8 +294,8 @@ def read_static(path: str | Path) -> StaticCheckpoint:
                          "model has none")
     config = _config(directory)
     head = None
-    if any(_S2HC_KEY.match(name) for name in tensors):
-        family, n, options, connections = _s2hc_connections(source, tensors, config)
+    if any(_S2HC_KEY.match(name) or _S2HC_HEAD.match(name) for name in tensors):
+        family, n, options, connections, head = _s2hc_connections(source, tensors, config)
         layout = S2HC
     else:
         family, n, options, connections, head = _deepseek_connections(source, tensors, config)
