@@ -232,14 +232,39 @@ def test_report_only_without_results_is_refused(tmp_path, capsys):
     assert "results.json' does not exist" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def residual_run(corpus_file, tmp_path_factory):
+    """A residual run of the small model (1 step): a source for grids that start from another run's weights."""
+    from helpers import small_config
+
+    from s2hc.train import train
+
+    config = small_config(corpus_file, tmp_path_factory.mktemp("base"), family="residual", n_streams=1, max_steps=1)
+    train(config)
+    return config.out
+
+
 @pytest.mark.parametrize("path", sorted(ROOT.glob("configs/study-*.yaml")), ids=lambda p: p.name)
-def test_every_shipped_study_config_is_a_valid_grid(path):
-    spec = load_spec(path)
+def test_every_shipped_study_config_is_a_valid_grid(path, residual_run):
+    from s2hc.config import load_yaml_config
+
+    starts_from_a_run = "init_from" in load_yaml_config(path)["train"]
+    if starts_from_a_run:  # its source is trained first (the config says how): without it, one clear error
+        with pytest.raises(ValueError, match="train.init_from .* cannot be read .*; train that run first"):
+            load_spec(path)
+    spec = load_spec(path, [f"init_from={residual_run}"] if starts_from_a_run else [])
     assert len(spec.runs()) >= 6 and len(spec.seeds) >= 2
     for configuration in spec.configurations:  # every model of the grid builds (on the meta device: no memory)
         config = spec.run_config(configuration, spec.seeds[0], "unused")
         with torch.device("meta"):
             assert Transformer(config.model_config()).num_params() > 0
+
+
+def test_a_grid_from_a_residual_run_refuses_families_that_cannot_keep_its_function(residual_run):
+    train = {"init_from": str(residual_run), "max_steps": 5}
+    with pytest.raises(ValueError, match="hc n=4: family .*'hc' cannot start from a residual model"):
+        parse_spec({"train": train, "families": ["residual", "s2hc", "hc"]})
+    assert len(parse_spec({"train": train, "families": ["residual", "s2hc"], "seeds": 2}).runs()) == 4
 
 
 def test_the_committed_study_is_the_grid_the_issue_asks_for():

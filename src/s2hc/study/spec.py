@@ -30,6 +30,8 @@ from typing import Any
 from ..checks import check_int, check_streams
 from ..config import TrainConfig, load_yaml_config, parse_assignment
 from ..mixers import RESIDUAL, check_family
+from ..models.upcycle import check_upcyclable
+from ..rundir import load_checkpoint
 
 KEYS = ("description", "train", "streams", "seeds", "families", "baselines", "diagnostics_tokens", "nproc")
 GRID_KEYS = ("family", "family_options", "n_streams", "seed", "out")  # set by the grid, not by `train:`
@@ -192,7 +194,25 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
             spec.run_config(configuration, spec.seeds[0], "unused")
         except ValueError as error:
             raise ValueError(f"{source}: {configuration.label}: {error}") from None
+    if train.get("init_from"):
+        _check_init_from(str(train["init_from"]), spec.configurations, source)
     return spec
+
+
+def _check_init_from(path: str, configurations: tuple[Configuration, ...], source: str) -> None:
+    """Every configuration can start from the run ``path`` (``train: {init_from: ...}``): it exists, and a
+    residual source is upcycled only into families that keep its function; another source starts only its own
+    family. ValueError naming the configuration."""
+    try:
+        stored = load_checkpoint(path, with_model=False)["config"]
+    except ValueError as error:
+        raise ValueError(f"{source}: train.init_from {path!r} cannot be read ({error}); train that run first") from None
+    for configuration in configurations:
+        if stored["family"] == RESIDUAL and configuration.family != RESIDUAL:
+            check_upcyclable(configuration.family, f"{source}: {configuration.label}: family (from a residual run)")
+        elif stored["family"] != RESIDUAL and configuration.family != stored["family"]:
+            raise ValueError(f"{source}: {configuration.label}: init_from {path!r} holds a {stored['family']!r} "
+                             f"model; only its own family or, from a residual run, an upcyclable one can start there")
 
 
 def load_spec(path: str | Path, overrides: list[str] = ()) -> StudySpec:
