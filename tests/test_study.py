@@ -220,11 +220,17 @@ def test_a_bad_study_config_is_refused_before_anything_runs(text, message, tmp_p
     assert not (tmp_path / "out").exists()
 
 
-def test_another_grid_in_the_same_directory_is_refused(tmp_path):
-    prepare(parse_spec({"families": ["residual"], "train": {"max_steps": 5}}), tmp_path)
-    with pytest.raises(ValueError, match="holds a study of another grid"):
-        prepare(parse_spec({"families": ["residual"], "train": {"max_steps": 6}}), tmp_path)
-    prepare(parse_spec({"families": ["residual"], "train": {"max_steps": 5}, "baselines": []}), tmp_path)  # same runs
+def test_another_grid_in_the_same_directory_is_refused_but_a_study_may_grow(tmp_path):
+    grid = {"families": ["residual", "mhc"], "train": {"max_steps": 5}, "seeds": 2}
+    prepare(parse_spec(grid), tmp_path)
+    for other in ({"train": {"max_steps": 6}}, {"families": ["residual"]}, {"seeds": [1, 2]}):
+        with pytest.raises(ValueError, match="holds a study of another grid .*a study may only grow"):
+            prepare(parse_spec({**grid, **other}), tmp_path)
+    prepare(parse_spec({**grid, "baselines": []}), tmp_path)  # the same runs
+    grown = prepare(parse_spec({**grid, "families": ["residual", "mhc", "s2hc"], "seeds": 3}), tmp_path)
+    assert len(grown) == 9 and json.loads((tmp_path / "study.json").read_text())["grid"]["seeds"] == [0, 1, 2]
+    with pytest.raises(ValueError, match="holds a study of another grid"):  # the grown grid is the record now
+        prepare(parse_spec(grid), tmp_path)
 
 
 def test_report_only_without_results_is_refused(tmp_path, capsys):

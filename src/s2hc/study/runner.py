@@ -1,6 +1,7 @@
 """``s2hc study``: every run of a grid as an ordinary ``s2hc train`` process, resumable, then one report.
 
-``OUT/`` holds ``study.json`` (the checked grid; a later call must bring the same one), ``configs/NAME.yaml``
+``OUT/`` holds ``study.json`` (the checked grid; a later call must bring the same one, or one that grows it:
+the same training settings with more configurations or seeds), ``configs/NAME.yaml``
 (each run's full training configuration), ``runs/NAME/`` (each run's directory: ``s2hc eval``, ``diagnose`` and
 ``export`` work on it), ``logs/NAME.log`` (its output), ``rows/NAME.json`` (its measurements, see
 :mod:`.measure`), and at the end ``results.json`` and ``report.md`` with ``figures/``.
@@ -110,13 +111,24 @@ def _state(run: Run, spec: StudySpec) -> str:
     return "started"
 
 
+def _grows(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    """Whether the grid ``after`` keeps every run of ``before`` as it was: the same training settings, and its
+    configurations and seeds include ``before``'s (a study may grow; its finished runs stay valid)."""
+    return (before.get("train") == after["train"]
+            and all(c in after["configurations"] for c in before.get("configurations", []))
+            and set(before.get("seeds", [])) <= set(after["seeds"]))
+
+
 def prepare(spec: StudySpec, out: Path) -> list[Run]:
-    """Write ``study.json`` and every run's config; ValueError when ``out`` holds a study of another grid."""
+    """Write ``study.json`` and every run's config; ValueError when ``out`` holds a study whose runs the grid
+    would not keep (other training settings, or configurations or seeds left out)."""
     check_output_dir(out, "--out")
     recorded = out / STUDY
-    if recorded.is_file() and json.loads(recorded.read_text()).get("grid") != json.loads(json.dumps(spec.grid())):
+    grid = json.loads(json.dumps(spec.grid()))
+    if recorded.is_file() and not _grows(json.loads(recorded.read_text()).get("grid", {}), grid):
         raise ValueError(f"--out {str(out)!r} holds a study of another grid or training settings ({STUDY} "
-                         "differs); choose another --out, or remove that directory to start it again")
+                         "differs); a study may only grow (the same train settings, more configurations or seeds): "
+                         "choose another --out, or remove that directory to start it again")
     atomic_write_text(recorded, json.dumps({"grid": spec.grid(), "study": spec.to_dict()}, indent=2) + "\n")
     runs = [Run(configuration, seed, out) for configuration, seed in spec.runs()]
     for run in runs:
