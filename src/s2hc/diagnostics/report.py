@@ -120,6 +120,25 @@ def figure_lines(figures: dict[str, Path], relative_to: Path) -> list[str]:
     return lines
 
 
+def summary_lines(summary: dict[str, Any], over: str, mean_note: str = "") -> list[str]:
+    """The headline table of a summary: each measurement's worst value ``over`` (the column's title); the mean
+    cosine between the output streams when the summary measured streams."""
+    head = summary["headline"]
+    rows = [
+        ["row-sum error of H_res", head["row_sum_error"]],
+        ["column-sum error of H_res", head["col_sum_error"]],
+        ["spectral norm of H_res", head["spectral_norm"]],
+        [f"smallest deviation singular value{mean_note}", head["smallest_deviation_singular_value_mean"]],
+        [f"spectral norm of the composite of all {summary['depth']}", head["composite_spectral_norm_at_depth"]],
+        ["composite forward Amax gain (any depth)", head["composite_forward_amax"]],
+        ["composite backward Amax gain (any depth)", head["composite_backward_amax"]],
+        ["cumulative column sum (largest)", head["cumulative_column_sum_max"]],
+    ]
+    if "stream_similarity_output_mean" in head:
+        rows.append(["mean cosine between the output streams", head["stream_similarity_output_mean"]])
+    return table(["measurement", over], rows) + [""]
+
+
 def guarantee_lines(summary: dict[str, Any]) -> list[str]:
     checks = summary.get("guarantees")
     if checks is None:
@@ -311,7 +330,6 @@ def nothing_message(result: dict[str, Any]) -> str:
 
 
 def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
-    head = result["headline"]
     lines = [
         f"# s2hc diagnose: `{result['checkpoint']}`",
         "",
@@ -324,17 +342,7 @@ def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Pa
         "## Summary",
         "",
     ]
-    lines += table(["measurement", "worst over layers and tokens"], [
-        ["row-sum error of H_res", head["row_sum_error"]],
-        ["column-sum error of H_res", head["col_sum_error"]],
-        ["spectral norm of H_res", head["spectral_norm"]],
-        ["smallest deviation singular value (mean over tokens)", head["smallest_deviation_singular_value_mean"]],
-        [f"spectral norm of the composite of all {result['depth']}", head["composite_spectral_norm_at_depth"]],
-        ["composite forward Amax gain (any depth)", head["composite_forward_amax"]],
-        ["composite backward Amax gain (any depth)", head["composite_backward_amax"]],
-        ["cumulative column sum (largest)", head["cumulative_column_sum_max"]],
-        ["mean cosine between the output streams", head.get("stream_similarity_output_mean")],
-    ]) + [""]
+    lines += summary_lines(result, "worst over layers and tokens", " (mean over tokens)")
     lines += ["## Guarantees of the family, measured", ""] + guarantee_lines(result)
     lines += ["## Per connection", "", "Errors and norms are the worst over tokens unless marked mean.", ""]
     lines += layer_lines(result)

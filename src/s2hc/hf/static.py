@@ -361,7 +361,6 @@ def write_static(result: dict[str, Any], out: str | Path) -> Path:
 
 
 def _report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
-    head = result["headline"]
     lines = [
         f"# s2hc diagnose --static: `{result['source']}`",
         "",
@@ -374,16 +373,7 @@ def _report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
         "## Summary",
         "",
     ]
-    lines += reports.table(["measurement", "worst over connections"], [
-        ["row-sum error of H_res", head["row_sum_error"]],
-        ["column-sum error of H_res", head["col_sum_error"]],
-        ["spectral norm of H_res", head["spectral_norm"]],
-        ["smallest deviation singular value", head["smallest_deviation_singular_value_mean"]],
-        [f"spectral norm of the composite of all {result['depth']}", head["composite_spectral_norm_at_depth"]],
-        ["composite forward Amax gain (any depth)", head["composite_forward_amax"]],
-        ["composite backward Amax gain (any depth)", head["composite_backward_amax"]],
-        ["cumulative column sum (largest)", head["cumulative_column_sum_max"]],
-    ]) + [""]
+    lines += reports.summary_lines(result, "worst over connections")
     if result["head_weights"] is not None:
         weights = ", ".join(f"{w:.4g}" for w in result["head_weights"])
         lines += [f"Hyper-head stream weights at d = 0: {weights}.", ""]
