@@ -342,3 +342,14 @@ def test_the_first_and_last_connections_rotation_gradients_are_rounding_noise():
     assert len(probe["grad_init_fp64"]) == 6 and max(ends64) < 1e-12 * min(middle64)
     assert probe["grad_init_fp32"][1:5] == pytest.approx(middle64, rel=1e-3)
     assert probe["drift"] == [0.0] * 6  # the model is its own initialisation
+
+
+@pytest.mark.parametrize("committed", ["study", "upcycling", "upcycling/scratch"])
+def test_the_committed_reports_are_what_their_results_give(committed, tmp_path):
+    """docs/ holds studies' results.json and report.md: the report must be what `--report-only` builds from the
+    results with the code as it is (so the numbers quoted in docs/ trace back to data, and the code still reads
+    them)."""
+    source = ROOT / "docs" / committed
+    shutil.copy(source / "results.json", tmp_path / "results.json")
+    assert main(["study", "--report-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "report.md").read_text() == (source / "report.md").read_text()
