@@ -96,6 +96,7 @@ class TrainConfig:
     grad_clip: float = _setting(1.0, "gradient-norm clipping (0: off)")
     # bookkeeping
     seed: int = _setting(1337, "seed of initialisation and data order")
+    data_seed: int | None = _setting(None, "seed of the data order alone (default: seed), to vary one but not both")
     eval_every: int = _setting(100, "steps between validation losses (0: only at the end)")
     eval_batches: int = _setting(20, "validation batches per evaluation")
     checkpoint_every: int = _setting(100, "steps between checkpoints (0: only at the end)")
@@ -143,7 +144,7 @@ class TrainConfig:
             setattr(self, name, check_float(name, value, **FLOAT_RANGES.get(name, {})))
         elif name == "n_streams":
             check_streams(name, value)
-        elif name == "seed":
+        elif name in ("seed", "data_seed"):
             check_int(name, value, minimum=0, maximum=MAX_SEED)
         else:
             check_int(name, value, minimum=0 if name in NONNEGATIVE_INTS else 1)

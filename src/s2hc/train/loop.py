@@ -373,6 +373,7 @@ def _data(config: TrainConfig, tokenizer, ctx: distributed.Context):
     train_tokens, val_tokens = tokens("train"), tokens("val")
     if ctx.is_main:
         distributed.barrier(ctx)
-    loader = TokenBatches(train_tokens, config.seq_len, config.batch_size, seed=config.seed,
+    data_seed = config.seed if config.data_seed is None else config.data_seed
+    loader = TokenBatches(train_tokens, config.seq_len, config.batch_size, seed=data_seed,
                           rank=ctx.rank, world_size=ctx.world_size)
     return loader, list(eval_batches(val_tokens, config.seq_len, config.batch_size, config.eval_batches))
