@@ -123,28 +123,14 @@ def test_an_upcycled_model_reads_as_the_upcycling_initialisation(tmp_path):
 dv4 = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 
 
-def deepseek(layers: int = 3, seed: int = 0):
-    """transformers' config, connections and head with seeded random parameters."""
-    from transformers import DeepseekV4Config
+def deepseek(layers: int = 3):
+    """transformers' config, connections and head with seeded random parameters (test_deepseek_v4's builders)."""
+    from test_deepseek_v4 import hf_config, hf_connection, hf_head
 
-    config = DeepseekV4Config(hidden_size=8, hc_mult=N, hc_sinkhorn_iters=7, hc_eps=1e-4, rms_norm_eps=1e-5,
-                              num_hidden_layers=layers, vocab_size=32, num_attention_heads=2, num_key_value_heads=1)
-    generator = torch.Generator().manual_seed(seed)
-    connections = {}
-    for layer in range(layers):
-        for sublayer in ("attn", "ffn"):
-            module = dv4.DeepseekV4HyperConnection(config)
-            with torch.no_grad():
-                module.fn.copy_(0.3 * torch.randn(module.fn.shape, generator=generator))
-                module.base.copy_(torch.randn(module.base.shape, generator=generator))
-                module.scale.copy_(0.5 + torch.rand(module.scale.shape, generator=generator))
-            connections[(layer, sublayer)] = module
-    head = dv4.DeepseekV4HyperHead(config)
-    with torch.no_grad():
-        head.hc_fn.copy_(0.3 * torch.randn(head.hc_fn.shape, generator=generator))
-        head.hc_base.copy_(torch.randn(head.hc_base.shape, generator=generator))
-        head.hc_scale.fill_(0.7)
-    return config, connections, head
+    config = hf_config(n=N, dim=8)
+    connections = {(layer, sublayer): hf_connection(config, seed=2 * layer + (sublayer == "ffn"))
+                   for layer in range(layers) for sublayer in ("attn", "ffn")}
+    return config, connections, hf_head(config)
 
 
 def write_deepseek(directory, config, connections, head, released_names: bool):

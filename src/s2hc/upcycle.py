@@ -18,6 +18,7 @@ import torch
 
 from .config import TrainConfig
 from .hf.convert import config_from_hf, load_hf_state_dict
+from .hf.weights import INDEX, read_safetensors
 from .mixers import RESIDUAL
 from .models import Transformer
 from .models.upcycle import DEFAULT_SPREAD, check_upcyclable, upcycle_model
@@ -34,16 +35,10 @@ _PRESET_OF = {"qwen3": "qwen3-0.6b", "qwen2": "qwen2.5-1.5b", "gemma3": "gemma3-
 
 def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a Hugging Face model directory (single or sharded safetensors, or pytorch_model.bin)."""
-    index = directory / "model.safetensors.index.json"
-    if index.is_file() or (directory / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
-                 else ["model.safetensors"])
-        state: dict[str, torch.Tensor] = {}
-        for name in files:
-            state.update(load_file(directory / name))
-        return state
+    if (directory / INDEX).is_file():
+        return read_safetensors(directory)[0]
+    if (directory / "model.safetensors").is_file():
+        return read_safetensors(directory / "model.safetensors")[0]
     if (directory / "pytorch_model.bin").is_file():
         return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
     raise ValueError(f"SOURCE {str(directory)!r} has no model.safetensors, model.safetensors.index.json or "

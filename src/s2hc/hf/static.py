@@ -39,10 +39,10 @@ from ..diagnostics.summary import summarize
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
 from .deepseek_v4 import connection_from_hf
+from .weights import read_safetensors
 
 __all__ = ["StaticCheckpoint", "diagnose_static", "read_static", "static_matrices", "write_static"]
 
-INDEX = "model.safetensors.index.json"
 JSON_NAME = "static.json"
 S2HC = "s2hc"
 DEEPSEEK_V4 = "deepseek-v4"
@@ -84,55 +84,6 @@ class StaticCheckpoint:
 
 
 # ------------------------------------------------------------------------------------------------ files
-
-
-def _safetensors_files(path: Path) -> tuple[dict[str, Path] | None, list[Path], Path]:
-    """``(weight_map, files, directory)``: a sharded checkpoint's name -> shard map (None without an index),
-    the safetensors files, and the directory holding ``config.json``."""
-    if path.is_file():
-        if path.name == INDEX:
-            path = path.parent
-        elif path.suffix == ".safetensors":
-            return None, [path], path.parent
-        else:
-            raise ValueError(f"{str(path)!r} is not a .safetensors file, a {INDEX} or a directory holding them")
-    if not path.is_dir():
-        raise ValueError(f"{str(path)!r} does not exist; give a .safetensors file or a directory holding them")
-    index = path / INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"{str(index)!r} is not a safetensors index with a weight_map ({error})") from None
-        files = {name: path / shard for name, shard in weight_map.items()}
-        return files, sorted(set(files.values())), path
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{str(path)!r} holds no .safetensors file and no {INDEX}")
-    return None, files, path
-
-
-def _read(weight_map: dict[str, Path] | None, files: list[Path], wanted) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """The tensors whose names ``wanted(name)`` accepts, read one by one; the files opened."""
-    from safetensors import SafetensorError, safe_open
-
-    if weight_map is not None:  # only the shards that hold wanted tensors are opened
-        names_by_file: dict[Path, list[str]] = {}
-        for name, shard in weight_map.items():
-            if wanted(name):
-                names_by_file.setdefault(shard, []).append(name)
-    else:
-        names_by_file = {file: None for file in files}
-    tensors, opened = {}, []
-    for file, names in names_by_file.items():
-        try:
-            with safe_open(str(file), framework="pt") as handle:
-                opened.append(str(file))
-                for name in names if names is not None else [k for k in handle.keys() if wanted(k)]:  # noqa: SIM118
-                    tensors[name] = handle.get_tensor(name)
-        except (OSError, SafetensorError) as error:
-            raise ValueError(f"cannot read {str(file)!r}: {error}") from None
-    return tensors, opened
 
 
 def _config(directory: Path) -> dict[str, Any]:
@@ -282,18 +233,12 @@ def read_static(path: str | Path) -> StaticCheckpoint:
     checkpoint's directory or index), rebuilt from their biases; see the module docstring for the layouts.
     ValueError (one sentence) for a missing or unreadable path, no hyper-connection tensors, a missing
     ``config.json`` for the s2hc layout, or tensors of the wrong shape."""
-    try:
-        import safetensors  # noqa: F401
-    except ImportError:
-        raise ValueError("reading safetensors needs the safetensors package (pip install 's2hc[hf]')") from None
     source = str(path)
-    weight_map, files, directory = _safetensors_files(Path(path).expanduser())
-    tensors, opened = _read(weight_map, files, _wanted)
+    tensors, opened, directory = read_safetensors(path, _wanted)
     if not tensors:
         raise ValueError(f"{source!r} holds no hyper-connection tensors (looked for {_LOOKED_FOR}); a residual "
                          "model has none")
     config = _config(directory)
-    head = None
     if any(_S2HC_KEY.match(name) or _S2HC_HEAD.match(name) for name in tensors):
         family, n, options, connections, head = _s2hc_connections(source, tensors, config)
         layout = S2HC

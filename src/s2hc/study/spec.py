@@ -30,8 +30,8 @@ from typing import Any
 from ..checks import check_int, check_streams
 from ..config import TrainConfig, load_yaml_config, parse_assignment
 from ..mixers import RESIDUAL, check_family
-from ..models.upcycle import check_upcyclable
 from ..rundir import load_checkpoint
+from ..train.init import upcycles
 
 KEYS = ("description", "train", "streams", "seeds", "families", "baselines", "diagnostics_tokens", "nproc")
 GRID_KEYS = ("family", "family_options", "n_streams", "seed", "out")  # set by the grid, not by `train:`
@@ -208,9 +208,8 @@ def _check_init_from(path: str, configurations: tuple[Configuration, ...], sourc
     except ValueError as error:
         raise ValueError(f"{source}: train.init_from {path!r} cannot be read ({error}); train that run first") from None
     for configuration in configurations:
-        if stored["family"] == RESIDUAL and configuration.family != RESIDUAL:
-            check_upcyclable(configuration.family, f"{source}: {configuration.label}: family (from a residual run)")
-        elif stored["family"] != RESIDUAL and configuration.family != stored["family"]:
+        argument = f"{source}: {configuration.label}: family (from a residual run)"
+        if not upcycles(stored["family"], configuration.family, argument) and configuration.family != stored["family"]:
             raise ValueError(f"{source}: {configuration.label}: init_from {path!r} holds a {stored['family']!r} "
                              f"model; only its own family or, from a residual run, an upcyclable one can start there")
 

@@ -39,10 +39,18 @@ def inherit_model_settings(values: dict[str, Any]) -> dict[str, Any]:
             if key in ("n_streams", "family_options") and explicit_family:
                 continue  # a new family takes its own defaults
             out[key] = stored[key]
-    if stored["family"] == RESIDUAL and out.get("family", RESIDUAL) != RESIDUAL:
-        check_upcyclable(out["family"], "family (with init_from a residual run)")
+    if upcycles(stored["family"], out.get("family", RESIDUAL), "family (with init_from a residual run)"):
         out["model_overrides"] = {"stream_reduce": "mean", **dict(out.get("model_overrides") or {})}
     return out
+
+
+def upcycles(source_family: str, family: str, argument: str = "family") -> bool:
+    """Whether a run of ``family`` starting from a ``source_family`` run upcycles it (a residual source, another
+    family); ValueError naming ``argument`` when ``family`` cannot keep a residual source's function."""
+    if source_family != RESIDUAL or family == RESIDUAL:
+        return False
+    check_upcyclable(family, argument)
+    return True
 
 
 @torch.no_grad()
@@ -51,7 +59,7 @@ def load_initial_weights(model: Transformer, path: str) -> None:
     family. ValueError when the shapes differ (naming the differing settings)."""
     source, _ = load_model(path)
     target = model.config
-    if source.config.family == RESIDUAL and target.family != RESIDUAL:
+    if upcycles(source.config.family, target.family):
         source = upcycle_model(source, target.family, target.n_streams, target.family_options)
     if source.config != target:
         mine, theirs = target.to_dict(), source.config.to_dict()
