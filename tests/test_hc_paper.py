@@ -22,7 +22,8 @@ def pair(seed: int, layer_index: int = 1):
     with torch.no_grad():
         for p in theirs.parameters():
             p.add_(0.3 * torch.randn(p.shape, generator=g))
-    ours = s2hc.HyperConnection(C, N, family="hc", layer_index=layer_index, eps=0.0)
+    # their RMSNorm has no epsilon (F.normalize clamps the norm at 1e-12); ours must be > 0: a negligible one
+    ours = s2hc.HyperConnection(C, N, family="hc", layer_index=layer_index, eps=1e-30)
     with torch.no_grad():
         ours.norm_weight.copy_(theirs.norm.gamma + 1)  # their RMSNorm scales by (γ + 1)
         ours.projection[:, 0] = theirs.dynamic_alpha_fn[:, 0]  # read weight of each stream

@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Left to right: a module may import from its own layer's package or from layers to its left.
 LAYERS = [
-    ["s2hc.checks", "s2hc.io", "s2hc.devices"],
+    ["s2hc.checks", "s2hc.io", "s2hc.devices", "s2hc.extras"],
     ["s2hc.mixers", "s2hc.triton_kernels"],
     ["s2hc.connection"],
     ["s2hc", "s2hc.models", "s2hc.data", "s2hc.params", "s2hc.compat"],

@@ -150,7 +150,7 @@ def test_defaults_are_resolved():
         (dict(mlp="relu"), r"mlp must be one of \['swiglu', 'geglu', 'gelu'\]"),
         (dict(pos="alibi"), r"pos must be one of \['rope', 'learned'\]"),
         (dict(vocab_size=0), r"vocab_size must be an integer >= 1, got 0"),
-        (dict(n_layers=2.0), r"n_layers must be an integer >= 1, got 2.0"),
+        (dict(n_layers=2.0), r"n_layers must be an integer in \[1, 10000\], got 2.0"),
         (dict(tie_embeddings="yes"), r"tie_embeddings must be True or False, got 'yes'"),
         (dict(rope_theta=-1.0), r"rope_theta must be a positive number, got -1.0"),
         (dict(norm_eps="tiny"), r"norm_eps must be a positive number, got 'tiny'"),

@@ -207,7 +207,7 @@ def test_missing_subcommand_exits_2(capsys):
     ("kwargs", "match"),
     [
         (dict(family="nope", layers=1, dim=1, n_streams=2), "family must be one of"),
-        (dict(family="mhc", layers=0, dim=1, n_streams=2), "layers must be an integer >= 1, got 0"),
+        (dict(family="mhc", layers=0, dim=1, n_streams=2), r"layers must be an integer in \[1, 10000\], got 0"),
         (dict(family="mhc", layers=1, dim=0, n_streams=2), "dim must be an integer >= 1, got 0"),
         (dict(family="mhc", layers=1, dim=1, n_streams=0), "n_streams must be an integer >= 1, got 0"),
         (dict(family="mhc", layers=1, dim=1, n_streams=2, sublayers_per_layer=0), "sublayers_per_layer"),

@@ -224,8 +224,8 @@ def test_another_process_holding_the_lock_is_named_and_a_dead_ones_lock_is_taken
 
 def test_temporary_files_of_interrupted_saves_are_removed_and_a_cut_swap_is_put_back(tmp_path):
     (tmp_path / "checkpoint.pt").write_bytes(b"kept")
-    (tmp_path / ".checkpoint.pt.k2j3h4.tmp").write_bytes(os.urandom(1 << 20))
-    (tmp_path / ".metrics.jsonl.abc.tmp").write_text("x")
+    (tmp_path / ".checkpoint.pt.s2hc-2b3c4d5e.tmp").write_bytes(os.urandom(1 << 20))
+    (tmp_path / ".metrics.jsonl.s2hc-abc01234.tmp").write_text("x")
     (tmp_path / "notes.tmp").write_text("not ours")  # not a hidden temporary of an atomic write
     for name in ("checkpoint.dcp.old", "checkpoint.dcp.tmp"):  # a sharded save killed between its two renames
         (tmp_path / name).mkdir()
@@ -234,7 +234,8 @@ def test_temporary_files_of_interrupted_saves_are_removed_and_a_cut_swap_is_put_
     said = []
     removed = clean_interrupted_saves(tmp_path, log=said.append)
     assert (tmp_path / "checkpoint.dcp" / ".metadata").read_text() == "checkpoint.dcp.tmp"  # the newer, complete
-    assert sorted(removed) == [".checkpoint.pt.k2j3h4.tmp", ".metrics.jsonl.abc.tmp", "checkpoint.dcp.old"]
+    assert sorted(removed) == [".checkpoint.pt.s2hc-2b3c4d5e.tmp", ".metrics.jsonl.s2hc-abc01234.tmp",
+                               "checkpoint.dcp.old"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.dcp", "checkpoint.pt", "notes.tmp"]
     assert "put back checkpoint.dcp/" in said[0] and "removed 3 temporary file(s)" in said[1] and "MiB" in said[1]
 

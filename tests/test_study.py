@@ -205,7 +205,7 @@ def test_a_diverged_run_is_recorded_not_averaged(tmp_path, monkeypatch):
         ("families: []", "'families' is missing or empty"),
         ("train: {preset: tiny}", "'families' is missing or empty"),
         ("families: [residual]\nseeds: []", "seeds is empty"),
-        ("families: [residual]\nseeds: 0", "seeds must be an integer >= 1, got 0"),
+        ("families: [residual]\nseeds: 0", "seeds must be an integer in [1, 1000], got 0"),
         ("families: [mhc, mhc]", "'mhc n=4' is listed twice"),
         ("families: ['residual:x=1']", "residual takes no options"),
         ("families: [residual]\nbaselines: [nope]", "baselines must be one of"),

@@ -225,5 +225,5 @@ def test_missing_triton_is_named(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "triton" else real(name, *a))
-    with pytest.raises(ImportError, match=r"needs the triton package \(pip install 's2hc\[triton\]'\)"):
+    with pytest.raises(ImportError, match=r"kernels='triton' needs the triton extra .*pip install 's2hc\[triton\]'"):
         HyperConnection(8, 2, kernels="triton")

@@ -13,6 +13,9 @@ from typing import Any
 #: The most streams a connection is built with: the papers use 4 to 8; s²HC's map has (n−1)² inputs per token
 #: and every family an n × n matrix per token, so n in the thousands would ask for terabytes before any check.
 MAX_STREAMS = 64
+#: The most transformer layers a model is built (or counted) with: the largest published models have about 100;
+#: every layer is built as modules, even on the meta device, so 10**12 from a config would never finish.
+MAX_LAYERS = 10_000
 
 
 def check_int(name: str, value: Any, minimum: int = 1, maximum: int | None = None) -> int:

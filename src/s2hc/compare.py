@@ -8,7 +8,8 @@ import os
 import statistics
 from pathlib import Path
 
-from .config import TrainConfig
+from .config import TrainConfig, check_seed_count
+from .diagnostics import plots
 from .diagnostics.report import compare_section
 from .io import atomic_write_text, check_output_dir
 from .mixers import RESIDUAL, default_streams
@@ -34,6 +35,7 @@ def compare(base: TrainConfig, mixers: list[str], seeds: int = 1, out: str | Pat
     resumed and missing ones started (at least one must exist); with ``overwrite`` existing ones start again.
     ``out`` is locked while the comparison runs. Returns the report's path.
     """
+    check_seed_count("--seeds", seeds)  # before a config per seed is made
     if resume and overwrite:
         raise ValueError("--resume continues the runs in --out and --overwrite replaces them: give one of them")
     if not str(out).strip():
@@ -117,7 +119,7 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
     if figure:
         lines += [f"![loss curves]({figure.name})", ""]
     else:
-        lines += ["(Loss curves need matplotlib: `pip install 's2hc[plot]'`.)", ""]
+        lines += [plots.NO_FIGURES, ""]
     lines += compare_section(out, results, data=base.data, device=base.device)
     lines += [
         "Runs (config, metrics.jsonl, checkpoint): " + ", ".join(f"[`{n}`]({n}/)" for r in rows for n in r["runs"]),
@@ -131,13 +133,9 @@ def write_report(out: Path, base: TrainConfig, results: dict[str, list[RunResult
 
 def plot_loss_curves(out: Path, results: dict[str, list[RunResult]]) -> Path | None:
     """Train (thin) and validation (markers) loss against tokens for every run; None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    if not plots.have_matplotlib():
         return None
+    plt = plots._pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
     for index, (family, runs) in enumerate(results.items()):
         color = f"C{index}"

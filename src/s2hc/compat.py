@@ -149,12 +149,17 @@ class ReduceStreams(nn.Module):
 
 
 def _first_and_rest(out: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], Any]]:
-    """A branch may return a tuple or list: its first element is the branch output, the rest pass through."""
+    """A branch may return a tuple or list: its first element is the branch output, the rest pass through.
+    TypeError naming what was expected when that output is not a tensor (a branch that forgot ``return``)."""
+    rest: Callable[[torch.Tensor], Any] = lambda first: first  # noqa: E731
     if isinstance(out, (tuple, list)):
         if not out:
             raise ValueError("branch returned an empty tuple; its first element must be the branch output")
-        return out[0], lambda first: type(out)((first, *out[1:]))
-    return out, lambda first: first
+        out, rest = out[0], lambda first, whole=out: type(whole)((first, *whole[1:]))
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"branch must return a tensor (or a tuple whose first element is one), the shape of its "
+                        f"input, got {type(out).__name__}")
+    return out, rest
 
 
 def _streams_precision(x: torch.Tensor):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass, field, fields
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,10 @@ import yaml
 from . import mixers
 from .checks import check_bool, check_float, check_int, check_str, check_streams
 from .connection import COMPUTE_OPTIONS, KERNELS
+from .data.sources import required_packages as data_packages
+from .data.tokenizer import required_packages as tokenizer_packages
 from .devices import AUTOCAST_NAMES, DEVICE_NAME
+from .extras import check_available
 from .mixers import RESIDUAL, check_family, default_streams
 from .models import get_preset
 from .params import check_countable
@@ -35,6 +39,11 @@ PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
 NONNEGATIVE_INTS = (  # the other ints are >= 1 (n_streams also <= MAX_STREAMS, seed in [0, MAX_SEED])
     "eval_every", "checkpoint_every", "warmup_steps", "diagnostics_every")
 MAX_SEED = 2**32 - 1
+#: The most seeds one study or comparison trains each configuration with (a run per seed): statistics settle after
+#: tens; 10**11 from a YAML edit would be materialised as a list of runs before any starts.
+MAX_SEEDS = 1000
+#: ModelConfig fields the top-level keys set: in model_overrides they would be overwritten without a word.
+FAMILY_KEYS = ("family", "n_streams", "family_options")
 #: AdamW moves every weight by about lr per step: above 1 a step is larger than the weights themselves
 #: (and lr / (1 - beta1) overflows float32 inside the optimizer near 1e38).
 MAX_LR = 1.0
@@ -124,8 +133,12 @@ class TrainConfig:
         if not DEVICE_NAME.fullmatch(self.device):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         self._check_connection()
+        self._check_model_overrides()
         self.family_options = check_family_options(self.family, self.n_streams, self.family_options)
-        self.model_config()  # the preset, model_overrides and the family's options, as the model will see them
+        model = self.model_config()  # the preset, model_overrides and the family's options, as the model sees them
+        if self.seq_len > model.max_seq_len:  # else refused only by the first forward pass
+            raise ValueError(f"seq_len={self.seq_len} is more than the model's max_seq_len={model.max_seq_len} "
+                             f"(preset {self.preset!r}); lower seq_len or raise model_overrides.max_seq_len")
 
     def _check_field(self, name: str, kind: str) -> None:
         value = getattr(self, name)
@@ -149,6 +162,14 @@ class TrainConfig:
         else:
             check_int(name, value, minimum=0 if name in NONNEGATIVE_INTS else 1)
 
+    def _check_model_overrides(self) -> None:
+        """Refuse the family's settings in ``model_overrides``: :meth:`model_config` sets them from the top-level
+        keys, so the run would train another model than the config says."""
+        for key in FAMILY_KEYS:
+            if key in self.model_overrides:
+                raise ValueError(f"model_overrides.{key} is set from the top-level '{key}' key; move "
+                                 f"{key}: {self.model_overrides[key]!r} out of model_overrides (it would be ignored)")
+
     def _check_connection(self) -> None:
         unknown = sorted(set(self.connection) - set(COMPUTE_OPTIONS))
         if unknown:
@@ -160,6 +181,14 @@ class TrainConfig:
                 check_bool(f"connection.{name}", self.connection[name])
         if "kernels" in self.connection and self.connection["kernels"] not in KERNELS:
             raise ValueError(f"connection.kernels must be one of {list(KERNELS)}, got {self.connection['kernels']!r}")
+
+    def check_extras(self) -> None:
+        """:class:`~s2hc.extras.MissingExtra` for an optional package this run needs and does not have (its data,
+        tokenizer or kernels): checked before the run directory is written, so the retry is not refused."""
+        check_available(data_packages(self.data), f"data={self.data!r}")
+        check_available(tokenizer_packages(self.tokenizer), f"tokenizer={self.tokenizer!r}")
+        if self.connection.get("kernels") == "triton":
+            check_available(("triton",), "connection.kernels='triton'")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -218,6 +247,12 @@ def _check_option(family: str, name: str, value: Any, allowed: set[str]) -> Any:
     return value
 
 
+def check_seed_count(name: str, value: Any) -> int:
+    """A number of seeds per configuration (``s2hc compare --seeds``, a study's ``seeds: N``): an integer in
+    ``[1, MAX_SEEDS]``; ValueError naming ``name`` otherwise."""
+    return check_int(name, value, maximum=MAX_SEEDS)
+
+
 def check_family_options(family: str, n_streams: int, options: dict[str, Any]) -> dict[str, Any]:
     """``options`` for ``family`` at ``n_streams`` streams, each checked by the type its constructor declares
     (a ``float`` option must be a finite number, ``alpha=.nan`` is refused), then by building the family on the
@@ -226,7 +261,7 @@ def check_family_options(family: str, n_streams: int, options: dict[str, Any]) -
     float options converted. Unknown options are left to :class:`~s2hc.models.ModelConfig`, which names them."""
     if family == RESIDUAL:
         return options
-    check_countable(family, n_streams)  # n! permutations are refused before they are built, even on meta
+    check_countable(family, n_streams, built=True)  # n! permutations refused before they are built, even on meta
     kinds = _option_kinds(family)
     checked = dict(options)
     for name, value in options.items():
@@ -241,20 +276,41 @@ def check_family_options(family: str, n_streams: int, options: dict[str, Any]) -
     return checked
 
 
+def shipped_configs() -> dict[str, str]:
+    """Name -> text of every YAML config shipped in the package (``s2hc/configs/``; the repository's ``configs/``
+    links to it), so that a pip install has them too: ``s2hc configs NAME > NAME.yaml``."""
+    folder = resources.files(__package__).joinpath("configs")
+    files = sorted((p for p in folder.iterdir() if p.name.endswith(".yaml")), key=lambda p: p.name)
+    return {p.name.removesuffix(".yaml"): p.read_text(encoding="utf-8") for p in files}
+
+
 def load_yaml_config(path: str | Path) -> dict[str, Any]:
-    """The mapping in a YAML config file; ValueError naming the file when it is missing or not a mapping."""
+    """The mapping in a YAML config file; ValueError naming the file when it is missing, a directory, not UTF-8,
+    not YAML (one line: the parser's problem, line and column, not its multi-line excerpt) or not a mapping."""
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"config file {str(path)!r} is a directory; name a YAML file")
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} does not exist")
     try:
-        values = yaml.safe_load(path.read_text()) or {}
+        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError as error:
+        raise ValueError(f"config file {str(path)!r} is not UTF-8 text (byte {error.start}); a config is "
+                         "UTF-8 YAML") from None
     except yaml.YAMLError as error:
-        raise ValueError(f"config file {str(path)!r} is not valid YAML: {error}") from None
+        raise ValueError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(error)}") from None
     if not isinstance(values, dict):
         raise ValueError(
             f"config file {str(path)!r} must hold a mapping of keys to values, got {type(values).__name__}"
         )
     return values
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """The parser's problem at its line and column (1-based), in one line."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).strip().splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def parse_assignment(text: str, argument: str = "--set") -> tuple[str, Any]:

@@ -36,7 +36,6 @@ Measurements of each: ``docs/benchmarks.md``.
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 from . import mixers
 from .checks import check_float, check_int, check_streams
+from .extras import check_available
 from .mixers import RESIDUAL, check_family
 from .mixers.base import coefficient_dtype, scale_parameter
 
@@ -435,6 +435,7 @@ class HyperConnection(nn.Module):
         check_streams("n_streams", n_streams)  # before anything n-sized is built
         check_int("layer_index", layer_index, minimum=0)
         check_family(family)
+        eps = check_float("eps", eps, positive=True)  # 0, a negative or NaN eps gives NaN streams silently
         if not isinstance(transpose_res, bool):
             raise ValueError(f"transpose_res must be True or False, got {transpose_res!r}")
         self.dim, self.n_streams, self.family, self.layer_index, self.eps = dim, n_streams, family, layer_index, eps
@@ -495,8 +496,7 @@ class HyperConnection(nn.Module):
         if kernels == "triton" and self.family != RESIDUAL:
             if not fused:
                 raise ValueError("kernels='triton' implements the fast path; it needs fused=True, got fused=False")
-            if importlib.util.find_spec("triton") is None:
-                raise ImportError("kernels='triton' needs the triton package (pip install 's2hc[triton]')")
+            check_available(("triton",), "kernels='triton'")
         self.fused, self.recompute, self.kernels = fused, recompute, kernels
         return self
 
@@ -613,9 +613,28 @@ class HyperConnection(nn.Module):
             return path.write(mixed, post, branch_out)
 
     @staticmethod
+    def _check_matrices(x: torch.Tensor, h: Any, shapes: dict[str, tuple[int, ...]]) -> None:
+        """TypeError for streams ``x`` that are not a floating ``(B, T, n, C)`` tensor; ValueError naming the
+        argument when ``h`` lacks a matrix of ``shapes`` or holds one of another shape (:meth:`read`, :meth:`write`)."""
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"x must be a floating-point torch.Tensor of shape (batch, time, n_streams, dim), got "
+                            f"{x.dtype if isinstance(x, torch.Tensor) else type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"x must have shape (batch, time, n_streams, dim), got shape {tuple(x.shape)}")
+        wanted = " and ".join(repr(key) for key in shapes)
+        if not isinstance(h, dict) or any(not isinstance(h.get(key), torch.Tensor) for key in shapes):
+            found = sorted(h) if isinstance(h, dict) else type(h).__name__
+            raise ValueError(f"h must hold {wanted} tensors (as HyperConnection.matrices returns), got {found}")
+        for key, shape in shapes.items():
+            if tuple(h[key].shape) != shape:
+                raise ValueError(f"h[{key!r}] must have shape {shape} for x of shape {tuple(x.shape)}, got "
+                                 f"{tuple(h[key].shape)}")
+
+    @staticmethod
     def read(x: torch.Tensor, h: dict[str, torch.Tensor]) -> torch.Tensor:
         """Branch input ``H_pre X``: streams ``(B, T, n, C)`` -> ``(B, T, C)``, in x's dtype (the reference's
         form; ``h`` as returned by :meth:`matrices`)."""
+        HyperConnection._check_matrices(x, h, {"pre": tuple(x.shape[:3]) if isinstance(x, torch.Tensor) else ()})
         with _stream_precision(x):
             return torch.einsum("btn,btnc->btc", h["pre"].to(x.dtype), x)
 
@@ -623,6 +642,12 @@ class HyperConnection(nn.Module):
     def write(x: torch.Tensor, h: dict[str, torch.Tensor], branch_out: torch.Tensor) -> torch.Tensor:
         """New streams ``H_res X + H_postᵀ F``: ``x`` ``(B, T, n, C)`` and ``branch_out`` ``(B, T, C)`` ->
         ``(B, T, n, C)``."""
+        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else ()
+        HyperConnection._check_matrices(x, h, {"res": (*shape[:3], *shape[2:3]), "post": shape[:3]})
+        if not isinstance(branch_out, torch.Tensor) or tuple(branch_out.shape) != (*shape[:2], *shape[3:]):
+            got = tuple(branch_out.shape) if isinstance(branch_out, torch.Tensor) else type(branch_out).__name__
+            raise ValueError(f"branch_out must have shape {(*shape[:2], *shape[3:])} (the streams' batch, time and "
+                             f"dim), got {got}")
         res, post = h["res"].to(x.dtype), h["post"].to(x.dtype)
         with _stream_precision(x):
             return torch.einsum("btij,btjc->btic", res, x) + post.unsqueeze(-1) * branch_out.to(x.dtype).unsqueeze(-2)

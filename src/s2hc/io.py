@@ -3,7 +3,8 @@
 :func:`atomic_write_bytes`: a temporary file beside the target, fsync, then rename, so a reader, or a run
 killed mid-write, sees either the old file or the new one, never half of one. A write that fails (a full
 disk, a read-only filesystem) removes its temporary file, leaves the old file as it was, and raises
-:class:`WriteError`: one line naming the file, the reason and what to do.
+:class:`WriteError`: one line naming the file, the reason and what to do. The temporary file's name is s2hc's
+alone (:func:`temporary_pattern`), so what a killed write left behind can be told from a user's own files.
 
 :func:`check_output_dir` and :func:`check_output_file`: an output path a command is about to write, checked
 before any work starts; ValueError naming the argument, the path and what is wrong.
@@ -15,6 +16,8 @@ import contextlib
 import errno
 import json
 import os
+import re
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -83,17 +86,42 @@ class _Recorder:
         return getattr(self._handle, name)
 
 
+#: What marks a temporary file of :func:`atomic_write_bytes` as s2hc's: ``.NAME.s2hc-XXXXXXXX.tmp``.
+TEMPORARY_MARK = "s2hc-"
+_TEMPORARY_DIGITS = 8  # hexadecimal
+
+
+def temporary_pattern(name: str) -> re.Pattern[str]:
+    """The names :func:`atomic_write_bytes` gives its temporary files for a file called ``name`` (use
+    ``fullmatch``): ``.NAME.s2hc-`` and 8 hexadecimal digits, then ``.tmp``. A user's ``.NAME.mine.tmp`` or
+    ``.notes.tmp`` does not match."""
+    return re.compile(rf"\.{re.escape(name)}\.{TEMPORARY_MARK}[0-9a-f]{{{_TEMPORARY_DIGITS}}}\.tmp")
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """Create a new, empty temporary file for ``path`` beside it, named by :func:`temporary_pattern`, readable by
+    this user alone (as ``mkstemp`` would); its descriptor and path."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOFOLLOW", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{TEMPORARY_MARK}{secrets.token_hex(_TEMPORARY_DIGITS // 2)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o600), str(tmp)
+        except FileExistsError:  # another write of the same file drew the same digits: draw again
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary file name", str(path))
+
+
 def atomic_write_bytes(path: Path, write) -> None:
     """Call ``write(file)`` on a temporary file beside ``path``, fsync it, then rename it over ``path``.
 
-    The temporary file is ``.NAME.XXXXXXXX.tmp`` in the same directory (a run directory removes those left by a
-    killed process when it is next opened). Raises :class:`WriteError` when the disk refuses the data; the old
-    ``path`` is then untouched and the temporary file removed."""
+    The temporary file is ``.NAME.s2hc-XXXXXXXX.tmp`` in the same directory (:func:`temporary_pattern`; a run
+    directory removes those left by a killed process when it is next opened). Raises :class:`WriteError` when
+    the disk refuses the data; the old ``path`` is then untouched and the temporary file removed."""
     path = Path(path)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = _create_temporary(path)
         with os.fdopen(fd, "wb") as raw:
             handle = _Recorder(raw)
             try:
@@ -105,7 +133,7 @@ def atomic_write_bytes(path: Path, write) -> None:
                 if cause is not None:
                     raise WriteError(path, cause) from error
                 raise
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
+        os.chmod(tmp, 0o666 & ~_umask())  # created 0600; give the usual permissions
         os.replace(tmp, path)
     except WriteError:
         _discard(tmp)
@@ -144,6 +172,27 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------- output paths
+
+
+def json_kind(value: object) -> str:
+    """What a JSON value is, in JSON's words (an error about a file speaks of the file, not of Python)."""
+    kinds = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return kinds.get(type(value), "a number")
+
+
+def read_json_object(path: Path, remedy: str) -> dict[str, Any]:
+    """The JSON object in the file ``path``; ValueError naming it, what is wrong and ``remedy`` (what to do) when
+    it is not UTF-8, not JSON, or JSON but not an object. OSError as raised (a missing file, no permission)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{str(path)!r} is not UTF-8 text; {remedy}") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{str(path)!r} is not JSON ({error.msg} at line {error.lineno} column {error.colno}); "
+                         f"{remedy}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{str(path)!r} holds {json_kind(value)}, not a JSON object; {remedy}")
+    return value
 
 
 def _reason(error: OSError) -> str:

@@ -7,7 +7,9 @@ allocates nothing: the permutation families build only the shape of their table 
 
 Limits, stated: n <= :data:`s2hc.checks.MAX_STREAMS` for every family, and permutation mixtures of at most
 :data:`MAX_PERMUTATION_SIZE` streams (12! = 479 001 600 inputs per token; mhc-lite's n, kromhc's largest prime
-factor of n), beyond which the counts stop meaning anything and overflow 64-bit sizes.
+factor of n), beyond which the counts stop meaning anything and overflow 64-bit sizes; at most
+:data:`s2hc.checks.MAX_LAYERS` layers (one module is built per sublayer, even on meta). A model that is trained
+builds permutation tables of at most 8 streams (:data:`s2hc.mixers.mhc_lite.MAX_BUILT_PERMUTATION_SIZE`).
 
 >>> count_hc_params("mhc", layers=2, dim=8, n_streams=2)
 620
@@ -17,22 +19,24 @@ factor of n), beyond which the counts stop meaning anything and overflow 64-bit 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 
 from . import mixers
-from .checks import check_int, check_streams
+from .checks import MAX_LAYERS, check_int, check_streams
 from .connection import HyperConnection
 from .mixers import RESIDUAL, check_family, families
 from .mixers.kromhc import prime_factors
+from .mixers.mhc_lite import MAX_COUNTED_PERMUTATION_SIZE, permutation_limit_error
 
 __all__ = ["MAX_PERMUTATION_SIZE", "build_options", "count_hc_params", "format_table", "human", "param_table"]
 
 #: The largest permutation mixture counted (mhc-lite's n, kromhc's prime factors): 12! = 479 001 600 inputs per token.
-MAX_PERMUTATION_SIZE = 12
+MAX_PERMUTATION_SIZE = MAX_COUNTED_PERMUTATION_SIZE
+#: Wrapped sublayers per layer counted (2: attention and MLP; a few more for exotic blocks).
+MAX_SUBLAYERS_PER_LAYER = 16
 
 
 def permutation_sizes(family: str, n_streams: int) -> list[int]:
@@ -45,17 +49,15 @@ def permutation_sizes(family: str, n_streams: int) -> list[int]:
     return []
 
 
-def check_countable(family: str, n_streams: int) -> None:
+def check_countable(family: str, n_streams: int, built: bool = False) -> None:
     """ValueError naming the family and the limit for more than :data:`~s2hc.checks.MAX_STREAMS` streams, or a
-    permutation mixture of more than :data:`MAX_PERMUTATION_SIZE` streams (refused for counting and training)."""
+    permutation mixture beyond :func:`s2hc.mixers.mhc_lite.permutation_size_limit`: :data:`MAX_PERMUTATION_SIZE`
+    streams for counting, 8 for a model that will be ``built`` (a run's config), whatever ``allow_large`` says."""
     check_streams("n_streams", n_streams)
     largest = max(permutation_sizes(family, n_streams), default=0)
-    if largest > MAX_PERMUTATION_SIZE:
-        raise ValueError(
-            f"{family} at n_streams={n_streams} mixes {largest}! = {math.factorial(largest):,} permutations per "
-            f"token; s2hc stops at mixtures of {MAX_PERMUTATION_SIZE} streams ({MAX_PERMUTATION_SIZE}! = "
-            f"{math.factorial(MAX_PERMUTATION_SIZE):,}): choose fewer streams or another family"
-        )
+    error = permutation_limit_error(f"{family} at n_streams={n_streams}", largest, built)
+    if error is not None:
+        raise error
 
 
 def build_options(family: str, **family_options: Any) -> dict[str, Any]:
@@ -78,12 +80,13 @@ def _count(
     """Build one connection per wrapped sublayer on the meta device and count; also report K."""
     check_family(family)
     for name, value in (
-        ("layers", layers),
         ("dim", dim),
         ("n_streams", n_streams),
-        ("sublayers_per_layer", sublayers_per_layer),
     ):
         check_int(name, value)
+    # one module is built per sublayer, even on meta: 10**12 layers would never finish
+    check_int("layers", layers, maximum=MAX_LAYERS)
+    check_int("sublayers_per_layer", sublayers_per_layer, maximum=MAX_SUBLAYERS_PER_LAYER)
     if family == RESIDUAL:
         n_streams = 1  # a plain residual stream is one stream, whatever n the others use
     check_countable(family, n_streams)

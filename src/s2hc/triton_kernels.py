@@ -25,7 +25,10 @@ PyTorch reference. Importing this module needs ``triton`` (``pip install 's2hc[t
 from __future__ import annotations
 
 import torch
-import triton
+
+from .extras import require
+
+triton = require("triton", "kernels='triton'")
 import triton.language as tl
 
 __all__ = ["norm_project", "read_mix", "write", "interpreted"]

@@ -10,21 +10,23 @@ rounding (:mod:`s2hc.models.upcycle` says why and which families qualify): ``s2h
 
 from __future__ import annotations
 
-import json
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .config import TrainConfig
-from .hf.convert import config_from_hf, load_hf_state_dict
-from .hf.weights import INDEX, read_safetensors
+from .data.tokenizer import check_tokenizer_fits, get_tokenizer
+from .extras import check_available
+from .io import read_json_object, temporary_pattern
 from .mixers import RESIDUAL
 from .models import Transformer
 from .models.upcycle import DEFAULT_SPREAD, check_upcyclable, upcycle_model
-from .rundir import CHECKPOINT, checkpoint_paths, load_model, open_run_directory, write_config
+from .rundir import CHECKPOINT, checkpoint_paths, load_model, write_config
 from .rundir.checkpoint import save_checkpoint
-from .rundir.guard import notice
+from .rundir.guard import ATOMIC_FILES, DERIVED, LOCK, RUN_FILES, SHARDED_OLD, SHARDED_TMP, notice, run_files
+from .rundir.staging import check_replaceable, replace_directory
 
 # The model keys a TrainConfig keeps outside model_overrides.
 _FAMILY_KEYS = ("family", "n_streams", "family_options")
@@ -35,14 +37,46 @@ _PRESET_OF = {"qwen3": "qwen3-0.6b", "qwen2": "qwen2.5-1.5b", "gemma3": "gemma3-
 
 def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a Hugging Face model directory (single or sharded safetensors, or pytorch_model.bin)."""
+    from .hf.weights import INDEX, read_safetensors
+
     if (directory / INDEX).is_file():
         return read_safetensors(directory)[0]
     if (directory / "model.safetensors").is_file():
         return read_safetensors(directory / "model.safetensors")[0]
     if (directory / "pytorch_model.bin").is_file():
-        return torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        return _read_pytorch_weights(directory / "pytorch_model.bin")
     raise ValueError(f"SOURCE {str(directory)!r} has no model.safetensors, model.safetensors.index.json or "
                      "pytorch_model.bin")
+
+
+def _read_pytorch_weights(file: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a ``pytorch_model.bin``, loaded with ``weights_only`` (a pickle that would run code is
+    refused, never executed). ValueError naming ``file`` when it is not such a file or holds no name -> tensor
+    mapping."""
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors all mean "not a weights file"
+        raise ValueError(f"{str(file)!r} is not a PyTorch weights file, or is damaged ({_load_refusal(error)}); "
+                         "it must be a state dict saved with torch.save") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ValueError(f"{str(file)!r} holds a {type(state).__name__}, not a state dict (tensor names -> "
+                         "tensors)")
+    return state
+
+
+def _load_refusal(error: Exception) -> str:
+    """What ``torch.load(weights_only=True)`` refused, in a few words (its own message is a page long)."""
+    # torch words it "Unsupported global: GLOBAL m.f" or "unsupported GLOBAL m.f whose module m is blocked"
+    found = re.search(r"unsupported (?:global: )?GLOBAL (\S+)", str(error), re.IGNORECASE)
+    if found:
+        return f"it pickles {found.group(1)!r}, which is not data; it was not loaded"
+    return f"could not be read: {type(error).__name__}"
+
+
+def _read_hf_config(directory: Path) -> dict[str, Any]:
+    """The ``config.json`` of a Hugging Face model directory: a JSON object. ValueError naming the file when
+    it is unreadable, not JSON or not an object."""
+    return read_json_object(directory / "config.json", "a Hugging Face config.json is a JSON object")
 
 
 def _hf_tokenizer(directory: Path, model_type: str) -> str:
@@ -61,14 +95,7 @@ def read_source(source: str | Path, tokenizer: str | None = None) -> tuple[Trans
     if not path.exists():
         raise ValueError(f"SOURCE {str(source)!r} does not exist")
     if path.is_dir() and (path / "config.json").is_file() and not checkpoint_paths(path):
-        hf_config = json.loads((path / "config.json").read_text())
-        model_type = hf_config.get("model_type")
-        model = Transformer(config_from_hf(hf_config))
-        load_hf_state_dict(model, _read_hf_weights(path))
-        settings = model.config.to_dict()
-        values = {"preset": _PRESET_OF[model_type], "tokenizer": tokenizer or _hf_tokenizer(path, model_type),
-                  "model_overrides": {k: v for k, v in settings.items() if k not in _FAMILY_KEYS}}
-        return model, values
+        return _read_hf_source(path, tokenizer)
     model, config = load_model(path)
     if model.config.family != RESIDUAL:
         raise ValueError(f"SOURCE {str(source)!r} holds a {model.config.family!r} model with "
@@ -77,13 +104,69 @@ def read_source(source: str | Path, tokenizer: str | None = None) -> tuple[Trans
     return model, {**values, **({"tokenizer": tokenizer} if tokenizer else {})}
 
 
+def _read_hf_source(path: Path, tokenizer: str | None) -> tuple[Transformer, dict[str, Any]]:
+    """:func:`read_source` of a Hugging Face model directory (the hf extra: transformers' converters' home)."""
+    check_available(("transformers",), "a Hugging Face SOURCE")
+    from .hf.convert import config_from_hf, load_hf_state_dict
+
+    hf_config = _read_hf_config(path)
+    model_type = hf_config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in _PRESET_OF:
+        raise ValueError(f"{str(path / 'config.json')!r}: model_type must be one of {list(_PRESET_OF)}, "
+                         f"got {model_type!r}")
+    try:
+        model = Transformer(config_from_hf(hf_config))
+    except ValueError as error:  # a key missing or not supported: say which file it is in
+        raise ValueError(f"{str(path / 'config.json')!r}: {error}") from None
+    load_hf_state_dict(model, _read_hf_weights(path))
+    settings = model.config.to_dict()
+    values = {"preset": _PRESET_OF[model_type], "tokenizer": tokenizer or _hf_tokenizer(path, model_type),
+              "model_overrides": {k: v for k, v in settings.items() if k not in _FAMILY_KEYS}}
+    return model, values
+
+
+#: What an existing --out may hold to be replaced: a run (its files, what was derived from it, its lock, the
+#: temporary files of its interrupted saves). Anything else is a user's, and the directory is refused.
+_RUN_NAMES = frozenset((*RUN_FILES, *DERIVED, LOCK, SHARDED_TMP, SHARDED_OLD))
+_RUN_TEMPORARIES = tuple(temporary_pattern(name) for name in ATOMIC_FILES)
+_KIND = "an s2hc run"
+
+
+def _is_run_file(name: str) -> bool:
+    return name in _RUN_NAMES or any(pattern.fullmatch(name) for pattern in _RUN_TEMPORARIES)
+
+
+def check_not_own_input(source: str | Path, out: str | Path) -> None:
+    """ValueError when ``out`` is SOURCE, inside it or holds it: writing the run would remove its own input
+    (``upcycle RUN --out RUN --overwrite`` used to read the run, then delete it and its metrics)."""
+    source_path, out_path = Path(source).expanduser().resolve(), Path(out).expanduser().resolve()
+    if out_path == source_path or out_path.is_relative_to(source_path) or source_path.is_relative_to(out_path):
+        raise ValueError(f"--out {str(out)!r} is, holds or lies inside SOURCE {str(source)!r}; upcycle never "
+                         f"writes over its own input: choose another --out")
+
+
+def check_run_out(out: str | Path, overwrite: bool) -> None:
+    """ValueError unless the run may be written to ``out``: it holds no run (or ``overwrite``) and nothing that
+    is not a run's. Changes nothing; :func:`upcycle` checks again under the lock."""
+    found = run_files(out)
+    if found and not overwrite:  # upcycle has no --resume: a run there is replaced or left alone
+        raise ValueError(f"--out {str(out)!r} already holds a run ({', '.join(found)}); pass --overwrite to "
+                         f"replace it, or choose another --out")
+    check_replaceable(out, "--out", _KIND, _is_run_file)
+
+
 def upcycle(source: str | Path, family: str, n_streams: int, out: str | Path, *, family_options: dict | None = None,
             spread: float = DEFAULT_SPREAD, tokenizer: str | None = None, overwrite: bool = False) -> Path:
     """Write the run directory ``out`` holding SOURCE upcycled to ``family`` with ``n_streams`` streams.
 
-    Everything is checked before anything is written (the family, the streams, the source, the run directory);
-    returns the checkpoint's path."""
+    Everything is checked before anything is read or written (``out`` is not SOURCE, inside it or around it;
+    the family, the streams, the run directory), then the source, then the model; returns the checkpoint's path.
+    The run directory is complete or absent: built beside ``out`` and swapped in whole
+    (:func:`s2hc.rundir.staging.replace_directory`), so a kill leaves either the run that was there (or
+    nothing) or the new one, never a ``config.yaml`` without its checkpoint, and running it again just works."""
+    check_not_own_input(source, out)
     check_upcyclable(family)
+    check_run_out(out, overwrite)
     model, values = read_source(source, tokenizer)
     upcycled = upcycle_model(model, family, n_streams, family_options, spread)
     overrides = {**values.get("model_overrides", {}), "vocab_size": upcycled.config.vocab_size,
@@ -91,11 +174,15 @@ def upcycle(source: str | Path, family: str, n_streams: int, out: str | Path, *,
     config = TrainConfig.from_dict({**values, "model_overrides": overrides, "family": family,
                                     "n_streams": n_streams, "family_options": dict(family_options or {}),
                                     "out": str(out)})
+    config.check_extras()  # the run's tokenizer ('gpt2' for a GPT-2 SOURCE) must load where the run is used
+    # A --tokenizer with more tokens than the model's embedding would make a run that eval, train and the
+    # others refuse: refused here, naming the source, before anything is written.
+    check_tokenizer_fits(get_tokenizer(config.tokenizer), upcycled.config.vocab_size, source)
     if config.model_config() != upcycled.config:  # the run's configuration must rebuild this very model
         raise ValueError(f"the upcycled model does not round-trip through its run configuration: "
                          f"{config.model_config()} != {upcycled.config}")
-    with open_run_directory(out, overwrite=overwrite, log=notice):
-        run_dir = Path(out).expanduser()
+    with replace_directory(out, argument="--out", kind=_KIND, allowed=_is_run_file, lock_inside=True,
+                           check=lambda: check_run_out(out, overwrite), log=notice) as run_dir:
         write_config(run_dir, config.to_dict())
         history = {"step_times": [], "train_loss": None, "val_loss": None}
         save_checkpoint(run_dir / CHECKPOINT, {
@@ -103,4 +190,4 @@ def upcycle(source: str | Path, family: str, n_streams: int, out: str | Path, *,
             "model": upcycled.state_dict(), "history": history, "upcycled_from": str(source),
             "world_size": 1,
         })
-    return run_dir / CHECKPOINT
+    return Path(out).expanduser() / CHECKPOINT

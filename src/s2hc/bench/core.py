@@ -27,6 +27,7 @@ from torch import nn
 
 from ..config import parse_assignment
 from ..connection import HyperConnection, set_connection_options
+from ..extras import is_available, require
 from ..mixers import RESIDUAL, check_family
 from ..models import Transformer, get_preset
 
@@ -64,11 +65,7 @@ def parse_variant(text: str, n_streams: int) -> Variant:
 
 def peer_available() -> bool:
     """Whether the ``hyper-connections`` package (the peer) can be imported."""
-    try:
-        import hyper_connections  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return is_available("hyper_connections")
 
 
 def _sync(device: torch.device) -> None:
@@ -95,9 +92,8 @@ class _PeerConnection(nn.Module):
 
     def __init__(self, dim: int, n_streams: int, layer_index: int, **options: Any):
         super().__init__()
-        from hyper_connections import ManifoldConstrainedHyperConnections
-
-        self.inner = ManifoldConstrainedHyperConnections(n_streams, dim=dim, layer_index=layer_index, **options)
+        peer = require("hyper_connections", "the bench's peer")
+        self.inner = peer.ManifoldConstrainedHyperConnections(n_streams, dim=dim, layer_index=layer_index, **options)
 
     def forward(self, x, branch, *args, **kwargs):
         branch_in, add_residual = self.inner(x)

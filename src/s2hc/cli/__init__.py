@@ -10,6 +10,7 @@
   export    write a checkpoint as a Hugging Face transformers model directory       (:mod:`.export`)
   diagnose  measure the residual matrices of a checkpoint, or of synthetic inputs   (:mod:`.diagnose`)
   bench     step time, peak memory and coefficient-path cost per family             (:mod:`.bench`)
+  configs   list the shipped YAML configs, or print one to copy                     (:mod:`.configs`)
 
 Each module has ``register(subparsers)``, which adds its parsers with ``func`` (``args -> exit status``) and
 ``subparser`` set as defaults. To add a subcommand, write such a module and list it in :data:`COMMANDS`.
@@ -18,7 +19,8 @@ Nothing else in s2hc imports this package.
 Errors: :func:`main` is the one funnel (wording and status: :mod:`.errors`). A user's mistake never ends in a
 traceback: a ``ValueError`` from a command (a bad value, a damaged file, an unwritable path) becomes one line
 ``s2hc CMD: error: ...`` and exit status 2; an ``OSError`` too (exit 2), except a full disk, an exhausted quota
-or an I/O error during the work (exit 1, a failed run), and running out of memory (exit 1). Anything else is a
+or an I/O error during the work (exit 1, a failed run), and running out of memory (exit 1); a missing optional
+package (:class:`s2hc.extras.MissingExtra`) names its extra and the pip command (exit 2). Anything else is a
 bug and raises. ``S2HC_TRACEBACK=1`` in the environment lets every error raise, for debugging.
 """
 
@@ -30,10 +32,10 @@ import sys
 from collections.abc import Sequence
 
 from .. import __version__
-from . import bench, diagnose, evaluate, export, params, study, train, upcycle
+from . import bench, configs, diagnose, evaluate, export, params, study, train, upcycle
 from .errors import report_error
 
-COMMANDS = (params, train, study, upcycle, evaluate, export, diagnose, bench)
+COMMANDS = (params, train, study, upcycle, evaluate, export, diagnose, bench, configs)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,7 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return exit_.code
         print(exit_.code, file=sys.stderr)
         return 1
-    except (ValueError, OSError, RuntimeError) as error:
+    except BrokenPipeError:  # the reader went away (`s2hc configs | head`): nothing left to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except (ValueError, OSError, RuntimeError, ImportError) as error:
         if os.environ.get("S2HC_TRACEBACK", "") not in ("", "0"):
             raise
         return report_error(command, error)

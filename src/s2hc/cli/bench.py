@@ -12,6 +12,7 @@ import torch
 from ..bench import core
 from ..bench.core import PEER
 from ..devices import DEVICE_NAMES, resolve_device
+from ..extras import MissingExtra, check_available
 from ..mixers import families
 from ..models import get_preset
 from ..params import format_table, param_table
@@ -70,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         device = resolve_device(args.device, "argument --device")
     except ValueError as error:
         args.subparser.error(str(error))
+    if any(v.family == core.PEER for v in variants):  # named: required, before anything is built
+        check_available(("hyper_connections",), f"--families {core.PEER}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     peer_note = None
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if core.peer_available():
             variants.append(core.Variant(core.PEER, 4))
         else:
-            peer_note = f"{core.PEER}: absent (pip install hyper-connections to run the peer)"
+            peer_note = f"{core.PEER}: absent ({MissingExtra('hyper_connections', 'the peer')})"
     log = (lambda text: print(text, file=sys.stderr, flush=True)) if not args.json else (lambda text: None)
     machine = core.machine_description(device)
     log(f"machine: {machine}")
@@ -87,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
             repeats=args.repeats, steps=args.steps, memory=not args.no_memory, overrides=overrides,
             device=device, log=log,
         )  # fmt: skip
-    except (ValueError, ImportError) as error:  # bad options, kernels=triton where it cannot run or is absent
+    except ValueError as error:  # bad options, kernels=triton where it cannot run
         args.subparser.error(str(error))
     families = list(dict.fromkeys(v.family for v in variants if v.family not in ("residual", core.PEER)))
     if "mhc" not in families:

@@ -13,8 +13,10 @@ import sys
 from pathlib import Path
 
 from ..checks import check_streams
+from ..data.sources import required_packages
 from ..diagnostics.report import REPORT_NAME, default_out, diagnose_checkpoint, diagnose_synthetic, nothing_message
 from ..diagnostics.synthetic import DEFAULT_SWEEP
+from ..extras import check_available
 from ..io import check_output_dir
 from ..rundir import resolve_checkpoint
 from .common import nonnegative_float, output_directory, parse_families, positive_int
@@ -100,10 +102,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _static(args: argparse.Namespace) -> int:
-    try:
-        from ..hf.static import diagnose_static, write_static
-    except ImportError:
-        return _fail("--static reads safetensors checkpoints with the hf extra: pip install 's2hc[hf]'")
+    check_available(("transformers", "safetensors"), "--static")  # s2hc.hf (the DeepSeek-V4 converters) needs both
+    from ..hf.static import diagnose_static, write_static
+
     name = Path(args.checkpoint).expanduser().resolve()
     name = name.stem if name.suffix == ".safetensors" else name.name
     try:
@@ -126,6 +127,7 @@ def _static(args: argparse.Namespace) -> int:
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
+    check_available(required_packages(args.data or "embedded"), f"--data {args.data}")
     try:
         resolve_checkpoint(args.checkpoint)  # a missing checkpoint is reported before its output is made
         with output_directory(args.out or default_out(args.checkpoint), "--out") as out:

@@ -1,7 +1,9 @@
 """How ``s2hc`` reports a user's problem: one line, ``s2hc CMD: error: ...``, and an exit status.
 
 :func:`report_error` is called by :func:`s2hc.cli.main` for a ``ValueError`` (exit 2), an ``OSError`` (exit 2;
-1 for a full disk, an exhausted quota or an I/O error during the work) or running out of memory (exit 1).
+1 for a full disk, an exhausted quota or an I/O error during the work), an optional package that is not
+installed (exit 2: ``s2hc upcycle: error: a Hugging Face SOURCE needs the hf extra (transformers is not
+installed): pip install 's2hc[hf]'``) or running out of memory (exit 1).
 """
 
 from __future__ import annotations
@@ -11,14 +13,20 @@ import sys
 
 import torch
 
+from ..extras import as_missing_extra
 from ..io import OS_HINTS
 
 
 def report_error(command: str, error: BaseException) -> int:
-    """One line and an exit status for a user's problem; a RuntimeError that is not running out of memory is
-    raised again (a bug)."""
+    """One line and an exit status for a user's problem; a RuntimeError that is not running out of memory, or an
+    ImportError of a package that no extra provides, is raised again (a bug)."""
     if isinstance(error, ValueError):
         return _fail(command, str(error), 2)
+    if isinstance(error, ImportError):
+        missing = as_missing_extra(error)
+        if missing is None:
+            raise error
+        return _fail(command, str(missing), 2)
     if isinstance(error, OSError):
         return _fail(command, describe_os_error(error), 1 if error.errno in FAILED_RUN_ERRNOS else 2)
     if not out_of_memory(error):

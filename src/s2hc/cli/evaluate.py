@@ -9,16 +9,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 from pathlib import Path
 
 import torch
 
 from ..data.shards import prepare_tokens, stored_cache_dir
+from ..data.sources import required_packages
 from ..devices import DTYPES
 from ..evaluate.generation import generate_tokens
 from ..evaluate.loading import load_for_eval
 from ..evaluate.perplexity import perplexity
+from ..extras import check_available
 from ..io import atomic_write_text
 from .common import nonnegative_float, output_directory, positive_int
 
@@ -28,9 +31,21 @@ def _limit(text: str) -> float | int:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a count >= 1 or a fraction in (0, 1), got {text!r}") from None
-    if value <= 0 or (value >= 1 and value != int(value)):
+    # nan and inf pass every comparison below (or overflow int()): refuse them first
+    if not math.isfinite(value) or value <= 0 or (value >= 1 and value != int(value)):
         raise argparse.ArgumentTypeError(f"must be a count >= 1 or a fraction in (0, 1), got {text!r}")
     return int(value) if value >= 1 else value
+
+
+def _count(text: str) -> int:
+    """argparse type: an integer >= 0 (``--num-fewshot``, ``--bootstrap-iters``: 0 means none)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
+    return value
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -77,10 +92,10 @@ def _add_eval_parser(subparsers) -> None:
                             "default cache)")
     group = parser.add_argument_group("lm-eval tasks")
     group.add_argument("--limit", type=_limit, default=None, help="examples per task (a count, or a fraction < 1)")
-    group.add_argument("--num-fewshot", type=int, default=None,
+    group.add_argument("--num-fewshot", type=_count, default=None,
                        help="shots for the tasks outside paper8 (default: the task's)")
     group.add_argument(
-        "--bootstrap-iters", type=int, default=1000, help="bootstrap resamples for stderr (default 1000)"
+        "--bootstrap-iters", type=_count, default=1000, help="bootstrap resamples for stderr (default 1000)"
     )
     group.add_argument("--seed", type=int, default=1234, help="seed of few-shot sampling and lm-eval (default 1234)")
     parser.add_argument("--output", default=None, metavar="DIR",
@@ -96,6 +111,9 @@ def _row_label(model) -> str:
 
 def run_eval(args: argparse.Namespace) -> int:
     parser = args.subparser
+    if args.tasks is not None:  # what the options need is checked before the model is loaded
+        check_available(("lm_eval",), "--tasks")
+    check_available(required_packages(args.data), f"--data {args.data}")
     try:
         model, tokenizer, train_config = load_for_eval(args.checkpoint, device=args.device, dtype=args.dtype)
     except ValueError as error:
@@ -130,18 +148,16 @@ def _evaluate(args: argparse.Namespace, model, tokenizer, train_config, out: Pat
             atomic_write_text(out / "perplexity.json", json.dumps(result.to_dict(), indent=2) + "\n")
 
     if args.tasks is not None:
-        try:
-            from ..evaluate.harness import S2HCLM  # needs lm-eval (the eval extra)
-            from ..evaluate.suites import (
-                PAPER8_NAME,
-                HubUnavailable,
-                format_paper8_table,
-                format_results_table,
-                parse_tasks,
-                run_tasks,
-            )
-        except ImportError as error:
-            parser.error(f"--tasks needs lm-eval ({error.name or error} is missing): pip install 's2hc[eval]'")
+        from ..evaluate.harness import S2HCLM  # the eval extra, checked before the model was loaded
+        from ..evaluate.suites import (
+            PAPER8_NAME,
+            HubUnavailable,
+            format_paper8_table,
+            format_results_table,
+            parse_tasks,
+            run_tasks,
+        )
+
         try:
             names = parse_tasks(args.tasks)
             lm = S2HCLM(model=model, tokenizer=tokenizer, batch_size=args.batch_size, progress=args.progress)

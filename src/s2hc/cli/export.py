@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..devices import DTYPES
+from ..extras import check_available
 
 
 def register(subparsers) -> None:
@@ -26,10 +27,9 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     parser = args.subparser
-    try:
-        from ..hf import export  # needs transformers (the hf extra): imported on use
-    except ImportError:
-        parser.error("export needs transformers: pip install 's2hc[hf]'")
+    check_available(("transformers", "safetensors"))
+    from ..hf import export  # the hf extra: imported on use
+
     try:
         out = export(args.checkpoint, args.out_dir, dtype=args.dtype)
     except ValueError as error:

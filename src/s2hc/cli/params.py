@@ -19,7 +19,8 @@ def register(subparsers) -> None:
             "Count the parameters of the hyper-connections of a model with LAYERS layers of width DIM and "
             "N streams, one connection per wrapped sublayer, for each family. The modules are built "
             "on the meta device (nothing is allocated), so large families such as mhc-lite at n = 7 are cheap. "
-            "Limits: n <= 64, and permutation mixtures (mhc-lite, kromhc's prime factors) of at most 12 streams."
+            "Limits: n <= 64, layers <= 10000, and permutation mixtures (mhc-lite, kromhc's prime factors) of at "
+            "most 12 streams (8 for a model that is trained)."
         ),
     )
     parser.add_argument("--layers", type=positive_int, default=28, help="transformer layers (default 28)")

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..extras import require
 from .corpus import corpus_fingerprint, load_corpus
 
 EMBEDDED = "embedded"
@@ -89,6 +90,21 @@ def resolve_files(source: str | os.PathLike) -> list[Path]:
             f"source {os.fspath(source)!r} is a directory with no .txt, .jsonl, .jsonl.gz or .parquet files"
         )
     return files
+
+
+def required_packages(source: str | os.PathLike) -> tuple[str, ...]:
+    """The optional packages reading ``source`` needs (:mod:`s2hc.extras`), found without reading it: ``datasets``
+    for ``hf:``, ``pyarrow`` for Parquet files. A path that does not exist needs nothing (it fails later, by name)."""
+    if isinstance(source, str) and source.startswith(HF_PREFIX):
+        return ("datasets",)
+    if source == EMBEDDED:
+        return ()
+    path = Path(source).expanduser()
+    if path.is_file():
+        return ("pyarrow",) if _kind(path) == "parquet" else ()
+    if path.is_dir() and any(p.is_file() and _kind(p) == "parquet" for p in path.rglob("*")):
+        return ("pyarrow",)
+    return ()
 
 
 def _val_every(val_fraction: float) -> int:
@@ -178,10 +194,7 @@ def _jsonl_records(path: Path, text_field: str, compressed: bool) -> Iterator[st
 
 
 def _iter_parquet(path: Path, text_field: str) -> Iterator[str]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ImportError(f"reading {path} needs pyarrow: pip install 's2hc[data]'") from None
+    pq = require("pyarrow.parquet", f"reading {path}")
     import pyarrow as pa
 
     try:
@@ -210,10 +223,7 @@ def _hf_error(source: str, e: BaseException) -> ValueError:
 
 
 def _iter_hf(source: str, text_field: str, hf_split: str) -> Iterator[str]:
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError(f"source {source!r} needs the datasets package: pip install 's2hc[data]'") from None
+    datasets = require("datasets", f"source {source!r}")
     name, config = parse_hf(source)
     try:
         ds = datasets.load_dataset(name, config, split=hf_split, streaming=True)

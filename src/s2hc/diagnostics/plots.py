@@ -17,7 +17,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..extras import MissingExtra, is_available, require
+
 __all__ = [
+    "NO_FIGURES",
     "FIGURES",
     "have_matplotlib",
     "plot_amax_gain",
@@ -39,17 +42,16 @@ FIGURES = {
 LOG_FLOOR = 1e-9  # log axes cannot show 0 (an exact guarantee): such values are drawn at this floor
 
 
+#: What a report says in place of its figures without matplotlib (the plot extra): the reports degrade, not fail.
+NO_FIGURES = f"(No figures: {MissingExtra('matplotlib', 'figures')}.)"
+
+
 def have_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return is_available("matplotlib")
 
 
 def _pyplot():
-    import matplotlib
-
+    matplotlib = require("matplotlib", "figures")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

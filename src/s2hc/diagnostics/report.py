@@ -19,6 +19,7 @@ import torch
 from ..connection import HyperConnection
 from ..data.loader import eval_batches
 from ..data.shards import prepare_tokens, stored_cache_dir
+from ..data.tokenizer import check_tokenizer_fits, get_tokenizer
 from ..devices import autocast_dtype, resolve_device
 from ..io import atomic_write_text
 from ..rundir import METRICS, load_model, read_metrics, resolve_checkpoint
@@ -112,7 +113,7 @@ FIGURE_CAPTIONS = {
 
 def figure_lines(figures: dict[str, Path], relative_to: Path) -> list[str]:
     if not figures:
-        return ["(Figures need matplotlib: `pip install 's2hc[plot]'`.)", ""]
+        return [plots.NO_FIGURES, ""]
     lines = []
     for key, path in figures.items():
         rel = Path(path).resolve().relative_to(relative_to.resolve()).as_posix()
@@ -267,6 +268,7 @@ def diagnose_checkpoint(
             write_json(out / JSON_NAME, result)
             write_text(out / REPORT_NAME, _nothing_report(result))
         return result
+    check_tokenizer_fits(get_tokenizer(config.tokenizer), model.config.vocab_size, path)  # as eval does
     target = resolve_device(device)
     model = model.to(target)
     seq_len = seq_len or config.seq_len

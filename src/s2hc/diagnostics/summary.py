@@ -44,8 +44,11 @@ def distribution(values: torch.Tensor) -> dict[str, list[float]]:
 
 def vector_distribution(values: torch.Tensor) -> dict[str, list[list[float]]]:
     """Per-row statistics of ``values`` ``(L, N, k)`` for each of the k components: ``mean``, ``min``, ``max``,
-    ``p10``, ``p90``, each a list (L) of lists (k)."""
+    ``p10``, ``p90``, each a list (L) of lists (k); with k = 0 (one stream has no deviation) lists of empty lists,
+    since a quantile of nothing is undefined."""
     values = values.detach().double()
+    if values.shape[-1] == 0:
+        return {key: [[] for _ in range(values.shape[0])] for key in ("mean", "min", "max", "p10", "p90")}
     out = {
         "mean": values.mean(1),
         "min": values.amin(1),

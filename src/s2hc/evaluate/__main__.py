@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import sys
 
+from ..extras import MissingExtra, require
+
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        from lm_eval.__main__ import cli_evaluate
-    except ImportError:
-        sys.exit("python -m s2hc.evaluate needs lm-eval: pip install 's2hc[eval]'")
+        cli_evaluate = require("lm_eval.__main__", "python -m s2hc.evaluate").cli_evaluate
+    except MissingExtra as error:
+        sys.exit(str(error))
     from . import harness  # noqa: F401 - registers the model "s2hc"
     from .offline import tasks_dir
 

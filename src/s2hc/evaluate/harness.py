@@ -24,18 +24,20 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-import lm_eval.models  # noqa: F401 - lm-eval's own models first: its registry loads them only when empty
 import torch
 import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..devices import resolve_device, resolve_dtype
+from ..extras import require
+from .generation import generate_tokens
+from .loading import load_for_eval
+
+require("lm_eval.models", "the lm-eval model 's2hc'")  # lm-eval's own models first: its registry loads them
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import model_registry, register_model
 from lm_eval.models.utils import Collator
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
-from tqdm import tqdm
-
-from ..devices import resolve_device, resolve_dtype
-from .generation import generate_tokens
-from .loading import load_for_eval
 
 MODEL_NAME = "s2hc"
 DEFAULT_BATCH_SIZE = 8

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from ..data.tokenizer import get_tokenizer
+from ..data.tokenizer import check_tokenizer_fits, get_tokenizer
 from ..devices import resolve_device, resolve_dtype
 from ..rundir import load_model
 
@@ -24,11 +24,7 @@ def load_for_eval(checkpoint: str | os.PathLike, device: str | torch.device | No
     check_finite_weights(model, checkpoint)
     model = model.to(device=target, dtype=dtype) if dtype is not None else model.to(target)
     tokenizer = get_tokenizer(train_config.tokenizer)
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(
-            f"the checkpoint's tokenizer {train_config.tokenizer!r} has {tokenizer.vocab_size} tokens, more than "
-            f"the model's vocab_size={model.config.vocab_size}"
-        )
+    check_tokenizer_fits(tokenizer, model.config.vocab_size, checkpoint)
     return model.eval(), tokenizer, train_config
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.corpus import load_documents
+from ..extras import require
 
 TASKS = ("s2hc_nextline", "s2hc_ppl")
 GROUPS = ("s2hc_offline",)
@@ -57,7 +58,7 @@ def read_jsonl_gz(path: Path) -> list[dict[str, Any]]:
 
 
 def _dataset(task: str):
-    import datasets
+    datasets = require("datasets", f"the shipped task {task!r}")
 
     rows = read_jsonl_gz(tasks_dir() / DATA_FILES[task])
     return {"test": datasets.Dataset.from_list(rows)}

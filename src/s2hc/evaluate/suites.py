@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..extras import require
 from .offline import GROUPS, TASKS, tasks_dir
 
 PAPER8_NAME = "paper8"
@@ -169,8 +170,7 @@ def run_tasks(
     and ``paper8`` (each of its tasks with its own number of shots; ``num_fewshot`` applies to the others).
     ``limit``: examples per task (a fraction if < 1). Errors: :class:`UnknownTask`, :class:`HubUnavailable`.
     """
-    import lm_eval
-
+    lm_eval = require("lm_eval", "lm-eval tasks")
     names = parse_tasks(tasks)
     plan: dict[int | None, list[str]] = {}
     if PAPER8_NAME in names:

@@ -24,10 +24,9 @@ holds two one-line modules that import these classes from the installed s2hc.
 
 from __future__ import annotations
 
-try:
-    import transformers  # noqa: F401
-except ImportError:  # pragma: no cover - depends on the environment
-    raise ImportError("s2hc.hf needs transformers: pip install 's2hc[hf]'") from None
+from ..extras import require
+
+require("transformers", "s2hc.hf")
 
 from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -34,9 +34,23 @@ def _get(hf_config: Any, name: str, default: Any = None) -> Any:
     return getattr(hf_config, name, default)
 
 
+def _required(hf_config: Any, name: str) -> Any:
+    """``hf_config[name]``; ValueError naming the key when it is missing or null (a config.json written by hand
+    or cut short), rather than a TypeError from the arithmetic on it."""
+    value = _get(hf_config, name)
+    if value is None:
+        raise ValueError(f"the Hugging Face config has no {name!r} (a {_get(hf_config, 'model_type')} config "
+                         "needs it to convert)")
+    return value
+
+
 def _text_config(hf_config: Any) -> Any:
     if _get(hf_config, "model_type") == "gemma3":  # the multimodal config: use its text part
-        return _get(hf_config, "text_config")
+        text = _get(hf_config, "text_config")
+        if text is None or isinstance(text, (list, str, int, float)):
+            raise ValueError(f"a 'gemma3' config needs a text_config object (the text model's settings), "
+                             f"got {text!r}")
+        return text
     return hf_config
 
 
@@ -84,19 +98,21 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
         return _gpt2_config(hf_config, overrides)
     if model_type not in ARCHITECTURES:
         raise ValueError(f"model_type must be one of {list(ARCHITECTURES)} (or 'gemma3'), got {model_type!r}")
-    n_heads = _get(hf_config, "num_attention_heads")
-    dim = _get(hf_config, "hidden_size")
+    n_heads = _required(hf_config, "num_attention_heads")
+    dim = _required(hf_config, "hidden_size")
+    if not isinstance(n_heads, int) or not isinstance(dim, int) or n_heads < 1:
+        raise ValueError(f"hidden_size and num_attention_heads must be integers >= 1, got {dim!r} and {n_heads!r}")
     fields: dict[str, Any] = dict(
-        vocab_size=_get(hf_config, "vocab_size"),
+        vocab_size=_required(hf_config, "vocab_size"),
         dim=dim,
-        n_layers=_get(hf_config, "num_hidden_layers"),
+        n_layers=_required(hf_config, "num_hidden_layers"),
         n_heads=n_heads,
         n_kv_heads=_get(hf_config, "num_key_value_heads") or n_heads,
         head_dim=_get(hf_config, "head_dim") or dim // n_heads,
-        ffn_dim=_get(hf_config, "intermediate_size"),
-        max_seq_len=_get(hf_config, "max_position_embeddings"),
+        ffn_dim=_required(hf_config, "intermediate_size"),
+        max_seq_len=_required(hf_config, "max_position_embeddings"),
         norm="rmsnorm",
-        norm_eps=_get(hf_config, "rms_norm_eps"),
+        norm_eps=_required(hf_config, "rms_norm_eps"),
         pos="rope",
         tie_embeddings=bool(_get(hf_config, "tie_word_embeddings", False)),
     )
@@ -124,8 +140,8 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
                 raise ValueError(f"{name} must be None (no soft-capping) to convert, got {_get(hf_config, name)!r}")
         if _get(hf_config, "use_bidirectional_attention", False):
             raise ValueError("use_bidirectional_attention=True is not supported (the model is causal)")
-        layer_types = _get(hf_config, "layer_types")
         declared = _get(hf_config, "_sliding_window_pattern") or _get(hf_config, "sliding_window_pattern")
+        layer_types = _gemma_layer_types(hf_config, declared)
         bias = bool(_get(hf_config, "attention_bias", False))
         fields.update(
             mlp="geglu",
@@ -145,6 +161,20 @@ def config_from_hf(hf_config: Any, **overrides: Any) -> ModelConfig:
     return ModelConfig.from_dict(fields)
 
 
+def _gemma_layer_types(hf_config: Any, declared: Any) -> list[str]:
+    """Gemma3's ``layer_types``; from ``sliding_window_pattern`` when a config.json has only that (as
+    ``Gemma3TextConfig`` derives them: layer ``i`` is global iff ``(i + 1) % p == 0``). ValueError when it has
+    neither, or they are not a list."""
+    layer_types = _get(hf_config, "layer_types")
+    if layer_types is None and isinstance(declared, int) and not isinstance(declared, bool) and declared >= 1:
+        n_layers = _required(hf_config, "num_hidden_layers")
+        return ["full_attention" if (i + 1) % declared == 0 else "sliding_attention" for i in range(n_layers)]
+    if not isinstance(layer_types, (list, tuple)):
+        raise ValueError(f"a Gemma3 config needs layer_types (a list of 'sliding_attention' / 'full_attention') "
+                         f"or sliding_window_pattern, got layer_types={layer_types!r}")
+    return list(layer_types)
+
+
 def _gpt2_config(hf_config: Any, overrides: dict[str, Any]) -> ModelConfig:
     """GPT-2 (``GPT2Config``): LayerNorm, tanh-GELU MLP, learned positions, biases everywhere, tied head."""
     activation = _get(hf_config, "activation_function", "gelu_new")
@@ -155,11 +185,14 @@ def _gpt2_config(hf_config: Any, overrides: dict[str, Any]) -> ModelConfig:
                           ("reorder_and_upcast_attn", False), ("add_cross_attention", False)):
         if bool(_get(hf_config, name, allowed)) != allowed:
             raise ValueError(f"{name} must be {allowed} to convert, got {_get(hf_config, name)!r}")
-    dim = _get(hf_config, "n_embd")
+    dim = _required(hf_config, "n_embd")
+    if not isinstance(dim, int):
+        raise ValueError(f"n_embd must be an integer >= 1, got {dim!r}")
     fields = dict(
-        vocab_size=_get(hf_config, "vocab_size"), dim=dim, n_layers=_get(hf_config, "n_layer"),
-        n_heads=_get(hf_config, "n_head"), ffn_dim=_get(hf_config, "n_inner") or 4 * dim,
-        max_seq_len=_get(hf_config, "n_positions"), norm="layernorm", norm_eps=_get(hf_config, "layer_norm_epsilon"),
+        vocab_size=_required(hf_config, "vocab_size"), dim=dim, n_layers=_required(hf_config, "n_layer"),
+        n_heads=_required(hf_config, "n_head"), ffn_dim=_get(hf_config, "n_inner") or 4 * dim,
+        max_seq_len=_required(hf_config, "n_positions"), norm="layernorm",
+        norm_eps=_required(hf_config, "layer_norm_epsilon"),
         mlp="gelu", qkv_bias=True, out_bias=True, mlp_bias=True, pos="learned",
         tie_embeddings=bool(_get(hf_config, "tie_word_embeddings", True)),
     )

@@ -37,7 +37,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..checks import check_float, check_int, check_streams
 from ..connection import HyperConnection, HyperHead
+from ..mixers.mhc import MAX_ITERATIONS
 
 __all__ = [
     "connection_from_hf",
@@ -65,15 +67,17 @@ def _get(hf_config: Any, name: str) -> Any:
 def connection_options(hf_config: Any) -> dict[str, Any]:
     """The :class:`s2hc.HyperConnection` arguments that compute what ``DeepseekV4HyperConnection(hf_config)``
     computes: ``dim``, ``n_streams``, ``family="mhc"``, ``variant="deepseek-v4"``, ``iterations``, ``hc_eps``,
-    ``eps``. ``hf_config``: a ``DeepseekV4Config`` or a mapping with its keys."""
+    ``eps``. ``hf_config``: a ``DeepseekV4Config`` or a mapping with its keys (often a ``config.json`` read
+    from disk), each checked under its own name before anything is built: ``hc_sinkhorn_iters`` at most
+    :data:`s2hc.mixers.mhc.MAX_ITERATIONS`, ``hc_mult`` at most :data:`s2hc.checks.MAX_STREAMS`."""
     return dict(
-        dim=int(_get(hf_config, "hidden_size")),
-        n_streams=int(_get(hf_config, "hc_mult")),
+        dim=check_int("hidden_size", _get(hf_config, "hidden_size")),
+        n_streams=check_streams("hc_mult", _get(hf_config, "hc_mult")),
         family="mhc",
         variant=VARIANT,
-        iterations=int(_get(hf_config, "hc_sinkhorn_iters")),
-        hc_eps=float(_get(hf_config, "hc_eps")),
-        eps=float(_get(hf_config, "rms_norm_eps")),
+        iterations=check_int("hc_sinkhorn_iters", _get(hf_config, "hc_sinkhorn_iters"), maximum=MAX_ITERATIONS),
+        hc_eps=check_float("hc_eps", _get(hf_config, "hc_eps"), minimum=0.0),
+        eps=check_float("rms_norm_eps", _get(hf_config, "rms_norm_eps"), positive=True),
     )
 
 

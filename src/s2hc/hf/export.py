@@ -11,8 +11,10 @@ from pathlib import Path
 from ..data.tokenizer import HFTokenizer, TiktokenTokenizer, get_tokenizer, gpt2_files
 from ..devices import resolve_dtype
 from ..evaluate.loading import check_finite_weights
-from ..io import WriteError, atomic_write_text, check_output_dir
+from ..io import WriteError, atomic_write_text
 from ..rundir import load_checkpoint, load_model
+from ..rundir.guard import notice
+from ..rundir.staging import check_replaceable, replace_directory
 from .configuration import S2HCConfig
 from .modeling import S2HCForCausalLM
 
@@ -82,6 +84,23 @@ def from_s2hc(model, tokenizer=None) -> S2HCForCausalLM:
     return hf_model.eval()
 
 
+#: What an export directory holds: the files :func:`export` writes (``save_pretrained`` shards large models into
+#: ``model-00001-of-00002.safetensors`` and an index; older transformers add ``special_tokens_map.json``), and
+#: the temporary files of s2hc's atomic writes. An existing ``out_dir`` holding anything else is refused.
+EXPORT_FILES = re.compile(
+    r"config\.json|generation_config\.json|model(-\d{5}-of-\d{5})?\.safetensors|model\.safetensors\.index\.json"
+    r"|tokenizer\.json|tokenizer_config\.json|special_tokens_map\.json|chat_template\.jinja"
+    r"|configuration_s2hc\.py|modeling_s2hc\.py|s2hc_training\.json|__pycache__"
+    r"|\..+\.s2hc-[0-9a-f]{8}\.tmp"
+)
+_KIND = "an s2hc export"
+
+
+def is_export_file(name: str) -> bool:
+    """Whether ``name`` is one :func:`export` writes into its directory (:data:`EXPORT_FILES`)."""
+    return EXPORT_FILES.fullmatch(name) is not None
+
+
 def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str | None = None) -> Path:
     """Write ``out_dir`` from an s2hc checkpoint (a run directory or a checkpoint file) so that
     ``AutoModelForCausalLM.from_pretrained(out_dir)`` (after ``import s2hc.hf``, or with
@@ -91,15 +110,18 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
     (``tokenizer.json``, ``tokenizer_config.json``), ``configuration_s2hc.py`` / ``modeling_s2hc.py`` (imports
     from the installed s2hc) and ``s2hc_training.json`` (the run's training configuration and step).
     ``dtype``: ``"float32"`` (default: the checkpoint's), ``"bfloat16"`` or ``"float16"``.
-    ValueError in one sentence for a missing or foreign checkpoint, a checkpoint with non-finite weights, or an
-    ``out_dir`` that cannot be written (a file, under a file, read-only, no permission; see
-    :func:`s2hc.io.check_output_dir`).
+
+    The directory is complete or absent: it is built beside ``out_dir`` (``.OUT.s2hc-tmp-XXXXXXXX/``) and
+    swapped in whole (:func:`s2hc.rundir.staging.replace_directory`), so an earlier export stays as it was
+    until the new one is whole, and a kill or a full disk never leaves one model's config with another's
+    weights. An existing ``out_dir`` may hold only an export's files (:data:`EXPORT_FILES`).
+    ValueError in one sentence for a missing or foreign checkpoint, a checkpoint with non-finite weights, an
+    ``out_dir`` holding other files, or one that cannot be written (a file, under a file, read-only, no
+    permission; see :func:`s2hc.io.check_output_dir`).
     A write that fails (a full disk) raises OSError naming the file.
     """
     torch_dtype = resolve_dtype(dtype)
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"out_dir {str(out_dir)!r} exists and is not a directory; give a directory")
+    check_replaceable(out_dir, "out_dir", _KIND, is_export_file)  # before any work
     model, train_config = load_model(checkpoint)
     check_finite_weights(model, checkpoint)
     payload = load_checkpoint(checkpoint, with_model=False)
@@ -107,22 +129,27 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
     hf_model = from_s2hc(model, tokenizer)
     if torch_dtype is not None:
         hf_model = hf_model.to(torch_dtype)
-    config = hf_model.config
-    config.auto_map = dict(AUTO_MAP)
-    out = check_output_dir(out_dir, "out_dir")  # created here, after the checkpoint proved readable
+    hf_model.config.auto_map = dict(AUTO_MAP)
+    provenance = {"step": payload.get("step"), "train_config": train_config.to_dict(), "tokenizer": tokenizer.name}
+    # the directory is made here, after the checkpoint proved readable
+    with replace_directory(out_dir, argument="out_dir", kind=_KIND, allowed=is_export_file, log=notice) as out:
+        _write_export(out, hf_model, hf_tokenizer(tokenizer, model.config.max_seq_len), provenance)
+    return Path(out_dir).expanduser()
+
+
+def _write_export(out: Path, hf_model: S2HCForCausalLM, fast_tokenizer, provenance: dict) -> None:
+    """Every file of an export, into the (new, empty) directory ``out``."""
     with _writing(out / "model.safetensors"):
         hf_model.save_pretrained(out)
     with _writing(out / "tokenizer.json"):
-        hf_tokenizer(tokenizer, model.config.max_seq_len).save_pretrained(out)
+        fast_tokenizer.save_pretrained(out)
     settings = out / "tokenizer_config.json"
     tokenizer_config = json.loads(settings.read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every transformers version knows
     atomic_write_text(settings, json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
     for name, text in _SHIMS.items():
         atomic_write_text(out / name, text)
-    provenance = {"step": payload.get("step"), "train_config": train_config.to_dict(), "tokenizer": tokenizer.name}
     atomic_write_text(out / "s2hc_training.json", json.dumps(provenance, indent=2, default=str) + "\n")
-    return out
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ from ..diagnostics import report as reports
 from ..diagnostics.summary import summarize
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
-from .deepseek_v4 import connection_from_hf
+from .deepseek_v4 import connection_from_hf, connection_options
 from .weights import read_safetensors
 
 __all__ = ["StaticCheckpoint", "diagnose_static", "read_static", "static_matrices", "write_static"]
@@ -95,6 +95,17 @@ def _config(directory: Path) -> dict[str, Any]:
     except (OSError, ValueError) as error:
         raise ValueError(f"cannot read {str(path)!r}: {error}") from None
     return config if isinstance(config, dict) else {}
+
+
+def _check_finite(source: str, tensors: dict[str, torch.Tensor]) -> None:
+    """ValueError naming the first tensor that holds NaN or an infinity: its static matrices would be NaN, and a
+    report of ``nan`` everywhere says nothing about where the checkpoint went wrong."""
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        bad = int((~torch.isfinite(tensor)).sum()) if tensor.is_floating_point() else 0
+        if bad:
+            raise ValueError(f"{source!r}: tensor {name} holds {bad} non-finite value(s) (NaN or infinity) of "
+                             f"{tensor.numel()}; a checkpoint's hyper-connection tensors must be finite")
 
 
 def _wanted(name: str) -> bool:
@@ -203,6 +214,11 @@ def _deepseek_connections(source: str, tensors: dict[str, torch.Tensor], config:
                  "hc_eps": config.get("hc_eps", 1e-6), "rms_norm_eps": config.get("rms_norm_eps", 1e-6)}
     if config.get("hc_mult", n) != n:
         raise ValueError(f"{source!r}: config.json says hc_mult={config['hc_mult']}, but base has {n} streams")
+    try:  # the counts and epsilons of config.json, bounded before anything runs (10**11 Sinkhorn rounds would not end)
+        checked = connection_options(hf_config)
+    except ValueError as error:
+        raise ValueError(f"{source!r}: config.json: {error}") from None
+    hf_config.update(hc_sinkhorn_iters=checked["iterations"], hc_eps=checked["hc_eps"], rms_norm_eps=checked["eps"])
     connections = []
     layers = sorted({layer for layer, _ in grouped})
     for layer in layers:
@@ -238,8 +254,14 @@ def read_static(path: str | Path) -> StaticCheckpoint:
     if not tensors:
         raise ValueError(f"{source!r} holds no hyper-connection tensors (looked for {_LOOKED_FOR}); a residual "
                          "model has none")
+    _check_finite(source, tensors)
     config = _config(directory)
-    if any(_S2HC_KEY.match(name) or _S2HC_HEAD.match(name) for name in tensors):
+    s2hc_names = [name for name in tensors if _S2HC_KEY.match(name) or _S2HC_HEAD.match(name)]
+    if s2hc_names and len(s2hc_names) < len(tensors):  # both layouts: which one the model uses is unknown
+        other = next(name for name in tensors if name not in s2hc_names)
+        raise ValueError(f"{source!r} mixes s2hc hyper-connection tensors ({s2hc_names[0]!r}) with DeepSeek-V4 "
+                         f"ones ({other!r}); a checkpoint holds one layout")
+    if s2hc_names:
         family, n, options, connections, head = _s2hc_connections(source, tensors, config)
         layout = S2HC
     else:

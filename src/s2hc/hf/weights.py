@@ -9,14 +9,69 @@ hyper-connections' biases.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from ..extras import require
+from ..io import json_kind
+
 __all__ = ["INDEX", "read_safetensors"]
 
 INDEX = "model.safetensors.index.json"
+
+
+def _read_index(index: Path) -> dict[str, str]:
+    """The ``weight_map`` of a sharded checkpoint's index: tensor name -> shard file name, both strings.
+
+    ValueError naming ``index`` when it is not JSON, not an object, or its weight_map is not such a map."""
+    try:
+        data = json.loads(index.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{str(index)!r} is not a safetensors index ({error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{str(index)!r} is not a safetensors index: it holds {json_kind(data)}, "
+                         f"not an object with a weight_map")
+    if "weight_map" not in data:
+        raise ValueError(f"{str(index)!r} is not a safetensors index: it has no weight_map")
+    weight_map = data["weight_map"]
+    if not isinstance(weight_map, dict):
+        raise ValueError(f"{str(index)!r}: weight_map is {json_kind(weight_map)}; it must be an object "
+                         f"mapping tensor names to shard file names")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str):
+            raise ValueError(f"{str(index)!r}: weight_map maps {name!r} to {json_kind(shard)} ({shard!r}); "
+                             f"shard file names are strings")
+    return weight_map
+
+
+def _confinement(directory: Path) -> Path:
+    """The folder every shard file must resolve into: the checkpoint's directory; for a Hugging Face cache
+    snapshot (``models--ORG--NAME/snapshots/REVISION/``, whose files are symlinks to ``../../blobs/``), the
+    model's own cache folder, which holds only that model."""
+    resolved = directory.resolve()
+    if resolved.parent.name == "snapshots" and (resolved.parent.parent / "blobs").is_dir():
+        return resolved.parent.parent
+    return resolved
+
+
+def _shard_path(index: Path, directory: Path, shard: str, confinement: Path) -> Path:
+    """The file ``shard`` (a weight_map value) names in ``directory``. ValueError unless it is a relative path
+    that stays in the directory, symlinks resolved (into ``confinement``): an index must not read another
+    model's files, nor any other file it names."""
+    path = Path(shard)
+    if not shard or path.is_absolute() or path.drive or path.root:
+        raise ValueError(f"{str(index)!r} names shard {shard!r}: shard files must be relative paths inside "
+                         f"{str(directory)!r}, not absolute ones")
+    if os.path.normpath(shard).split(os.sep)[0] == os.pardir:
+        raise ValueError(f"{str(index)!r} names shard {shard!r}: shard files must stay inside "
+                         f"{str(directory)!r} ('..' leaves it)")
+    if not (directory / path).resolve().is_relative_to(confinement):
+        raise ValueError(f"{str(index)!r} names shard {shard!r}: shard files must stay inside "
+                         f"{str(directory)!r} (a symlink leads out of it)")
+    return directory / path
 
 
 def _files(path: Path) -> tuple[dict[str, Path] | None, list[Path], Path]:
@@ -33,11 +88,8 @@ def _files(path: Path) -> tuple[dict[str, Path] | None, list[Path], Path]:
         raise ValueError(f"{str(path)!r} does not exist; give a .safetensors file or a directory holding them")
     index = path / INDEX
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as error:
-            raise ValueError(f"{str(index)!r} is not a safetensors index with a weight_map ({error})") from None
-        files = {name: path / shard for name, shard in weight_map.items()}
+        confinement = _confinement(path)
+        files = {name: _shard_path(index, path, shard, confinement) for name, shard in _read_index(index).items()}
         return files, sorted(set(files.values())), path
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -52,11 +104,9 @@ def read_safetensors(
     without ``wanted``). ``path``: a ``.safetensors`` file, a directory of them, or a sharded checkpoint (its
     directory or its ``model.safetensors.index.json``); ``directory`` is where the files are (and a
     ``config.json`` beside them). ValueError (one sentence) for a path that does not exist or is not
-    safetensors, a bad index, an unreadable file, or a missing safetensors package."""
-    try:
-        from safetensors import SafetensorError, safe_open
-    except ImportError:
-        raise ValueError("reading safetensors needs the safetensors package (pip install 's2hc[hf]')") from None
+    safetensors, a bad index or an unreadable file; MissingExtra without the safetensors package."""
+    safetensors = require("safetensors", "reading safetensors")
+    SafetensorError, safe_open = safetensors.SafetensorError, safetensors.safe_open  # noqa: N806 - their names
     wanted = wanted or (lambda name: True)
     weight_map, files, directory = _files(Path(path).expanduser())
     if weight_map is not None:  # only the shards that hold wanted tensors are opened

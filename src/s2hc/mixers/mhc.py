@@ -18,6 +18,9 @@ OFF_DIAGONAL_BIAS = -8.0
 VARIANTS = ("paper", "deepseek-v4")
 #: DeepSeek-V4's ``hc_eps`` (``DeepseekV4Config.hc_eps``), the default of ``hc_eps`` with ``variant="deepseek-v4"``.
 DEEPSEEK_V4_EPS = 1e-6
+#: The most Sinkhorn rounds (``iterations``, DeepSeek-V4's ``hc_sinkhorn_iters``): the papers use 20; each round is
+#: two passes over every token's n x n logits, so 10**11 read from a config would make the first forward endless.
+MAX_ITERATIONS = 10_000
 
 
 def log_sinkhorn(logits: torch.Tensor, iterations: int) -> torch.Tensor:
@@ -81,7 +84,7 @@ class MHCMixer(Mixer):
         hc_eps: float | None = None,
     ):
         super().__init__(n_streams)
-        self.iterations = check_int("iterations", iterations)
+        self.iterations = check_int("iterations", iterations, maximum=MAX_ITERATIONS)
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
         self.variant = variant

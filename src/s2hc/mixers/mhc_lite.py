@@ -14,6 +14,14 @@ from .mhc import OFF_DIAGONAL_BIAS
 
 #: Largest n built without ``allow_large=True``: n! inputs per token grow to 5 040 at n = 7 and 40 320 at 8.
 MAX_PERMUTATION_STREAMS = 6
+#: Largest permutation mixture built for real, whatever ``allow_large`` says: its table holds size! x size² floats,
+#: 2.6 M (10 MB) at 8, 29 M (117 MB) at 9, 4.8 G (19 GB) at 11 and 69 G (276 GB) at 12, once per connection, and K =
+#: size! inputs per token widen every projection alike. On the meta device (``s2hc params``) only the table's shape
+#: is made, so counting goes further: :data:`MAX_COUNTED_PERMUTATION_SIZE`.
+MAX_BUILT_PERMUTATION_SIZE = 8
+#: Largest permutation mixture counted on the meta device (12! = 479 001 600 inputs per token); beyond it the
+#: counts stop meaning anything and overflow 64-bit sizes.
+MAX_COUNTED_PERMUTATION_SIZE = 12
 
 
 def permutation_matrices(n: int) -> torch.Tensor:
@@ -22,7 +30,32 @@ def permutation_matrices(n: int) -> torch.Tensor:
     return torch.eye(n)[perms]
 
 
+def permutation_size_limit(built: bool) -> int:
+    """The largest permutation mixture s2hc makes: :data:`MAX_BUILT_PERMUTATION_SIZE` when its table is listed
+    (``built``), :data:`MAX_COUNTED_PERMUTATION_SIZE` when only its shape is (the meta device)."""
+    return MAX_BUILT_PERMUTATION_SIZE if built else MAX_COUNTED_PERMUTATION_SIZE
+
+
+def permutation_limit_error(what: str, size: int, built: bool) -> ValueError | None:
+    """The error for a mixture of ``size`` streams beyond :func:`permutation_size_limit` (``what`` names it, e.g.
+    ``"mhc-lite at n_streams=12"``), else None; ``allow_large`` never lifts this limit."""
+    limit = permutation_size_limit(built)
+    if size <= limit:
+        return None
+    return ValueError(
+        f"{what} mixes {size}! = {math.factorial(size):,} permutations per token; s2hc stops at mixtures of {limit} "
+        f"streams ({limit}! = {math.factorial(limit):,}{', built' if built else ', counted'}) whatever allow_large "
+        "says: choose fewer streams or another family"
+    )
+
+
 def check_permutation_size(n: int, allow_large: bool, what: str) -> None:
+    """ValueError for a mixture of ``n`` streams s2hc does not build: above :func:`permutation_size_limit` always
+    (the meta device's larger limit when building there), above :data:`MAX_PERMUTATION_STREAMS` without
+    ``allow_large``."""
+    error = permutation_limit_error(f"{what}={n}", n, built=torch.empty(0).device.type != "meta")
+    if error is not None:
+        raise error
     if n > MAX_PERMUTATION_STREAMS and not allow_large:
         raise ValueError(
             f"{what}={n} needs {math.factorial(n)} inputs per token; allowed without allow_large=True: "
@@ -103,7 +136,8 @@ class MHCLiteMixer(Mixer):
     Options:
       off_identity_bias: bias of every non-identity permutation at initialisation (the identity's is 0).
         The paper's −8.0 by default; ``"n-independent"`` for ``−8 − ln(n! − 1)`` (see :class:`PermutationMixture`).
-      allow_large: build n > 6 (K = 5 040 at n = 7, 40 320 at n = 8).
+      allow_large: build n > 6 (K = 5 040 at n = 7, 40 320 at n = 8); never above
+        :data:`MAX_BUILT_PERMUTATION_SIZE` (8).
       alpha.
     """
 

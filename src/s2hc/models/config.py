@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import mixers
-from ..checks import check_int
+from ..checks import MAX_LAYERS, check_int
 from ..mixers import RESIDUAL, check_family
 
 __all__ = ["ModelConfig", "PRESETS", "get_preset"]
@@ -133,8 +133,9 @@ class ModelConfig:
     stream_reduce: str = "sum"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len", "sliding_window_pattern", "n_streams"):
+        for name in ("vocab_size", "dim", "n_heads", "max_seq_len", "sliding_window_pattern", "n_streams"):
             check_int(name, getattr(self, name))
+        check_int("n_layers", self.n_layers, maximum=MAX_LAYERS)
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
         check_int("n_kv_heads", self.n_kv_heads)

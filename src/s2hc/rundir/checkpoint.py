@@ -10,12 +10,19 @@ shape and bytes, every key and value: the configs, the step, the data position),
 SHA-256 of each shard file in its ``extra.pt``. Loading verifies them (``verify=True``): a file changed after
 it was written (a flipped bit, a truncated copy) is refused with a ValueError naming it. Version-1 files,
 written before checksums, load unverified.
+
+Safety: nothing is unpickled but data. Single files and ``extra.pt`` are read with ``weights_only=True``; a
+sharded checkpoint's ``.metadata`` with an allowlist of torch.distributed.checkpoint's metadata classes and its
+non-tensor values with ``weights_only=True`` (:func:`read_sharded_metadata`), since a checksum is no signature.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -162,11 +169,22 @@ def save_sharded_checkpoint(directory: Path, state: dict[str, Any], extra: dict[
 
 
 def load_sharded_into(directory: Path, state: dict[str, Any]) -> None:
-    """Fill ``state`` (as from ``get_state_dict`` for the current wrapping) from a sharded checkpoint."""
+    """Fill ``state`` (as from ``get_state_dict`` for the current wrapping) from a sharded checkpoint.
+
+    ValueError naming the file when the directory is damaged, not a checkpoint, or would have to unpickle
+    anything but data (see :func:`read_sharded_metadata`)."""
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
 
-    dcp.load(state, checkpoint_id=str(directory), no_dist=not dist.is_initialized())
+    directory = Path(directory)
+    reader_class, planner_class = _safe_loading()
+    reader = reader_class(directory, read_sharded_metadata(directory))
+    try:
+        dcp.load(state, storage_reader=reader, planner=planner_class(reader),
+                 no_dist=not dist.is_initialized())
+    except CheckpointException as error:  # a BaseException: it would escape every `except Exception`
+        raise _unreadable(directory, error) from None
 
 
 def _full_model_state(directory: Path, model_config: dict) -> dict[str, torch.Tensor]:
@@ -176,6 +194,181 @@ def _full_model_state(directory: Path, model_config: dict) -> dict[str, torch.Te
     state = {"model": model.state_dict()}
     load_sharded_into(directory, state)
     return state["model"]
+
+
+# --------------------------------------------------------------------- reading sharded checkpoints safely
+#
+# torch.distributed.checkpoint reads ``.metadata`` with ``pickle.load`` and every non-tensor value (the
+# optimizer's param_groups) with ``torch.load(weights_only=False)``: a crafted directory runs any code it likes
+# on load. The checksums in extra.pt do not stop it: they are no signature, whoever writes the directory can
+# rewrite them. So s2hc parses ``.metadata`` itself, admitting only the classes DCP metadata is made of, hands dcp
+# a reader that returns what was parsed (the file is read once, by us) and a planner that loads non-tensor values
+# with ``weights_only=True``; tensors dcp already loads with ``weights_only=True`` (torch 2.5 and later).
+
+METADATA = ".metadata"
+
+# Every global a ``.metadata`` written by torch.distributed.checkpoint references: found by recording
+# ``find_class`` while unpickling the one s2hc's own sharded save writes (FSDP2, torch 2.13), these classes living
+# in these modules since torch 2.4. torch's dtypes and layouts (torch.float32, torch.strided) are admitted by kind
+# in _metadata_global; tests/test_checkpoint_unpickling.py checks the list against a fresh save.
+_METADATA_GLOBALS = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+        "TensorProperties", "MetadataIndex", "_MEM_FORMAT_ENCODING",
+    },
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch": {"Size"},
+    "torch.serialization": {"_get_layout"},  # torch.layout's pickle: a lookup of torch's layouts by name
+}
+# StorageMeta.checkpoint_id, the directory it was saved to (informational): read as a pure path, which cannot
+# touch the file system and reads on any OS (a WindowsPath cannot be made on Linux, nor a PosixPath on Windows).
+_PATH_MODULES = ("pathlib", "pathlib._local")  # pathlib._local: Python 3.13's
+_PURE_PATHS = {"PosixPath": "PurePosixPath", "PurePosixPath": "PurePosixPath",
+               "WindowsPath": "PureWindowsPath", "PureWindowsPath": "PureWindowsPath"}
+
+
+class _RefusedGlobal(pickle.UnpicklingError):
+    """A pickle referenced a global outside the allowlist; ``name`` is ``module.name``."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def _metadata_global(module: str, name: str) -> Any | None:
+    """The object ``module.name`` stands for in DCP metadata, or None when it is not one of its classes."""
+    if module == "torch" and name != "Size":  # torch.float32, torch.strided: values, looked up, never called
+        value = vars(torch).get(name)  # vars, not getattr: no lazy import of a submodule a pickle names
+        return value if isinstance(value, (torch.dtype, torch.layout)) else None
+    if module in _PATH_MODULES and name in _PURE_PATHS:
+        import pathlib
+
+        return getattr(pathlib, _PURE_PATHS[name])
+    if name not in _METADATA_GLOBALS.get(module, ()):
+        return None
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles DCP metadata and nothing else: every other global (``os.system``, ``builtins.exec``) is refused
+    before it is looked up, so no code a file names ever runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        found = _metadata_global(module, name)
+        if found is None:
+            raise _RefusedGlobal(f"{module}.{name}")
+        return found
+
+
+def read_sharded_metadata(directory: Path) -> Any:
+    """The ``torch.distributed.checkpoint`` Metadata of a sharded checkpoint, unpickled with the allowlist.
+
+    ValueError naming ``.metadata`` when it pickles anything else, is damaged, or names a shard file that is
+    not a plain file name in ``directory`` or that is missing."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    path = Path(directory) / METADATA
+    try:
+        with open(path, "rb") as handle:
+            metadata = _MetadataUnpickler(handle).load()
+    except _RefusedGlobal as error:
+        raise ValueError(f"{str(path)!r}: refuses to load pickled class {error.name!r} "
+                         f"(not a torch.distributed.checkpoint metadata class)") from None
+    except OSError as error:
+        raise ValueError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
+    except Exception as error:  # noqa: BLE001 - a damaged pickle raises any of a dozen types
+        raise ValueError(f"{str(path)!r} is not torch.distributed.checkpoint metadata, or is damaged "
+                         f"(could not be read: {type(error).__name__})") from None
+    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
+        raise ValueError(f"{str(path)!r} is not torch.distributed.checkpoint metadata "
+                         f"(it holds a {type(metadata).__name__})")
+    for name in sorted({getattr(info, "relative_path", None) for info in metadata.storage_data.values()},
+                       key=str):
+        _check_shard_name(path, name)
+    return metadata
+
+
+def _check_shard_name(metadata_path: Path, name: Any) -> None:
+    """ValueError unless ``name``, a shard file ``.metadata`` names, is a file beside it: dcp joins it to the
+    directory as given, so ``../x`` or ``/x`` would read a file no checksum covers."""
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name:
+        raise ValueError(f"{str(metadata_path)!r} names shard file {name!r}; shard files are plain file names "
+                         f"in {str(metadata_path.parent)!r}")
+    if not (metadata_path.parent / name).is_file():
+        raise ValueError(f"{str(metadata_path)!r} names shard file {name!r}, which is missing")
+
+
+@functools.cache
+def _safe_loading() -> tuple[type, type]:
+    """``(reader, planner)`` classes for ``dcp.load``; made on first use, torch.distributed.checkpoint being slow
+    to import."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint._traverse import set_element
+
+    class MetadataReader(FileSystemReader):
+        """A FileSystemReader whose metadata is the one :func:`read_sharded_metadata` parsed, never unpickled
+        by dcp."""
+
+        def __init__(self, directory: Path, metadata: Any):
+            super().__init__(str(directory))
+            self.directory, self.parsed = Path(directory), metadata
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            from torch.distributed.checkpoint.metadata import StorageMeta
+
+            if getattr(self.parsed, "storage_meta", None) is None:  # what FileSystemReader does
+                self.parsed.storage_meta = StorageMeta()
+            self.parsed.storage_meta.load_id = self.load_id
+            return self.parsed
+
+    class PlainDataPlanner(DefaultLoadPlanner):
+        """A DefaultLoadPlanner that loads non-tensor values with ``torch.load(weights_only=True)``."""
+
+        def __init__(self, reader: MetadataReader):
+            super().__init__()
+            self.reader = reader
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            fqn = read_item.dest_index.fqn
+            try:
+                loaded = torch.load(value, map_location="cpu", weights_only=True)
+            except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors: all refusals
+                info = self.reader.storage_data.get(read_item.storage_index)
+                file = self.reader.directory / getattr(info, "relative_path", "")
+                raise _ShardValueError(f"{str(file)!r}: refuses to load the value of {fqn!r}: "
+                                       f"{_weights_only_refusal(error)}") from None
+            if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes, but weights_only
+                set_element(self.original_state_dict, self.mappings[fqn], loaded)
+            else:
+                self.state_dict[fqn] = loaded
+
+    return MetadataReader, PlainDataPlanner
+
+
+class _ShardValueError(ValueError):
+    """A value in a shard file that s2hc refuses; raised inside dcp.load, which wraps it."""
+
+
+def _weights_only_refusal(error: Exception) -> str:
+    """What ``torch.load(weights_only=True)`` refused, in a few words (its message is a page long)."""
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    if found:
+        return f"it pickles {found.group(1)!r}, which is not data"
+    return f"it is not plain data or is damaged ({type(error).__name__})"
+
+
+def _unreadable(directory: Path, error: BaseException) -> ValueError:
+    """One ValueError for what dcp.load raised: ours, when one of its ranks' failures is ours, else one naming
+    the directory and the first failure."""
+    causes = [failure[0] for failure in getattr(error, "failures", {}).values()] or [error]
+    for cause in causes:
+        if isinstance(cause, _ShardValueError):
+            return ValueError(str(cause))
+    first = next((line for line in str(causes[0]).splitlines() if line.strip()), "")
+    return ValueError(f"sharded checkpoint {str(directory)!r} is damaged or not s2hc's (torch.distributed."
+                      f"checkpoint could not read it: {type(causes[0]).__name__}: {first.strip()})")
 
 
 # ------------------------------------------------------------------------------------------------ reading

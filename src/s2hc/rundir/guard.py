@@ -9,8 +9,10 @@
 - the directory is locked for the whole run (:class:`RunLock`: ``flock`` on ``RUN/.lock``, the holder's pid in
   it): a second process is refused with the holder's pid; the kernel drops the lock of a process that dies,
   so a lock file left by a killed run is taken over (and said so);
-- temporary files of saves a killed process left behind (``.checkpoint.pt.*.tmp``, ``checkpoint.dcp.tmp/``)
-  are removed, and a sharded checkpoint whose swap was cut between its two renames is put back.
+- temporary files of saves a killed process left behind are removed: those s2hc names itself
+  (``.checkpoint.pt.s2hc-XXXXXXXX.tmp`` and the like, :func:`s2hc.io.temporary_pattern`, for the files it writes
+  into a run directory; ``checkpoint.dcp.tmp/``), never a user's own ``.notes.tmp``; a sharded checkpoint whose
+  swap was cut between its two renames is put back.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..io import check_output_dir
+from ..io import check_output_dir, temporary_pattern
 from .checkpoint import is_sharded
 from .layout import CHECKPOINT, CONFIG, METRICS, SHARDED
 
@@ -37,6 +39,7 @@ LOCK = ".lock"
 RUN_FILES = (CONFIG, METRICS, CHECKPOINT, SHARDED)  # any of these: the directory holds a run
 DERIVED = ("diagnostics",)  # written from a run's checkpoint (`s2hc diagnose`); removed with it by --overwrite
 SHARDED_TMP, SHARDED_OLD = SHARDED + ".tmp", SHARDED + ".old"  # a sharded save in progress (checkpoint.py)
+ATOMIC_FILES = (CONFIG, METRICS, CHECKPOINT)  # what s2hc writes into a run directory with atomic_write_bytes
 
 
 def notice(message: str) -> None:
@@ -106,14 +109,30 @@ def _describe(holder: str) -> str:
     return f"pid {parts[0]}" if parts else "pid unknown: it is starting"
 
 
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended but was not reaped yet (Linux: state ``Z`` in ``/proc/PID/stat``); False where
+    that cannot be told. A run whose parent was killed may wait so for a reaper that never comes (a container
+    without an init), and it holds nothing any more."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    return stat.rpartition(")")[2].split()[:1] == ["Z"]  # after "(command)", which may hold spaces
+
+
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs on this host (a zombie does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass  # another user's process: it exists
+    return not _zombie(pid)
+
+
+#: Errors of a disk that cannot take another file or byte: the remedy is space, not another directory.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 class RunLock:
@@ -145,6 +164,8 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as error:
+                if error.errno in _DISK_FULL:  # "choose a writable --out" would be the wrong remedy
+                    raise OSError(error.errno, error.strerror, str(self.path)) from None
                 raise ValueError(
                     f"{self.argument} {str(self.directory)!r}: cannot create its lock file ({error.strerror}); "
                     f"choose a writable {self.argument}"
@@ -172,8 +193,14 @@ class RunLock:
                 break
             os.close(fd)
         self.previous = _read(fd)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (me + "\n").encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (me + "\n").encode(), 0)
+        except OSError as error:  # a full disk: leave no empty lock file behind, and name it
+            with contextlib.suppress(OSError):
+                self.path.unlink()  # still held by us: no other process uses this file
+            os.close(fd)
+            raise OSError(error.errno, error.strerror, str(self.path)) from None
         self._fd = fd
         if self.previous and self.previous != me and log is not None:
             log(f"{str(self.directory)!r}: took over the lock left by {_describe(self.previous)}, which is no "
@@ -211,13 +238,23 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
+_TEMPORARY_PATTERNS = tuple(temporary_pattern(name) for name in ATOMIC_FILES)
+
+
+def _temporary(name: str) -> bool:
+    """Whether ``name`` is a temporary file of an atomic write of one of :data:`ATOMIC_FILES` (s2hc's own name)."""
+    return any(pattern.fullmatch(name) for pattern in _TEMPORARY_PATTERNS)
+
+
 def clean_interrupted_saves(run_dir: str | Path, log: Callable[[str], None] | None = notice) -> list[str]:
     """Remove what saves cut short by a kill left in ``run_dir``; returns the names removed.
 
-    ``.NAME.*.tmp`` files of :func:`s2hc.io.atomic_write_bytes`, ``checkpoint.dcp.tmp/`` and
-    ``checkpoint.dcp.old/``. A sharded save swaps its directory in with two renames; killed between them,
-    ``checkpoint.dcp/`` is missing and the complete new one (``.tmp``, else the old one, ``.old``) is put back
-    first. Call it only while holding the directory's lock."""
+    The temporary files :func:`s2hc.io.atomic_write_bytes` names for the files of a run (:data:`ATOMIC_FILES`:
+    ``.checkpoint.pt.s2hc-XXXXXXXX.tmp`` and the like, exactly), ``checkpoint.dcp.tmp/`` and
+    ``checkpoint.dcp.old/``; any other file, a user's ``.notes.tmp`` included, is left alone. A sharded save
+    swaps its directory in with two renames; killed between them, ``checkpoint.dcp/`` is missing and the
+    complete new one (``.tmp``, else the old one, ``.old``) is put back first. Call it only while holding the
+    directory's lock."""
     run_dir = Path(run_dir)
     sharded = run_dir / SHARDED
     if not sharded.exists():
@@ -229,7 +266,7 @@ def clean_interrupted_saves(run_dir: str | Path, log: Callable[[str], None] | No
                         f"its two renames)")
                 break
     removed, size = [], 0
-    leftovers = [p for p in run_dir.glob(".*.tmp") if p.is_file()]
+    leftovers = [p for p in run_dir.iterdir() if _temporary(p.name) and p.is_file()]
     leftovers += [p for p in (run_dir / SHARDED_TMP, run_dir / SHARDED_OLD) if p.exists()]
     for path in sorted(leftovers):
         with contextlib.suppress(OSError):

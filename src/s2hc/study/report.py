@@ -11,16 +11,20 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from pathlib import Path
 from typing import Any
 
 from ..diagnostics import plots
+from ..extras import check_available
 from ..io import atomic_write_text
 from ..mixers import RESIDUAL
 from .stats import LEVEL, describe, holm, paired
 
 RESULTS = "results.json"
+#: What the report's statistics (SciPy's t distribution) and figures need: the study extra.
+REPORT_PACKAGES = ("scipy", "matplotlib")
 REPORT = "report.md"
 FIGURES = "figures"
 
@@ -387,7 +391,8 @@ def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Pa
 
 def write_report(out: str | Path) -> Path:
     """``out/report.md`` and ``out/figures/`` from ``out/results.json``; ValueError when it is missing or not a
-    study's results."""
+    study's results; MissingExtra without the study extra."""
+    check_available(REPORT_PACKAGES, "the study's report")
     out = Path(out).expanduser()
     path = out / RESULTS
     if not path.is_file():
@@ -399,5 +404,27 @@ def write_report(out: str | Path) -> Path:
     if not isinstance(results, dict) or not {"study", "rows"} <= set(results) or None in results["rows"]:
         raise ValueError(f"{str(path)!r} is not the results of a finished study (it needs 'study' and 'rows')")
     report = out / REPORT
-    atomic_write_text(report, build_report(results, figures(results, out), out))
+    _remove_durably(report)  # complete or absent, see below
+    made = figures(results, out)
+    _sync([*made.values(), *([out / FIGURES] if made else [])])  # the figures and their names
+    atomic_write_text(report, build_report(results, made, out))  # last: it names the figures
     return report
+
+
+def _remove_durably(report: Path) -> None:
+    """Remove the previous ``report.md`` before its figures are redrawn: a kill while they are drawn would
+    otherwise leave it beside figures of other results (or half of them redrawn). Absent instead, and
+    ``results.json`` is still there, so ``s2hc study --report-only`` builds it again."""
+    if report.exists():
+        report.unlink()
+        _sync([report.parent])
+
+
+def _sync(paths) -> None:
+    """fsync each file or directory in ``paths``: the figures are on disk before the report that names them."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

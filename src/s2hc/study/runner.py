@@ -9,6 +9,11 @@ the same training settings with more configurations or seeds), ``configs/NAME.ya
 Runs are the plain commands :func:`train_command` returns (``--print-commands`` lists them for a scheduler),
 started ``jobs`` at a time. Calling the study again finishes it: a measured run is skipped, a finished one is
 measured, an interrupted one resumes from its checkpoint, a diverged one is recorded as diverged.
+
+No run outlives the study (:mod:`s2hc.train.processes`): each runs in a process group of its own, which the
+study stops (SIGTERM, then SIGKILL after :data:`STOP_GRACE_S`) and reaps on every way out, an exception
+included; a study killed outright (``kill -9``) takes its runs with it through their parent-death signal
+(Linux; elsewhere they run on), so the study called again takes their locks over.
 """
 
 from __future__ import annotations
@@ -30,13 +35,17 @@ import torch
 import yaml
 
 from .. import __version__
-from ..io import atomic_write_text, check_output_dir
+from ..devices import resolve_device
+from ..extras import check_available
+from ..io import atomic_write_text, check_output_dir, read_json_object
 from ..rundir import RunLock, holds_run, read_metrics, saved_step
+from ..train.processes import die_with_parent_env, stop_processes
 from .measure import ROW_VERSION, measure_run
-from .report import RESULTS, write_report
+from .report import REPORT_PACKAGES, RESULTS, write_report
 from .spec import Configuration, StudySpec
 
 STUDY = "study.json"
+STOP_GRACE_S = 60.0  # how long a run asked to stop may take to finish its step and save before it is killed
 
 
 class StudyInterrupted(RuntimeError):
@@ -90,10 +99,16 @@ def train_command(run: Run, nproc: int = 1, executable: str | None = None) -> li
     return command + (["--resume"] if holds_run(run.run_dir) else [])
 
 
+def _read_object(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path`` (the study's own file, ``what`` says which); ValueError naming the file when
+    it is damaged or written by something else, and what to do."""
+    return read_json_object(path, f"remove it (the study {what}) to let the study write it again")
+
+
 def _row(run: Run) -> dict[str, Any] | None:
     if not run.row_path.is_file():
         return None
-    row = json.loads(run.row_path.read_text())
+    row = _read_object(run.row_path, "measures that run again")
     return row if row.get("version") == ROW_VERSION else None
 
 
@@ -119,13 +134,26 @@ def _grows(before: dict[str, Any], after: dict[str, Any]) -> bool:
             and set(before.get("seeds", [])) <= set(after["seeds"]))
 
 
+def _recorded_grid(path: Path, recorded: dict[str, Any]) -> dict[str, Any]:
+    """The ``grid`` of a ``study.json``; ValueError naming the file when it is not an object."""
+    grid = recorded.get("grid", {})
+    if not isinstance(grid, dict):
+        raise ValueError(f"{str(path)!r}: 'grid' is a {type(grid).__name__}, not an object; remove the file (the "
+                         "study records its grid again)")
+    return grid
+
+
 def prepare(spec: StudySpec, out: Path) -> list[Run]:
     """Write ``study.json`` and every run's config; ValueError when ``out`` holds a study whose runs the grid
-    would not keep (other training settings, or configurations or seeds left out)."""
+    would not keep (other training settings, or configurations or seeds left out); MissingExtra when a run
+    needs an optional package that is not installed."""
+    for configuration, seed in spec.runs():  # before anything is written, as `s2hc train` checks
+        spec.run_config(configuration, seed, out).check_extras()
     check_output_dir(out, "--out")
     recorded = out / STUDY
     grid = json.loads(json.dumps(spec.grid()))
-    if recorded.is_file() and not _grows(json.loads(recorded.read_text()).get("grid", {}), grid):
+    previous = _read_object(recorded, "records its grid again") if recorded.is_file() else None
+    if previous is not None and not _grows(_recorded_grid(recorded, previous), grid):
         raise ValueError(f"--out {str(out)!r} holds a study of another grid or training settings ({STUDY} "
                          "differs); a study may only grow (the same train settings, more configurations or seeds): "
                          "choose another --out, or remove that directory to start it again")
@@ -166,6 +194,11 @@ def _environment(elapsed_s: float, jobs: int) -> dict[str, Any]:
     }
 
 
+# A hang-up (the terminal closed) stops the runs as SIGTERM does (they do not catch SIGHUP); a study under nohup,
+# which ignores it, goes on.
+_FORWARDED = {signal.SIGHUP: signal.SIGTERM} if hasattr(signal, "SIGHUP") else {}
+
+
 class _Pool:
     """Up to ``jobs`` training processes at once; each gets its share of the CPU threads, or its own GPU."""
 
@@ -190,7 +223,10 @@ class _Pool:
         command = train_command(run, self.nproc, sys.executable)
         handle.write(f"$ {shlex.join(command)}\n")
         handle.flush()
-        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=self._env(slot))
+        # A process group of its own: the terminal's Ctrl-C reaches the study alone, which passes it on once (a run
+        # that got it twice would stop without saving), and stopping the run stops what it started in its group.
+        process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env=die_with_parent_env(self._env(slot)))
         self.active[slot] = (process, run, time.monotonic(), handle)
 
     def finished(self) -> list[tuple[Run, int, float]]:
@@ -203,20 +239,33 @@ class _Pool:
                 ended.append((run, process.returncode, time.monotonic() - started))
         return ended
 
-    def stop(self, signum: int) -> None:
-        """Pass ``signum`` on and wait: each run saves a checkpoint after its current step."""
-        for process, *_ in self.active.values():
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signum)
-        for process, _, _, handle in self.active.values():
-            process.wait()
+    def stop(self, received: list[int]) -> None:
+        """Pass every signal in ``received`` on, those that arrive meanwhile too, until every run has ended: after
+        the first each run saves a checkpoint after its current step, a second one stops them at once."""
+        passed = 0
+        while self.active:
+            for signum in received[passed:]:
+                for process, *_ in self.active.values():
+                    with contextlib.suppress(ProcessLookupError):
+                        process.send_signal(_FORWARDED.get(signum, signum))
+            passed = len(received)
+            self.finished()
+            time.sleep(0.05)
+
+    def close(self, hurry=lambda: False) -> None:
+        """Stop and reap every run still running (SIGTERM, SIGKILL after :data:`STOP_GRACE_S` or when ``hurry()``);
+        on every way out of the study, so that no run trains on unsupervised, holding its lock."""
+        stop_processes([process for process, *_ in self.active.values()], STOP_GRACE_S, hurry)
+        for *_, handle in self.active.values():
             handle.close()
         self.active.clear()
 
 
 @contextlib.contextmanager
 def _signals_to(received: list[int]):
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    """SIGINT, SIGTERM and (unless ignored) SIGHUP appended to ``received`` while inside."""
+    hangup = [s for s in _FORWARDED if signal.getsignal(s) is not signal.SIG_IGN]
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, *hangup)}
     for s in previous:
         signal.signal(s, lambda signum, frame: received.append(signum))
     try:
@@ -234,6 +283,8 @@ def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "au
     (the runs saved checkpoints) and :class:`StudyFailed` when a run failed (the others are finished and kept).
     Returns the report's path.
     """
+    check_available(REPORT_PACKAGES, "the study's report")  # before the first run, not after the last
+    resolve_device(device, "--device")  # the measuring device, first used after the first run has trained
     log = log or (lambda line: print(f"s2hc study: {line}", file=sys.stderr, flush=True))
     out = Path(out).expanduser()
     started_at = time.monotonic()
@@ -269,31 +320,42 @@ def _measure(run: Run, spec: StudySpec, device: str, log) -> dict[str, Any]:
 
 
 def _train_all(runs: list[Run], spec: StudySpec, jobs: int, device: str, log) -> list[str]:
-    """Train ``runs`` ``jobs`` at a time, measuring each as it ends; the failures, described."""
-    pool, pending, failures, durations = _Pool(jobs, spec.nproc), list(runs), [], []
-    received: list[int] = []
-    total = len(runs)
+    """Train ``runs`` ``jobs`` at a time, measuring each as it ends; the failures, described. However this ends
+    (an exception: a measurement that failed, a closed stderr), no run is left training: those still running are
+    stopped and reaped."""
+    pool, received = _Pool(jobs, spec.nproc), []
     with _signals_to(received):
-        while pending or pool.active:
-            while pending and len(pool.active) < jobs and not received:
-                run = pending.pop(0)
-                step = saved_step(run.run_dir) if holds_run(run.run_dir) else None
-                log(f"start {run.name}" + (f" (resuming from step {step})" if step else ""))
-                pool.start(run)
-            if received:
-                pool.stop(received[0])
-                raise StudyInterrupted(received[0])
-            for run, status, seconds in pool.finished():
-                durations.append(seconds)
-                state = _state(run, spec)
-                if status == 0 or state == "diverged":
-                    _measure(run, spec, device, log)
-                else:
-                    failures.append(f"{run.name} (exit status {status}, log {run.log_path})")
-                    log(f"{run.name} failed with exit status {status}; its log: {run.log_path}")
-                left = len(pending) + len(pool.active)
-                eta = sum(durations) / len(durations) * left / jobs / 60
-                log(f"{total - left}/{total} trained, {left} left"
-                    + (f", about {eta:.0f} min to go" if left else ""))
-            time.sleep(0.2)
+        try:
+            return _supervise(pool, list(runs), spec, device, log, received)
+        finally:
+            signals = len(received)
+            pool.close(hurry=lambda: len(received) > signals)  # a signal while they stop: kill them now
+
+
+def _supervise(pool: _Pool, pending: list[Run], spec: StudySpec, device: str, log, received: list[int]) -> list[str]:
+    """Start ``pending`` in ``pool`` as slots free up and measure each run as it ends; the failures, described.
+    Raises :class:`StudyInterrupted` once a signal in ``received`` has stopped every run."""
+    failures, durations, total, jobs = [], [], len(pending), pool.jobs
+    while pending or pool.active:
+        while pending and len(pool.active) < jobs and not received:
+            run = pending.pop(0)
+            step = saved_step(run.run_dir) if holds_run(run.run_dir) else None
+            log(f"start {run.name}" + (f" (resuming from step {step})" if step else ""))
+            pool.start(run)
+        if received:
+            pool.stop(received)
+            raise StudyInterrupted(received[0])
+        for run, status, seconds in pool.finished():
+            durations.append(seconds)
+            state = _state(run, spec)
+            if status == 0 or state == "diverged":
+                _measure(run, spec, device, log)
+            else:
+                failures.append(f"{run.name} (exit status {status}, log {run.log_path})")
+                log(f"{run.name} failed with exit status {status}; its log: {run.log_path}")
+            left = len(pending) + len(pool.active)
+            eta = sum(durations) / len(durations) * left / jobs / 60
+            log(f"{total - left}/{total} trained, {left} left"
+                + (f", about {eta:.0f} min to go" if left else ""))
+        time.sleep(0.2)
     return failures

@@ -5,7 +5,7 @@ A study config (``configs/study-*.yaml``)::
     description: what the study asks              # optional, shown in the report
     train: {preset: tiny, max_steps: 300, ...}    # TrainConfig keys shared by every run (as in `s2hc train` configs)
     streams: [4]                                  # stream counts of every family but residual (default [4])
-    seeds: 3                                      # a count (seeds 0, 1, 2) or a list of seeds
+    seeds: 3                                      # a count (seeds 0, 1, 2) or a list of seeds (at most 1000)
     families:                                     # one configuration per entry and stream count
       - residual
       - mhc
@@ -22,20 +22,26 @@ value out of range, is refused with the point named before the first run starts.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..checks import check_int, check_streams
-from ..config import TrainConfig, load_yaml_config, parse_assignment
-from ..mixers import RESIDUAL, check_family
+from ..config import MAX_SEED, MAX_SEEDS, TrainConfig, check_seed_count, load_yaml_config, parse_assignment
+from ..connection import HyperConnection
+from ..mixers import RESIDUAL, check_family, options
 from ..rundir import load_checkpoint
 from ..train.init import upcycles
 
 KEYS = ("description", "train", "streams", "seeds", "families", "baselines", "diagnostics_tokens", "nproc")
 GRID_KEYS = ("family", "family_options", "n_streams", "seed", "out")  # set by the grid, not by `train:`
 DEFAULT_DIAGNOSTICS_TOKENS = 2048
+#: HyperConnection's own options a grid entry may set (beside the family's), with their defaults.
+CONNECTION_DEFAULTS = {name: parameter.default for name, parameter in
+                       inspect.signature(HyperConnection.__init__).parameters.items()
+                       if name in ("eps", "transpose_res")}
 
 
 @dataclass(frozen=True)
@@ -144,11 +150,13 @@ def _seeds(value: Any) -> tuple[int, ...]:
     if isinstance(value, list):
         if not value:
             raise ValueError("seeds is empty; give a count (e.g. 3) or a list of seeds")
-        seeds = tuple(check_int("seeds", v, minimum=0) for v in value)
+        if len(value) > MAX_SEEDS:
+            raise ValueError(f"seeds lists {len(value)} seeds; at most {MAX_SEEDS} (a run each per configuration)")
+        seeds = tuple(check_int("seeds", v, minimum=0, maximum=MAX_SEED) for v in value)
         if len(set(seeds)) != len(seeds):
             raise ValueError(f"seeds lists a seed twice: {list(seeds)}")
         return seeds
-    return tuple(range(check_int("seeds", value, minimum=1)))
+    return tuple(range(check_seed_count("seeds", value)))
 
 
 def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = "the study config") -> StudySpec:
@@ -189,14 +197,29 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
         description=str(values.get("description") or "").strip(),
         nproc=check_int(f"{source}: nproc", values.get("nproc", 1)),
     )
+    seen: dict[tuple, Configuration] = {}
     for configuration in spec.configurations:  # every family option checked as the run will check it
         try:
-            spec.run_config(configuration, spec.seeds[0], "unused")
+            config = spec.run_config(configuration, spec.seeds[0], "unused")
         except ValueError as error:
             raise ValueError(f"{source}: {configuration.label}: {error}") from None
+        model = _model_key(config)
+        if model in seen:
+            raise ValueError(f"{source}: {seen[model].label!r} and {configuration.label!r} are the same configuration "
+                             "once the family's defaults are applied (it would be trained twice); list it once")
+        seen[model] = configuration
     if train.get("init_from"):
         _check_init_from(str(train["init_from"]), spec.configurations, source)
     return spec
+
+
+def _model_key(config: TrainConfig) -> tuple:
+    """What tells two grid points' models apart: family, streams and every option with the family's and the
+    connection's defaults filled in (``s2hc`` and ``s2hc:rotation=cayley`` are one model), values as checked
+    (``alpha=1e-2``, a string in YAML 1.1, is 0.01)."""
+    defaults = {} if config.family == RESIDUAL else {**CONNECTION_DEFAULTS, **options(config.family)}
+    effective = {**defaults, **config.family_options}
+    return config.family, config.n_streams, tuple(sorted((k, repr(v)) for k, v in effective.items()))
 
 
 def _check_init_from(path: str, configurations: tuple[Configuration, ...], source: str) -> None:

@@ -12,15 +12,13 @@ import math
 import statistics
 from typing import Any
 
+from ..extras import require
+
 LEVEL = 0.95
 
 
 def _scipy_stats():
-    try:
-        from scipy import stats
-    except ImportError:  # pragma: no cover - scipy comes with the `study` extra
-        raise ValueError("the study's statistics need SciPy: pip install 's2hc[study]'") from None
-    return stats
+    return require("scipy.stats", "the study's statistics")
 
 
 def describe(values: list[float]) -> dict[str, Any]:

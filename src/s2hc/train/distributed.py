@@ -18,6 +18,7 @@ from torch import nn
 
 from ..config import PARALLEL_MODES
 from ..devices import resolve_device
+from .processes import die_with_parent_env, dies_with_parent
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,13 @@ def barrier(ctx: Context) -> None:
 
 
 def launch(nproc: int, argv: list[str]) -> int:
-    """Re-run ``s2hc <argv>`` under torchrun with ``nproc`` processes on this node; returns its exit code."""
+    """Re-run ``s2hc <argv>`` under torchrun with ``nproc`` processes on this node; returns its exit code.
+
+    A launcher that dies with its parent (a run of ``s2hc study``, :mod:`s2hc.train.processes`) becomes torchrun
+    instead (``exec``): torchrun then has its pid, its parent-death signal and its process group, so the study's
+    signals reach torchrun, which passes them to its workers, and the workers, asked to die with torchrun, go
+    with it when the study is killed outright. (A launcher that merely waited would die alone, leaving torchrun
+    and its workers running.)"""
     import subprocess
 
     command = [
@@ -155,4 +162,8 @@ def launch(nproc: int, argv: list[str]) -> int:
         "s2hc",
         *argv,
     ]
+    if dies_with_parent():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, command, die_with_parent_env())  # after exec, this pid is torchrun's
     return subprocess.call(command)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import statistics
 import time
@@ -44,7 +45,7 @@ from ..rundir import (
     read_config,
     write_config,
 )
-from ..rundir.guard import notice
+from ..rundir.guard import clear_run, notice
 from . import distributed
 from .init import load_initial_weights
 from .optim import learning_rate, make_optimizer
@@ -81,13 +82,28 @@ class RunResult:
     hc_params: int
 
 
+def _say(line: str) -> None:
+    """``line`` on stderr from a signal handler: straight to the descriptor, since the handler may interrupt a
+    write to ``sys.stderr`` (a progress bar's), which a second, nested write would break."""
+    with contextlib.suppress(OSError):
+        os.write(2, f"s2hc: {line}\n".encode())
+
+
 @contextlib.contextmanager
 def stop_on_signals():
-    """Turn SIGINT/SIGTERM into a flag the loop checks between steps (a step is never cut in half)."""
+    """SIGINT/SIGTERM: the first asks for a stop after the current step (a flag the loop checks between steps, which
+    then saves a checkpoint), and says so; a second one stops at once (KeyboardInterrupt): a step may take hours
+    (a large ``grad_accum``), and the run resumes from its last checkpoint, which nothing leaves half-written
+    (saves are atomic)."""
     received: list[int] = []
 
     def handler(signum, frame):
+        if received:
+            _say("stopping now; resume with --resume from the last checkpoint")
+            raise KeyboardInterrupt(f"signal {signum} again")
         received.append(signum)
+        again = "press Ctrl-C" if signum == signal.SIGINT else f"send signal {signum}"
+        _say(f"signal {signum}: stopping after this step (a checkpoint is saved); {again} again to stop now")
 
     previous = {}
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -150,17 +166,33 @@ def train(config: TrainConfig, resume: bool = False, overwrite: bool = False) ->
     sharded) every ``checkpoint_every`` steps and at the end. Raises ValueError for bad input (and a run
     directory refused as above, or in use by another process), :class:`TrainingError` for a non-finite loss,
     gradient, weights or validation loss or a checkpoint that cannot be written (the last good checkpoint is
-    kept), :class:`Interrupted` after saving on SIGINT/SIGTERM.
+    kept), :class:`Interrupted` after saving on SIGINT/SIGTERM, KeyboardInterrupt (at once, nothing saved) on a
+    second one; :class:`s2hc.extras.MissingExtra` first, before anything is written, when the run needs an
+    optional package that is not installed.
     """
+    config.check_extras()  # before anything is written: a missing package must not leave a run to refuse
     ctx = distributed.setup(config.device, config.parallel)
     try:
         with contextlib.ExitStack() as run_directory:
             saved = _open_run(config, resume, overwrite, ctx, run_directory)
-            return _train(config, saved, ctx)
+            try:
+                return _train(config, saved, ctx)
+            except ValueError:  # settings that fail only once the model meets data (a seq_len above max_seq_len)
+                if ctx.is_main and not resume:
+                    _forget_unsaved_run(Path(config.out).expanduser())
+                raise
     except WriteError as error:  # config.yaml or metrics.jsonl at the start: a full disk, say
         raise TrainingError(str(error)) from error
     finally:
         distributed.teardown()
+
+
+def _forget_unsaved_run(out: Path) -> None:
+    """Remove a new run that was refused before its first checkpoint (its config.yaml, metrics.jsonl): it holds
+    nothing to resume, and left in place it would make the corrected command be refused as "already holds a
+    run"."""
+    if not checkpoint_paths(out):
+        clear_run(out, log=None)
 
 
 def _on_main(ctx: distributed.Context, work):

@@ -18,7 +18,12 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 
 from ..rundir.checkpoint import (
     NonFiniteError,
@@ -110,7 +115,10 @@ class Checkpointer:
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
 
     def restore(self, saved: dict[str, Any]) -> int:
-        """Load the checkpoint whose header is ``saved`` (from ``load_checkpoint(..., with_model=False)``)."""
+        """Load the checkpoint whose header is ``saved`` (from ``load_checkpoint(..., with_model=False)``).
+
+        One without optimizer state, loader position or RNG (``s2hc upcycle``'s step 0) restores its weights
+        alone: the run starts from them, with a fresh optimizer, at the beginning of the data."""
         if saved["path"].endswith(SHARDED):
             state = dict(zip(("model", "optimizer"), get_state_dict(self.model, self.optimizer)))
             load_sharded_into(Path(saved["path"]), state)
@@ -118,11 +126,16 @@ class Checkpointer:
                            optim_state_dict=state["optimizer"])
         else:
             full = load_checkpoint(saved["path"], self.ctx.device, verify=False)  # verified when `saved` was read
-            set_state_dict(self.model, self.optimizer, model_state_dict=full["model"],
-                           optim_state_dict=full["optimizer"], options=StateDictOptions(full_state_dict=True))
-        self.loader.load_state_dict(saved["loader"])
-        if saved.get("world_size", 1) == 1 and self.ctx.world_size == 1:  # per-rank streams cannot be split
-            set_rng_state(saved["rng"])
+            options = StateDictOptions(full_state_dict=True)
+            if "optimizer" not in full:  # `s2hc upcycle`'s step 0: weights only, the run starts from them
+                set_model_state_dict(self.model, full["model"], options=options)
+            else:
+                set_state_dict(self.model, self.optimizer, model_state_dict=full["model"],
+                               optim_state_dict=full["optimizer"], options=options)
+        if "loader" in saved:  # an upcycled run has not read any data yet: its loader starts at the beginning
+            self.loader.load_state_dict(saved["loader"])
+        if "rng" in saved and saved.get("world_size", 1) == 1 and self.ctx.world_size == 1:  # per-rank streams
+            set_rng_state(saved["rng"])  # cannot be split
         self.last_step, self.last_path = saved["step"], Path(saved["path"])
         return saved["step"]
 

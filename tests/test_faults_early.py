@@ -1,0 +1,76 @@
+"""Settings that can only fail late are refused early, and what still fails at the first step leaves nothing that
+blocks the corrected command (issue 22, items 5, 12 and 13)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import small_config
+
+from s2hc.cli import main
+
+
+def one_line(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_seq_len_above_the_models_max_seq_len_is_refused_before_the_run_directory_is_made(corpus_file, tmp_path):
+    with pytest.raises(ValueError, match=r"seq_len=64 is more than the model's max_seq_len=32"):
+        small_config(corpus_file, tmp_path, seq_len=64, model_overrides={"max_seq_len": 32})
+
+
+def refuse(self, *args, **kwargs):
+    """A model's forward that raises what a setting only the first forward pass sees would."""
+    raise ValueError("refused by the first forward pass")
+
+
+def test_a_run_refused_at_its_first_step_leaves_nothing_and_the_retry_starts(corpus_file, tmp_path, monkeypatch):
+    from s2hc.models import Transformer
+    from s2hc.train import train
+
+    config = small_config(corpus_file, tmp_path, max_steps=1)
+    with monkeypatch.context() as patch:
+        patch.setattr(Transformer, "forward", refuse)
+        with pytest.raises(ValueError, match="first forward pass"):
+            train(config)
+    assert not (tmp_path / "run").exists()  # no config.yaml or empty metrics.jsonl to refuse the retry with
+    assert train(config).step == 1  # the same command again, no --overwrite needed
+
+
+def test_a_failed_resume_keeps_the_run_it_resumes(corpus_file, tmp_path, monkeypatch):
+    from s2hc.models import Transformer
+    from s2hc.train import train
+
+    config = small_config(corpus_file, tmp_path, max_steps=1, checkpoint_every=1)
+    train(config)
+    monkeypatch.setattr(Transformer, "forward", refuse)
+    with pytest.raises(ValueError, match="first forward pass"):
+        train(config.replace(max_steps=2), resume=True)
+    assert {p.name for p in (tmp_path / "run").iterdir()} >= {"config.yaml", "metrics.jsonl", "checkpoint.pt"}
+
+
+def test_upcycling_with_a_tokenizer_larger_than_the_model_is_refused_before_writing(tiny_checkpoint, tmp_path,
+                                                                                     capsys):
+    pytest.importorskip("tiktoken")
+    from s2hc.rundir import load_model
+    from s2hc.train import train
+
+    _, config = load_model(tiny_checkpoint)
+    source = config.replace(family="residual", n_streams=1, max_steps=1, out=str(tmp_path / "residual"))
+    train(source)
+    out = tmp_path / "upcycled"
+    assert main(["upcycle", source.out, "--family", "s2hc", "--tokenizer", "gpt2", "--out", str(out)]) == 2
+    line = one_line(capsys)
+    assert "'gpt2' has 50257 tokens, more than the model's vocab_size=4096" in line
+    assert not out.exists()
+
+
+def test_a_study_with_a_bad_measuring_device_is_refused_before_anything(tmp_path, capsys):
+    config = tmp_path / "smoke.yaml"
+    assert main(["configs", "study-smoke"]) == 0
+    config.write_text(capsys.readouterr().out)
+    out = tmp_path / "study"
+    assert main(["study", str(config), "--out", str(out), "--device", "tpu"]) == 2
+    assert "--device: invalid choice 'tpu'" in one_line(capsys)
+    assert not out.exists()
