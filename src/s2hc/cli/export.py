@@ -19,7 +19,9 @@ def register(subparsers) -> None:
     parser.add_argument(
         "checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file"
     )
-    parser.add_argument("out_dir", metavar="OUT_DIR", help="directory to write (created; existing files are replaced)")
+    parser.add_argument("out_dir", metavar="OUT_DIR",
+                        help="directory to write: built beside it and swapped in whole; an earlier export there "
+                        "is replaced, a directory holding other files is refused")
     parser.add_argument("--dtype", default=None, choices=list(DTYPES),
                         help="weights' dtype (default: as saved, float32)")
     parser.set_defaults(func=run, subparser=parser)
