@@ -74,3 +74,27 @@ def test_a_study_with_a_bad_measuring_device_is_refused_before_anything(tmp_path
     assert main(["study", str(config), "--out", str(out), "--device", "tpu"]) == 2
     assert "--device: invalid choice 'tpu'" in one_line(capsys)
     assert not out.exists()
+
+
+def test_a_non_finite_gradient_with_a_finite_loss_names_the_gradient(corpus_file, tmp_path, monkeypatch):
+    import torch
+
+    from s2hc.train import TrainingError, train
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *a, **k: torch.tensor(float("inf")))
+    with pytest.raises(TrainingError, match=r"non-finite gradient \(norm inf\) at step 1, with a finite loss"):
+        train(small_config(corpus_file, tmp_path, max_steps=2))
+
+
+@pytest.mark.parametrize("key,value", [("diagnostics_tokens", 10**12), ("nproc", 10**6)])
+def test_a_study_grid_bounds_its_own_counts(key, value, tmp_path, capsys):
+    import yaml
+
+    from s2hc.study import load_spec
+
+    assert main(["configs", "study-smoke"]) == 0
+    grid = yaml.safe_load(capsys.readouterr().out)
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({**grid, key: value}))
+    with pytest.raises(ValueError, match=rf"{key} must be an integer in \[1, \d+\], got {value}"):
+        load_spec(path)

@@ -38,6 +38,9 @@ from ..train.init import upcycles
 KEYS = ("description", "train", "streams", "seeds", "families", "baselines", "diagnostics_tokens", "nproc")
 GRID_KEYS = ("family", "family_options", "n_streams", "seed", "out")  # set by the grid, not by `train:`
 DEFAULT_DIAGNOSTICS_TOKENS = 2048
+#: Bounds of the counts a grid file sets beside its runs' (which TrainConfig bounds): the diagnostics hold
+#: per-token matrices of every connection in memory, and a run's processes are GPUs of one machine or more.
+MAX_DIAGNOSTICS_TOKENS, MAX_NPROC = 1_000_000, 1024
 #: HyperConnection's own options a grid entry may set (beside the family's), with their defaults.
 CONNECTION_DEFAULTS = {name: parameter.default for name, parameter in
                        inspect.signature(HyperConnection.__init__).parameters.items()
@@ -193,9 +196,10 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
         seeds=_seeds(values.get("seeds", 3)),
         baselines=tuple(check_family(b, f"{source}: baselines") for b in baselines),
         diagnostics_tokens=check_int(f"{source}: diagnostics_tokens",
-                                     values.get("diagnostics_tokens", DEFAULT_DIAGNOSTICS_TOKENS), minimum=1),
+                                     values.get("diagnostics_tokens", DEFAULT_DIAGNOSTICS_TOKENS), minimum=1,
+                                     maximum=MAX_DIAGNOSTICS_TOKENS),
         description=str(values.get("description") or "").strip(),
-        nproc=check_int(f"{source}: nproc", values.get("nproc", 1)),
+        nproc=check_int(f"{source}: nproc", values.get("nproc", 1), maximum=MAX_NPROC),
     )
     seen: dict[tuple, Configuration] = {}
     for configuration in spec.configurations:  # every family option checked as the run will check it

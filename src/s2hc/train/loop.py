@@ -339,8 +339,11 @@ def _train(config: TrainConfig, saved: dict | None, ctx: distributed.Context) ->
                 layer_grads = gradient_norms(model) if diagnose else None  # before clipping; every rank (FSDP)
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or float("inf"))
                 grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-                if not (math.isfinite(train_loss) and math.isfinite(grad_norm)):
+                if not math.isfinite(train_loss):  # its gradient is not finite either
                     raise diverged(f"non-finite loss ({train_loss}) or gradient at step {step + 1}", step + 1)
+                if not math.isfinite(grad_norm):  # the loss is not the suspect: the backward pass overflowed
+                    raise diverged(f"non-finite gradient (norm {grad_norm}) at step {step + 1}, with a finite "
+                                   f"loss ({train_loss:.4f}): the backward pass overflowed", step + 1)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 bad = _non_finite_weights(model, ctx)
