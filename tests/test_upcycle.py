@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 from helpers import small_config
-from test_hf_parity import VOCAB, build_pair, hf_config, randomise, tokens
+from test_hf_parity import VOCAB, hf_config, randomise, tokens
 
 from s2hc.cli import main
 from s2hc.diagnostics import collect, diagnose_checkpoint, mixing_connections
@@ -165,9 +165,20 @@ def test_only_residual_sources_and_at_least_two_streams():
 # ------------------------------------------------------------------------------ Hugging Face directories
 
 
+def hf_reference(arch: str):
+    """A random Hugging Face model of ``arch`` with the shipped tokenizer's 4 096 tokens: upcycle refuses a
+    tokenizer larger than the model, and the export writes that tokenizer beside the weights."""
+    config = hf_config(arch)
+    config.vocab_size = 4096
+    torch.manual_seed(0)
+    reference = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
+    randomise(reference, 0)
+    return reference
+
+
 @pytest.fixture(scope="module", params=["qwen3", "qwen2", "gemma3", "gpt2"])
 def hf_directory(request, tmp_path_factory):
-    reference, _ = build_pair(request.param)
+    reference = hf_reference(request.param)
     directory = tmp_path_factory.mktemp(request.param)
     reference.save_pretrained(directory)  # config.json + model.safetensors
     return request.param, reference, directory
@@ -188,11 +199,7 @@ def test_upcycle_command_on_every_architecture_the_presets_load(hf_directory, tm
 
 
 def test_an_upcycled_model_exports_and_loads_in_transformers(tmp_path):
-    config = hf_config("qwen3")
-    config.vocab_size = 4096  # the shipped tokenizer's, which the export writes beside the weights
-    torch.manual_seed(0)
-    reference = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").float().eval()
-    randomise(reference, 0)
+    reference = hf_reference("qwen3")
     source, run, exported = tmp_path / "qwen3", tmp_path / "run", tmp_path / "export"
     reference.save_pretrained(source)
     assert main(["upcycle", str(source), "--family", "mhc", "--out", str(run), "--tokenizer", "s2hc-bpe-4k"]) == 0

@@ -121,7 +121,9 @@ def _read_hf_source(path: Path, tokenizer: str | None) -> tuple[Transformer, dic
     load_hf_state_dict(model, _read_hf_weights(path))
     settings = model.config.to_dict()
     values = {"preset": _PRESET_OF[model_type], "tokenizer": tokenizer or _hf_tokenizer(path, model_type),
-              "model_overrides": {k: v for k, v in settings.items() if k not in _FAMILY_KEYS}}
+              "model_overrides": {k: v for k, v in settings.items() if k not in _FAMILY_KEYS},
+              # the default window, unless the model's positions are fewer (a run must fit what forward accepts)
+              "seq_len": min(TrainConfig().seq_len, model.config.max_seq_len)}
     return model, values
 
 
