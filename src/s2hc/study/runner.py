@@ -319,6 +319,15 @@ def _measure(run: Run, spec: StudySpec, device: str, log) -> dict[str, Any]:
     return row
 
 
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a run's log (a failed run ends with its one-line error); '' when none."""
+    with contextlib.suppress(OSError), path.open("rb") as handle:
+        handle.seek(max(0, handle.seek(0, os.SEEK_END) - 4096))
+        lines = [line.strip() for line in handle.read().decode(errors="replace").splitlines() if line.strip()]
+        return lines[-1] if lines else ""
+    return ""
+
+
 def _train_all(runs: list[Run], spec: StudySpec, jobs: int, device: str, log) -> list[str]:
     """Train ``runs`` ``jobs`` at a time, measuring each as it ends; the failures, described. However this ends
     (an exception: a measurement that failed, a closed stderr), no run is left training: those still running are
@@ -351,7 +360,9 @@ def _supervise(pool: _Pool, pending: list[Run], spec: StudySpec, device: str, lo
             if status == 0 or state == "diverged":
                 _measure(run, spec, device, log)
             else:
-                failures.append(f"{run.name} (exit status {status}, log {run.log_path})")
+                said = _last_line(run.log_path)  # the run's own one-line error: a full disk, the file it names
+                failures.append(f"{run.name} (exit status {status}, log {run.log_path}" + (f": {said}" if said else "")
+                                + ")")
                 log(f"{run.name} failed with exit status {status}; its log: {run.log_path}")
             left = len(pending) + len(pool.active)
             eta = sum(durations) / len(durations) * left / jobs / 60
