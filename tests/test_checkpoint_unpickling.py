@@ -276,3 +276,41 @@ def test_the_allowlist_is_what_genuine_metadata_references(run):
     for module, name in admitted:
         assert hasattr(importlib.import_module(module), name), (module, name)
     assert type(read_sharded_metadata(run / "checkpoint.dcp")).__name__ == "Metadata"
+
+
+# ------------------------------------------------- every other file s2hc loads: checkpoint.pt, extra.pt, YAML
+
+
+def test_a_single_file_checkpoint_or_extra_pt_that_would_run_code_is_refused(run, tiny_checkpoint, tmp_path,
+                                                                             marker, capsys):
+    single = tmp_path / "single"
+    shutil.copytree(tiny_checkpoint, single)
+    for crafted in (single / "checkpoint.pt", run / "checkpoint.dcp" / "extra.pt"):
+        torch.save({"step": 1, "model": Touch(marker)}, crafted)  # torch.load(weights_only=True) refuses it
+        with pytest.raises(ValueError):
+            load_model(crafted.parent if crafted.name == "checkpoint.pt" else run)
+        assert main(["eval", str(crafted.parent if crafted.name == "checkpoint.pt" else run), "--no-progress"]) == 2
+        assert "Traceback" not in capsys.readouterr().err
+        assert not marker.exists()
+
+
+YAML_THAT_RUNS_CODE = "lr: !!python/object/apply:pathlib.Path.touch [{marker}]\n"
+
+
+def test_yaml_that_would_run_code_is_refused_as_config_study_grid_and_run_config(tiny_checkpoint, tmp_path,
+                                                                                 marker, capsys):
+    from s2hc.rundir import read_config
+    from s2hc.study import load_spec
+
+    crafted = tmp_path / "crafted.yaml"
+    crafted.write_text(YAML_THAT_RUNS_CODE.format(marker=marker))
+    assert main(["train", "--config", str(crafted), "--out", str(tmp_path / "t")]) == 2
+    assert "is not valid YAML" in capsys.readouterr().err
+    with pytest.raises(ValueError):
+        load_spec(crafted)
+    copy = tmp_path / "run"
+    shutil.copytree(tiny_checkpoint, copy)
+    (copy / "config.yaml").write_text(YAML_THAT_RUNS_CODE.format(marker=marker))
+    with pytest.raises(ValueError):
+        read_config(copy)
+    assert not marker.exists()
