@@ -10,7 +10,6 @@ rounding (:mod:`s2hc.models.upcycle` says why and which families qualify): ``s2h
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ from .mixers import RESIDUAL
 from .models import Transformer
 from .models.upcycle import DEFAULT_SPREAD, check_upcyclable, upcycle_model
 from .rundir import CHECKPOINT, checkpoint_paths, load_model, write_config
-from .rundir.checkpoint import save_checkpoint
+from .rundir.checkpoint import save_checkpoint, weights_only_refusal
 from .rundir.guard import ATOMIC_FILES, DERIVED, LOCK, RUN_FILES, SHARDED_OLD, SHARDED_TMP, notice, run_files
 from .rundir.staging import check_replaceable, replace_directory
 
@@ -56,21 +55,12 @@ def _read_pytorch_weights(file: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors all mean "not a weights file"
-        raise ValueError(f"{str(file)!r} is not a PyTorch weights file, or is damaged ({_load_refusal(error)}); "
+        raise ValueError(f"{str(file)!r} is not a PyTorch weights file, or is damaged ({weights_only_refusal(error)}); "
                          "it must be a state dict saved with torch.save") from None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise ValueError(f"{str(file)!r} holds a {type(state).__name__}, not a state dict (tensor names -> "
                          "tensors)")
     return state
-
-
-def _load_refusal(error: Exception) -> str:
-    """What ``torch.load(weights_only=True)`` refused, in a few words (its own message is a page long)."""
-    # torch words it "Unsupported global: GLOBAL m.f" or "unsupported GLOBAL m.f whose module m is blocked"
-    found = re.search(r"unsupported (?:global: )?GLOBAL (\S+)", str(error), re.IGNORECASE)
-    if found:
-        return f"it pickles {found.group(1)!r}, which is not data; it was not loaded"
-    return f"could not be read: {type(error).__name__}"
 
 
 def _read_hf_config(directory: Path) -> dict[str, Any]:

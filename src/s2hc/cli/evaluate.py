@@ -23,7 +23,7 @@ from ..evaluate.loading import load_for_eval
 from ..evaluate.perplexity import perplexity
 from ..extras import check_available
 from ..io import atomic_write_text
-from .common import nonnegative_float, output_directory, positive_int
+from .common import nonnegative_float, nonnegative_int, output_directory, positive_int
 
 
 def _limit(text: str) -> float | int:
@@ -35,17 +35,6 @@ def _limit(text: str) -> float | int:
     if not math.isfinite(value) or value <= 0 or (value >= 1 and value != int(value)):
         raise argparse.ArgumentTypeError(f"must be a count >= 1 or a fraction in (0, 1), got {text!r}")
     return int(value) if value >= 1 else value
-
-
-def _count(text: str) -> int:
-    """argparse type: an integer >= 0 (``--num-fewshot``, ``--bootstrap-iters``: 0 means none)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {value}")
-    return value
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -92,10 +81,10 @@ def _add_eval_parser(subparsers) -> None:
                             "default cache)")
     group = parser.add_argument_group("lm-eval tasks")
     group.add_argument("--limit", type=_limit, default=None, help="examples per task (a count, or a fraction < 1)")
-    group.add_argument("--num-fewshot", type=_count, default=None,
+    group.add_argument("--num-fewshot", type=nonnegative_int, default=None,
                        help="shots for the tasks outside paper8 (default: the task's)")
     group.add_argument(
-        "--bootstrap-iters", type=_count, default=1000, help="bootstrap resamples for stderr (default 1000)"
+        "--bootstrap-iters", type=nonnegative_int, default=1000, help="bootstrap resamples for stderr (default 1000)"
     )
     group.add_argument("--seed", type=int, default=1234, help="seed of few-shot sampling and lm-eval (default 1234)")
     parser.add_argument("--output", default=None, metavar="DIR",

@@ -338,7 +338,7 @@ def _safe_loading() -> tuple[type, type]:
                 info = self.reader.storage_data.get(read_item.storage_index)
                 file = self.reader.directory / getattr(info, "relative_path", "")
                 raise _ShardValueError(f"{str(file)!r}: refuses to load the value of {fqn!r}: "
-                                       f"{_weights_only_refusal(error)}") from None
+                                       f"{weights_only_refusal(error)}") from None
             if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes, but weights_only
                 set_element(self.original_state_dict, self.mappings[fqn], loaded)
             else:
@@ -351,11 +351,13 @@ class _ShardValueError(ValueError):
     """A value in a shard file that s2hc refuses; raised inside dcp.load, which wraps it."""
 
 
-def _weights_only_refusal(error: Exception) -> str:
-    """What ``torch.load(weights_only=True)`` refused, in a few words (its message is a page long)."""
-    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+def weights_only_refusal(error: Exception) -> str:
+    """What ``torch.load(weights_only=True)`` refused, in a few words (its message is a page long): a pickled
+    global that is not data, or a file that is not plain data or is damaged."""
+    # torch words it "Unsupported global: GLOBAL m.f" or "unsupported GLOBAL m.f whose module m is blocked"
+    found = re.search(r"unsupported (?:global: )?GLOBAL (\S+)", str(error), re.IGNORECASE)
     if found:
-        return f"it pickles {found.group(1)!r}, which is not data"
+        return f"it pickles {found.group(1)!r}, which is not data; it was not loaded"
     return f"it is not plain data or is damaged ({type(error).__name__})"
 
 
