@@ -144,11 +144,16 @@ def atomic_write_bytes(path: Path, write) -> None:
     except BaseException:
         _discard(tmp)
         raise
-    directory = os.open(path.parent, os.O_RDONLY)
+    fsync_path(path.parent)  # the rename itself survives a crash
+
+
+def fsync_path(path: str | Path) -> None:
+    """fsync the file or directory ``path`` (a directory: the names in it, so a rename survives a crash)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(directory)  # the rename itself survives a crash
+        os.fsync(fd)
     finally:
-        os.close(directory)
+        os.close(fd)
 
 
 def _discard(tmp: str | None) -> None:

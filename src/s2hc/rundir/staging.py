@@ -32,7 +32,7 @@ import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..io import WriteError, check_output_dir
+from ..io import WriteError, check_output_dir, fsync_path
 from .guard import RunLock, notice
 
 BUILDING, PREVIOUS = "s2hc-tmp", "s2hc-old"  # the marks of the two sibling directories of a swap
@@ -85,7 +85,7 @@ def _recover(target: Path, log: Callable[[str], None] | None) -> list[str]:
     if previous and not target.exists() and not target.is_symlink():
         newest = max(previous, key=lambda p: p.stat().st_mtime)
         os.rename(newest, target)
-        _sync_directory(target.parent)
+        fsync_path(target.parent)
         if log is not None:
             log(f"{str(target)!r}: put back the previous output from {newest.name}/ (an earlier write was "
                 f"killed between the two renames of its swap)")
@@ -193,13 +193,13 @@ def _swap(building: Path, target: Path, previous: Path, inside: RunLock | None) 
 def _move_away(target: Path, previous: Path) -> None:
     """The first rename of a swap: the previous output out of the way, whole."""
     os.rename(target, previous)
-    _sync_directory(target.parent)
+    fsync_path(target.parent)
 
 
 def _move_in(building: Path, target: Path) -> None:
     """The second rename of a swap: the new output in place, whole."""
     os.rename(building, target)
-    _sync_directory(target.parent)
+    fsync_path(target.parent)
 
 
 def _sync_tree(root: Path, target: Path) -> None:
@@ -210,22 +210,10 @@ def _sync_tree(root: Path, target: Path) -> None:
         for name in files:
             file = Path(directory, name)
             try:
-                fd = os.open(file, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                fsync_path(file)
             except OSError as error:
                 raise WriteError(target / file.relative_to(root), error) from error
-        _sync_directory(Path(directory))
-
-
-def _sync_directory(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_path(directory)
 
 
 __all__ = ["check_replaceable", "recover_directory", "replace_directory", "sibling_pattern"]

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Any
 
 from ..diagnostics import plots
 from ..extras import check_available
-from ..io import atomic_write_text
+from ..io import atomic_write_text, fsync_path
 from ..mixers import RESIDUAL
 from .stats import LEVEL, describe, holm, paired
 
@@ -423,8 +422,4 @@ def _remove_durably(report: Path) -> None:
 def _sync(paths) -> None:
     """fsync each file or directory in ``paths``: the figures are on disk before the report that names them."""
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
