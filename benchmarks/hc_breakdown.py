@@ -20,15 +20,15 @@ import statistics
 import torch
 
 from s2hc import HyperConnection
-from s2hc.bench.core import timed
+from s2hc.bench.measure import timed
 from s2hc.devices import resolve_device
 
 
 def triton_kernels_for(device: torch.device):
-    """:mod:`s2hc.triton_kernels` when its kernels can run on ``device``, else None."""
+    """:mod:`s2hc.connection.kernels` when its kernels can run on ``device``, else None."""
     if importlib.util.find_spec("triton") is None:
         return None
-    from s2hc import triton_kernels
+    from s2hc.connection import kernels as triton_kernels
 
     return triton_kernels if device.type == "cuda" or triton_kernels.interpreted() else None
 

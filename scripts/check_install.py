@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 #: Modules that are the extra's own code: they raise MissingExtra on import without it (everything else imports).
-EXTRA_MODULES = {"s2hc.hf": "hf", "s2hc.evaluate.harness": "eval", "s2hc.triton_kernels": "triton"}
+EXTRA_MODULES = {"s2hc.hf": "hf", "s2hc.evaluate.harness": "eval", "s2hc.connection.kernels": "triton"}
 
 # Small enough to take seconds on a CPU: the tiny preset cut down.
 TINY = ["--preset", "tiny", "--set", "model_overrides={dim: 32, n_layers: 1, n_heads: 2, ffn_dim: 64}",
@@ -33,10 +33,10 @@ TINY = ["--preset", "tiny", "--set", "model_overrides={dim: 32, n_layers: 1, n_h
 
 #: (the extra a command needs, the command, the directory it would write: it must not exist afterwards).
 MISSING_EXTRA_CASES = [
-    ("hf", ["export", "run", "exported"], "exported"),
+    ("hf", ["export", "run", "--out", "exported"], "exported"),
     ("hf", ["upcycle", "hf-model", "--family", "s2hc", "--out", "up-hf"], "up-hf"),
     ("hf", ["diagnose", "--static", "run", "--out", "static"], "static"),
-    ("eval", ["eval", "run", "--tasks", "s2hc_nextline", "--limit", "2", "--output", "eval-out"], "eval-out"),
+    ("eval", ["eval", "run", "--tasks", "s2hc_nextline", "--limit", "2", "--out", "eval-out"], "eval-out"),
     ("data", ["train", *TINY, "--max-steps", "2", "--tokenizer", "gpt2", "--out", "t-gpt2"], "t-gpt2"),
     ("data", ["train", *TINY, "--max-steps", "2", "--data", "hf:roneneldan/TinyStories", "--out", "t-hf"], "t-hf"),
     ("data", ["train", *TINY, "--max-steps", "2", "--data", "docs.parquet", "--out", "t-parquet"], "t-parquet"),

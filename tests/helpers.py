@@ -104,14 +104,14 @@ def crash_after_checkpoint(config, step: int) -> None:
     """Train ``config`` and stop as a crash would right after the checkpoint of ``step`` is written."""
     import pytest
 
-    import s2hc.train.state as state
+    import s2hc.train.checkpointer as state
     from s2hc.train import train
 
     real = state.save_checkpoint
 
     def save_then_crash(path, payload):
         real(path, payload)
-        if payload["step"] == step:
+        if payload.step == step:
             raise KeyboardInterrupt
 
     state.save_checkpoint = save_then_crash
@@ -120,3 +120,11 @@ def crash_after_checkpoint(config, step: int) -> None:
             train(config)
     finally:
         state.save_checkpoint = real
+
+
+def tiny_checkpoint(step: int, model: dict, **entries):
+    """A :class:`s2hc.rundir.Checkpoint` of ``model`` (a name -> tensor dict, not a real model's) at ``step``,
+    for tests of the file format alone."""
+    from s2hc.rundir import Checkpoint
+
+    return Checkpoint(config={}, model_config={}, step=step, model=model, **entries)

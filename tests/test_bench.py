@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from s2hc.bench import core
+from s2hc.bench import measure
 from s2hc.cli import main
 from s2hc.devices import resolve_device
 
@@ -22,30 +22,30 @@ CLI_TINY = ["bench", "--preset", "tiny", "--layers", "1", "--batch-size", "1", "
 
 
 def test_step_rows_have_the_keys_and_residual_first():
-    variants = [core.parse_variant("s2hc", 2), core.parse_variant("s2hc:recompute=True", 2)]
-    rows = core.benchmark_steps("tiny", variants, device="cpu", **TINY)
+    variants = [measure.parse_variant("s2hc", 2), measure.parse_variant("s2hc:recompute=True", 2)]
+    rows = measure.benchmark_steps("tiny", variants, device="cpu", **TINY)
     assert [r["label"] for r in rows] == ["residual", "s2hc", "s2hc:recompute=True"]
     for row in rows:
         assert set(row) >= STEP_KEYS and row["device"] == "cpu"
         assert row["step_s"] > 0 and row["tokens_per_s"] > 0 and row["peak_mem_bytes"] > 0
     assert rows[0]["step_ratio_vs_residual"] == 1.0 and rows[0]["peak_mem_ratio_vs_residual"] == 1.0
     assert rows[1]["n_streams"] == 2 and rows[1]["compiled"] is False
-    assert "| s2hc:recompute=True | 2 |" in core.format_step_table(rows)
-    assert "eager on cpu" in core.format_step_table(rows)
+    assert "| s2hc:recompute=True | 2 |" in measure.format_step_table(rows)
+    assert "eager on cpu" in measure.format_step_table(rows)
 
 
 def test_peer_runs_in_the_same_model():
     pytest.importorskip("hyper_connections")
-    rows = core.benchmark_steps("tiny", [core.Variant(core.PEER, 4)], memory=False, **TINY)
-    assert rows[1]["family"] == core.PEER and rows[1]["peak_mem_ratio_vs_residual"] is None
+    rows = measure.benchmark_steps("tiny", [measure.Variant(measure.PEER, 4)], memory=False, **TINY)
+    assert rows[1]["family"] == measure.PEER and rows[1]["peak_mem_ratio_vs_residual"] is None
 
 
 def test_coefficient_rows():
-    rows = core.benchmark_coefficients(["s2hc", "mhc"], n_streams=4, dim=8, tokens=16, repeats=1)
+    rows = measure.benchmark_coefficients(["s2hc", "mhc"], n_streams=4, dim=8, tokens=16, repeats=1)
     assert [(r["family"], r["fused"]) for r in rows] == [("s2hc", True), ("s2hc", False), ("mhc", True), ("mhc", False)]
     assert all(r["ns_per_token"] > 0 and r["device"] == "cpu" for r in rows)
     assert rows[2]["ratio_vs_mhc"] == 1.0
-    assert "| s2hc | fast |" in core.format_coefficient_table(rows)
+    assert "| s2hc | fast |" in measure.format_coefficient_table(rows)
 
 
 def test_peak_memory_sees_a_known_allocation():
@@ -54,17 +54,17 @@ def test_peak_memory_sees_a_known_allocation():
         b = a + 1
         return float(b[0])
 
-    assert core.peak_step_bytes(step) >= 2 * 4 * (1 << 20)
+    assert measure.peak_step_bytes(step) >= 2 * 4 * (1 << 20)
 
 
 def test_parse_variant():
-    assert core.parse_variant("residual", 4).n_streams == 1
-    assert core.parse_variant("s2hc:fused=False", 4).options == {"fused": False}
-    assert core.parse_variant("hyper-connections", 4).family == core.PEER
+    assert measure.parse_variant("residual", 4).n_streams == 1
+    assert measure.parse_variant("s2hc:fused=False", 4).options == {"fused": False}
+    assert measure.parse_variant("hyper-connections", 4).family == measure.PEER
     with pytest.raises(ValueError, match="argument --families must be one of .*got 'sinkhorn'"):
-        core.parse_variant("sinkhorn", 4)
+        measure.parse_variant("sinkhorn", 4)
     with pytest.raises(ValueError, match="expects KEY=VALUE"):
-        core.parse_variant("s2hc:fused", 4)
+        measure.parse_variant("s2hc:fused", 4)
 
 
 def test_cli_json(capsys):
@@ -125,11 +125,11 @@ def test_cli_cuda_without_cuda_exits_2(monkeypatch, capsys):
 def test_timing_synchronises_only_on_cuda(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", device)))
-    assert core.timed(lambda: calls.append("step"), torch.device("cpu")) >= 0
+    assert measure.timed(lambda: calls.append("step"), torch.device("cpu")) >= 0
     assert calls == ["step"]
     calls.clear()
     cuda = torch.device("cuda")
-    core.timed(lambda: calls.append("step"), cuda)  # the fake synchronize needs no GPU
+    measure.timed(lambda: calls.append("step"), cuda)  # the fake synchronize needs no GPU
     assert calls == [("sync", cuda), "step", ("sync", cuda)]
 
 
@@ -142,14 +142,14 @@ def test_cuda_peak_memory_is_baseline_plus_the_steps_own_peak(monkeypatch):
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10_000)  # other models included
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 10_000 + 4096)
     baseline = torch.zeros(256)  # 1 KiB
-    assert core.peak_step_bytes(lambda: calls.append("step"), baseline, device="cuda") == 1024 + 4096
+    assert measure.peak_step_bytes(lambda: calls.append("step"), baseline, device="cuda") == 1024 + 4096
     assert calls == ["sync", "reset", "step", "sync"]
 
 
 def _triton_runs_here() -> bool:
     if importlib.util.find_spec("triton") is None:
         return False
-    from s2hc import triton_kernels
+    from s2hc.connection import kernels as triton_kernels
 
     return triton_kernels.interpreted()  # set by the root conftest.py on machines without CUDA
 
@@ -167,7 +167,7 @@ def test_cli_triton_kernels_under_the_interpreter(capsys):
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 def test_cli_triton_kernels_where_they_cannot_run_exits_2(monkeypatch, capsys):
-    from s2hc import triton_kernels
+    from s2hc.connection import kernels as triton_kernels
 
     monkeypatch.setattr(triton_kernels, "interpreted", lambda: False)  # as on a CPU without TRITON_INTERPRET=1
     assert main(TRITON_ARGV) == 2

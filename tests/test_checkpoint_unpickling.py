@@ -131,7 +131,7 @@ def test_a_metadata_pickle_that_would_run_code_is_refused_by_every_loader(run, m
 
 @pytest.mark.parametrize("command", [
     ["eval", "{run}", "--no-progress"], ["generate", "{run}", "--prompt", "To be", "--max-new-tokens", "2"],
-    ["diagnose", "{run}"], ["export", "{run}", "{run}-exported"],
+    ["diagnose", "{run}"], ["export", "{run}", "--out", "{run}-exported"],
 ])
 def test_the_commands_refuse_it_in_one_line_and_run_nothing(run, marker, command, capsys):
     write_metadata(run / "checkpoint.dcp", Touch(marker))
@@ -254,7 +254,7 @@ def test_a_genuine_sharded_checkpoint_loads_exactly_what_dcp_itself_reads(run, s
     assert any(t.abs().sum() > 0 for t in loaded.values())
     assert config.max_steps == 2
     train(sharded_config.replace(out=str(run), max_steps=4), resume=True)  # the optimizer's values, too
-    assert load_checkpoint(run, with_model=False)["step"] == 4
+    assert load_checkpoint(run, with_model=False).step == 4
 
 
 def test_the_allowlist_is_what_genuine_metadata_references(run):

@@ -128,7 +128,7 @@ def triton_device(cuda_device: torch.device) -> torch.device:
     """``cuda_device`` if the Triton kernels can run there (compiled on CUDA, interpreted on a CPU), else skip."""
     if importlib.util.find_spec("triton") is None:
         pytest.skip("triton is not installed")
-    from s2hc import triton_kernels
+    from s2hc.connection import kernels as triton_kernels
 
     if on_gpu(cuda_device) and triton_kernels.interpreted():
         pytest.skip("TRITON_INTERPRET is set: the kernels would be interpreted, not compiled for the GPU")
@@ -261,7 +261,7 @@ def test_resume_on_device_equals_uninterrupted(dtype, cuda_device, corpus_file, 
     """A run stopped right after its step-4 checkpoint and resumed gives the losses of an uninterrupted run,
     step for step: exactly on a CPU; on CUDA (deterministic settings) to 1e-5 relative in float32 and 2e-3
     in bfloat16, far below what a wrong data position, optimizer state or schedule would change."""
-    import s2hc.train.state as state
+    import s2hc.train.checkpointer as state
 
     config = device_config(corpus_file, tmp_path / "a", cuda_device, family="s2hc", dtype=dtype, max_steps=6,
                            checkpoint_every=2)  # fmt: skip
@@ -270,7 +270,7 @@ def test_resume_on_device_equals_uninterrupted(dtype, cuda_device, corpus_file, 
 
     def save_then_crash(path, payload):
         original(path, payload)
-        if payload["step"] == 4:
+        if payload.step == 4:
             raise KeyboardInterrupt
 
     with deterministic(cuda_device):
@@ -279,7 +279,7 @@ def test_resume_on_device_equals_uninterrupted(dtype, cuda_device, corpus_file, 
         with pytest.raises(KeyboardInterrupt):
             train(interrupted)
         monkeypatch.setattr(state, "save_checkpoint", original)
-        assert load_checkpoint(interrupted.out)["step"] == 4
+        assert load_checkpoint(interrupted.out).step == 4
         assert [step for step, _ in losses(interrupted.out)] == [1, 2, 3, 4]
         train(interrupted, resume=True)
     expected, actual = losses(config.out), losses(interrupted.out)

@@ -168,7 +168,7 @@ def test_connection_output_and_gradients_equal_transformers(fused, recompute):
 
 @TRITON
 def test_triton_path_equals_transformers():
-    from s2hc import triton_kernels
+    from s2hc.connection import kernels as triton_kernels
 
     if not (torch.cuda.is_available() or triton_kernels.interpreted()):
         pytest.skip("no GPU and TRITON_INTERPRET was not set before triton was imported")
@@ -399,7 +399,7 @@ def test_variant_option_and_defaults():
 def test_variant_through_the_configurations():
     from s2hc.config import check_family_options
     from s2hc.models import Transformer, get_preset
-    from s2hc.params import count_hc_params
+    from s2hc.params import count_connection_params
 
     assert check_family_options("mhc", 4, {"variant": "deepseek-v4", "hc_eps": "1e-5"}) == {
         "variant": "deepseek-v4", "hc_eps": 1e-5}
@@ -409,8 +409,8 @@ def test_variant_through_the_configurations():
                                    vocab_size=64, family_options={"variant": "deepseek-v4"}))
     assert all(block.attn_hc.norm_weight is None for block in model.blocks)
     assert torch.isfinite(model(torch.randint(0, 64, (2, 8)))).all()
-    paper = count_hc_params("mhc", layers=2, dim=32, n_streams=2)
-    assert count_hc_params("mhc", layers=2, dim=32, n_streams=2, variant="deepseek-v4") == paper - 4 * 2 * 32
+    paper = count_connection_params("mhc", layers=2, dim=32, n_streams=2)
+    assert count_connection_params("mhc", layers=2, dim=32, n_streams=2, variant="deepseek-v4") == paper - 4 * 2 * 32
 
 
 def test_sinkhorn_without_eps_is_the_papers():

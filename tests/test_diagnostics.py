@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 
 from s2hc import HyperConnection, mixers
 from s2hc.cli import main
-from s2hc.compare import compare
 from s2hc.diagnostics import (
     Recorder,
     amax_gain,
@@ -462,7 +461,7 @@ def test_diagnose_synthetic_command(tmp_path, capsys):
         assert (out / name).stat().st_size > 5_000
 
 
-# --------------------------------------------------------------------------------------- training, compare
+# ------------------------------------------------------------------------------------------------ training
 
 
 def _losses(run_dir) -> list:
@@ -492,7 +491,7 @@ def test_training_logs_diagnostics_and_resumes_exactly(corpus_file, tmp_path):
 
     interrupted = config.replace(out=str(tmp_path / "interrupted"))
     crash_after_checkpoint(interrupted, 4)
-    assert load_checkpoint(interrupted.out)["step"] == 4
+    assert load_checkpoint(interrupted.out).step == 4
     train(interrupted, resume=True)
     assert _losses(interrupted.out) == _losses(config.out)
     assert _diagnostics(interrupted.out) == records
@@ -502,15 +501,3 @@ def test_training_logs_diagnostics_and_resumes_exactly(corpus_file, tmp_path):
     assert (Path(config.out) / "diagnostics" / "training_history.png").stat().st_size > 5_000
 
 
-def test_compare_report_has_each_familys_diagnostics(corpus_file, tmp_path):
-    base = small_config(corpus_file, tmp_path, max_steps=2, eval_every=0, checkpoint_every=0)
-    report = compare(base, ["residual", "s2hc", "mhc"], out=tmp_path / "cmp").read_text()
-    assert "## Residual matrices after training" in report
-    assert "| `s2hc` |" in report and "| `mhc` |" in report
-    assert "`residual`: nothing to measure" in report
-    for name in (*FIGURES, "stream_similarity.png"):
-        assert f"(diagnostics/{name})" in report
-        assert (tmp_path / "cmp" / "diagnostics" / name).stat().st_size > 5_000
-    for run in ("s2hc", "mhc"):
-        assert (tmp_path / "cmp" / run / "diagnostics" / "diagnostics.json").is_file()
-        assert f"({run}/diagnostics/report.md)" in report

@@ -84,7 +84,7 @@ def test_two_processes_reach_the_parameters_of_one(parallel, data, single_run, t
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("step 6:") == 1  # rank 0 alone reports
     assert (out / "checkpoint.dcp" / "extra.pt").is_file() and not (out / "checkpoint.pt").exists()
-    assert load_checkpoint(out)["world_size"] == 2
+    assert load_checkpoint(out).world_size == 2
     assert param_difference(out, single_run) <= PARAM_RTOL
     torch.testing.assert_close(losses(out), losses(single_run), rtol=LOSS_RTOL, atol=0)
 
@@ -111,7 +111,7 @@ def test_resume_with_another_process_count(first, then, data, single_run, tmp_pa
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     kind = "checkpoint.dcp" if then == 2 else "checkpoint.pt"
     assert [p.name for p in out.iterdir() if p.name.startswith("checkpoint")] == [kind]
-    assert load_checkpoint(out)["step"] == 6
+    assert load_checkpoint(out).step == 6
     torch.testing.assert_close(losses(out), losses(single_run), rtol=LOSS_RTOL, atol=0)
     assert param_difference(out, single_run) <= PARAM_RTOL
 
@@ -145,9 +145,9 @@ def test_a_rank_that_dies_fails_the_job_and_the_checkpoint_still_loads(data, tmp
     assert job.returncode != 0
     assert "FAILED" in err and "Signal 9 (SIGKILL)" in err
     payload = load_checkpoint(out)
-    assert payload["step"] >= 2
+    assert payload.step >= 2
     model, config = load_model(out)
-    assert config.n_streams == 4 and model.num_hc_params() > 0
+    assert config.n_streams == 4 and model.num_connection_params() > 0
 
 
 def _workers(launcher_pid: int) -> list[int]:

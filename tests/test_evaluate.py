@@ -247,7 +247,7 @@ def test_perplexity_is_the_token_weighted_cross_entropy(tiny):
 def test_cli_eval_perplexity_and_tasks_write_their_outputs(tiny, tmp_path, capsys):
     out = tmp_path / "eval"
     code = main(["eval", str(tiny), "--perplexity", "--max-batches", "4", "--tasks", "s2hc_nextline", "--limit", "4",
-                 "--no-progress", "--output", str(out)])  # fmt: skip
+                 "--no-progress", "--out", str(out)])  # fmt: skip
     printed = capsys.readouterr().out
     assert code == 0
     saved = json.loads((out / "perplexity.json").read_text())
@@ -326,7 +326,7 @@ def error_line(capsys) -> str:
 
 
 @pytest.mark.parametrize("command", [["eval"], ["eval", "--tasks", "s2hc_nextline"], ["generate", "--prompt", "x"],
-                                     ["export", "OUT"]])  # fmt: skip
+                                     ["export", "--out", "OUT"]])  # fmt: skip
 def test_missing_and_foreign_checkpoints_are_one_sentence(command, tmp_path, capsys):
     name, rest = command[0], command[1:]
     rest = [str(tmp_path / "out") if a == "OUT" else a for a in rest]

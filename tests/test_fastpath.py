@@ -14,7 +14,8 @@ from torch import nn
 
 import s2hc
 from s2hc import HyperConnection
-from s2hc.connection import COMPILED, EAGER, KERNELS, REFERENCE, ComputePath, _NormProject, _ReadMix, select_path
+from s2hc.connection import COMPILED, EAGER, KERNELS, REFERENCE, ComputePath, select_path
+from s2hc.connection.fused import _NormProject, _ReadMix
 from s2hc.mixers.base import small_matmul
 
 FAMILIES = list(s2hc.mixers.REGISTRY)
@@ -236,7 +237,7 @@ def test_select_path_for_every_option_combination(kernels, compiling, device, mo
     ``kernels``; else the eager path for ``kernels="torch"`` and the Triton path for ``"triton"``."""
     assert set(KERNELS) == {"torch", "triton"}
     if kernels == "triton":  # CPU tensors need the interpreter; pretend it is on, whatever this machine has
-        from s2hc import triton_kernels
+        from s2hc.connection import kernels as triton_kernels
 
         monkeypatch.setattr(triton_kernels, "interpreted", lambda: True)
     assert select_path(False, kernels, device, compiling) is REFERENCE
@@ -260,7 +261,7 @@ def test_select_path_refuses_bad_options():
 
 @TRITON
 def test_select_path_refuses_triton_on_cpu_without_the_interpreter(monkeypatch):
-    from s2hc import triton_kernels
+    from s2hc.connection import kernels as triton_kernels
 
     monkeypatch.setattr(triton_kernels, "interpreted", lambda: False)
     with pytest.raises(ValueError, match="kernels='triton' runs on CUDA tensors.*got x on device 'cpu'"):

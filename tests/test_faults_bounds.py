@@ -23,7 +23,7 @@ from s2hc.config import TrainConfig
 from s2hc.diagnostics.summary import summarize
 from s2hc.mixers.mhc import MAX_ITERATIONS
 from s2hc.mixers.mhc_lite import MAX_BUILT_PERMUTATION_SIZE
-from s2hc.params import count_hc_params
+from s2hc.params import count_connection_params
 from s2hc.study.spec import MAX_SEEDS, parse_spec
 
 SMALL = "model_overrides={" + ", ".join(f"{k}: {v}" for k, v in SMALL_MODEL.items()) + "}"
@@ -110,7 +110,7 @@ def test_the_permutation_cap_from_a_run_config(capsys):
 
 def test_counting_still_reaches_twelve_streams_on_meta():
     # s2hc params builds nothing real: the larger (documented) counting limit stays.
-    assert count_hc_params("mhc-lite", layers=1, dim=4, n_streams=12) > math.factorial(12)
+    assert count_connection_params("mhc-lite", layers=1, dim=4, n_streams=12) > math.factorial(12)
 
 
 # ------------------------------------------------------------------------ 10: seeds, iterations, layers

@@ -101,8 +101,8 @@ BAD_COMMAND_LINES = [  # (argv, exit status, fragments of the error line)
     (["eval", "{run}", "--data", "{tmp}/nothing.txt", "--no-progress"], 2, ["nothing.txt", "does not exist"]),
     (["generate", "{run}", "--prompt", "x", "--temperature", "nan"], 2, ["--temperature", "finite number"]),
     (["generate", "{run}", "--prompt", "x", "--max-new-tokens", "100000"], 2, ["max_new_tokens=100000"]),
-    (["export", "{tmp}/missing-run", "{tmp}/hf"], 2, ["missing-run", "does not exist"]),
-    (["export", "{file}", "{tmp}/hf"], 2, ["not an s2hc checkpoint"]),
+    (["export", "{tmp}/missing-run", "--out", "{tmp}/hf"], 2, ["missing-run", "does not exist"]),
+    (["export", "{file}", "--out", "{tmp}/hf"], 2, ["not an s2hc checkpoint"]),
     (["diagnose"], 2, ["exactly one"]),
     (["diagnose", "{tmp}/missing-run"], 2, ["missing-run", "does not exist"]),
     (["diagnose", "--synthetic", "--streams", "100000"], 2, ["--streams must be at most 64"]),
@@ -141,13 +141,13 @@ def test_the_entry_point_prints_no_traceback(tmp_path):
 WRITERS = {  # a command that writes, with {path} where the output goes, and the argument the error names
     "train --out": (["train", "{train}", "--out", "{path}"], "--out"),
     "compare --out": (["compare", "--families", "residual", "{train}", "--out", "{path}"], "--out"),
-    "export OUT_DIR": (["export", "{run}", "{path}"], "out_dir"),
+    "export OUT_DIR": (["export", "{run}", "--out", "{path}"], "out_dir"),
     "diagnose --out": (["diagnose", "{run}", "--data", "{corpus}", "--cache-dir", "{cache}", "--tokens", "32",
                         "--out", "{path}"], "--out"),
     "diagnose --synthetic --out": (["diagnose", "--synthetic", "--layers", "2", "--tokens", "8", "--families", "mhc",
                                     "--sweep", "", "--out", "{path}"], "--out"),
-    "eval --output": (["eval", "{run}", "--data", "{corpus}", "--cache-dir", "{cache}", "--max-batches", "1",
-                       "--no-progress", "--output", "{path}"], "--output"),
+    "eval --out": (["eval", "{run}", "--data", "{corpus}", "--cache-dir", "{cache}", "--max-batches", "1",
+                       "--no-progress", "--out", "{path}"], "--out"),
     "eval --cache-dir": (["eval", "{run}", "--data", "{corpus}", "--cache-dir", "{path}", "--max-batches", "1",
                           "--no-progress"], "--cache-dir"),
     "train --cache-dir": (["train", "{train}", "--cache-dir", "{path}", "--out", "{tmp}/{name}"], "--cache-dir"),
@@ -212,7 +212,7 @@ def test_a_full_disk_while_writing_eval_results_is_one_line_and_exit_1(places, c
     fail_fsync_for(monkeypatch, "perplexity.json")
     out = tmp_path / "results"
     argv = ["eval", places["run"], "--data", places["corpus"], "--cache-dir", places["cache"], "--max-batches", "1",
-            "--no-progress", "--output", str(out)]
+            "--no-progress", "--out", str(out)]
     code, stdout, line = run_cli(argv, capsys)
     assert code == 1
     assert "perplexity" in stdout  # the result was printed before the write failed
@@ -323,7 +323,7 @@ def test_eval_perplexity_of_a_huge_loss_is_inf_not_an_overflow(places, capsys, m
     ["eval", "{run}", "--perplexity", "--data", "{corpus}", "--cache-dir", "{cache}", "--no-progress"],
     ["generate", "{run}", "--prompt", "ROMEO.", "--temperature", "0", "--max-new-tokens", "4"],
     ["generate", "{run}", "--prompt", "ROMEO.", "--temperature", "0.8", "--max-new-tokens", "4"],
-    ["export", "{run}", "{tmp}/hf-nan"],
+    ["export", "{run}", "--out", "{tmp}/hf-nan"],
 ], ids=["eval", "greedy generate", "sampled generate", "export"])
 def test_a_model_with_nan_weights_is_refused_naming_the_checkpoint(argv, places, capsys, monkeypatch):
     if argv[0] == "export":
@@ -429,7 +429,7 @@ def test_s2hc_traceback_lets_every_error_raise_for_debugging(monkeypatch):
 
 
 def test_a_refused_command_leaves_no_output_directory_behind(places, capsys, tmp_path):
-    argv = ["eval", places["run"], "--data", str(tmp_path / "no-such-data.txt"), "--output", str(tmp_path / "a" / "b")]
+    argv = ["eval", places["run"], "--data", str(tmp_path / "no-such-data.txt"), "--out", str(tmp_path / "a" / "b")]
     code, _, line = run_cli(argv, capsys)
     assert code == 2
     assert_error(line, "eval", "no-such-data.txt", "does not exist")

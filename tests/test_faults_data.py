@@ -20,7 +20,7 @@ from s2hc import cli
 from s2hc.data import iter_documents, prepare_tokens
 from s2hc.data.sources import MAX_NON_TEXT_SHARE
 from s2hc.mixers import mhc_lite
-from s2hc.params import MAX_PERMUTATION_SIZE, count_hc_params, param_table
+from s2hc.params import MAX_PERMUTATION_SIZE, count_connection_params, param_table
 
 # ------------------------------------------------------------------------------------------ damaged data files
 
@@ -144,7 +144,7 @@ def test_mhc_lite_at_12_streams_is_counted_without_building_its_permutations(mon
                                            ("mhc", 100_000)])
 def test_counting_past_the_stated_limits_is_refused(family, n):
     with pytest.raises(ValueError, match=r"s2hc stops at mixtures of 12 streams|n_streams must be at most 64"):
-        count_hc_params(family, layers=1, dim=8, n_streams=n)
+        count_connection_params(family, layers=1, dim=8, n_streams=n)
 
 
 def _peak_rss_command(argv: list[str]) -> list[str]:

@@ -64,7 +64,7 @@ def assert_export_of(out: Path, run: Path) -> None:
     assert expected.keys() == actual.keys()
     assert all(torch.equal(expected[k], actual[k]) for k in expected)
     AutoTokenizer.from_pretrained(out)  # the tokenizer is there too
-    assert json.loads((out / "s2hc_training.json").read_text())["step"] == load_checkpoint(run)["step"]
+    assert json.loads((out / "s2hc_training.json").read_text())["step"] == load_checkpoint(run).step
 
 
 # ------------------------------------------------------------------------------- killed in a subprocess
@@ -130,7 +130,7 @@ def test_a_full_disk_while_re_exporting_keeps_the_previous_export(disk, tiny_che
     from transformers import modeling_utils
 
     out = tmp_path / "hf"
-    assert run_cli(["export", str(tiny_checkpoint), str(out)], capsys)[0] == 0
+    assert run_cli(["export", str(tiny_checkpoint), "--out", str(out)], capsys)[0] == 0
     if disk == "safetensors fails":
         def save_file(*args, **kwargs):
             raise Exception(FULL_DISK)
@@ -138,13 +138,13 @@ def test_a_full_disk_while_re_exporting_keeps_the_previous_export(disk, tiny_che
         monkeypatch.setattr(modeling_utils, "safe_save_file", save_file)
     else:
         fail_fsync_for(monkeypatch, "model.safetensors")
-    code, _, line = run_cli(["export", str(residual_run), str(out)], capsys)
+    code, _, line = run_cli(["export", str(residual_run), "--out", str(out)], capsys)
     assert code == 1
     assert_error(line, "export", repr(str(out / "model.safetensors")), "No space left on device")
     assert_export_of(out, tiny_checkpoint)  # one model's config with its own weights, the tokenizer with them
     assert leftovers(out) == []
     monkeypatch.undo()
-    assert run_cli(["export", str(residual_run), str(out)], capsys)[0] == 0
+    assert run_cli(["export", str(residual_run), "--out", str(out)], capsys)[0] == 0
     assert_export_of(out, residual_run)
 
 
@@ -154,8 +154,8 @@ def test_an_export_killed_while_building_leaves_the_previous_export_or_nothing(p
     pytest.importorskip("transformers")
     out = tmp_path / "hf"
     if previous:
-        assert run_cli(["export", str(tiny_checkpoint), str(out)], capsys)[0] == 0
-    run_killed(tmp_path, "export-building", ["export", str(residual_run), str(out)])
+        assert run_cli(["export", str(tiny_checkpoint), "--out", str(out)], capsys)[0] == 0
+    run_killed(tmp_path, "export-building", ["export", str(residual_run), "--out", str(out)])
     if previous:
         assert_export_of(out, tiny_checkpoint)
     else:
@@ -163,7 +163,7 @@ def test_an_export_killed_while_building_leaves_the_previous_export_or_nothing(p
     # what the kill left is hidden and marked temporary: no other directory holds an export
     assert all(".s2hc-tmp-" in name or name.endswith(".s2hc-lock") for name in leftovers(out))
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["hf"] * previous + ["kill"]
-    code, _, _ = run_cli(["export", str(residual_run), str(out)], capsys)
+    code, _, _ = run_cli(["export", str(residual_run), "--out", str(out)], capsys)
     assert code == 0
     assert_export_of(out, residual_run)
     assert leftovers(out) == []
@@ -175,15 +175,15 @@ def test_an_export_killed_between_the_renames_is_put_back_by_the_next(tiny_check
     from s2hc.rundir.staging import recover_directory
 
     out = tmp_path / "hf"
-    assert run_cli(["export", str(tiny_checkpoint), str(out)], capsys)[0] == 0
-    run_killed(tmp_path, "swap", ["export", str(residual_run), str(out)])
+    assert run_cli(["export", str(tiny_checkpoint), "--out", str(out)], capsys)[0] == 0
+    run_killed(tmp_path, "swap", ["export", str(residual_run), "--out", str(out)])
     assert not out.exists()  # what a user finds: the previous export in .hf.s2hc-old-*, the new in .hf.s2hc-tmp-*
     assert [name.split("-")[1] for name in leftovers(out) if "s2hc-" in name and "lock" not in name] == [
         "old", "tmp"]
     recover_directory(out, log=None)
     assert_export_of(out, tiny_checkpoint)
     assert leftovers(out) == []
-    assert run_cli(["export", str(residual_run), str(out)], capsys)[0] == 0
+    assert run_cli(["export", str(residual_run), "--out", str(out)], capsys)[0] == 0
     assert_export_of(out, residual_run)
 
 
@@ -193,7 +193,7 @@ def test_export_refuses_a_directory_holding_a_users_files(tiny_checkpoint, tmp_p
     out.mkdir()
     (out / "notes.txt").write_text("my notes\n")
     (out / "config.json").write_text("{}")
-    code, _, line = run_cli(["export", str(tiny_checkpoint), str(out)], capsys)
+    code, _, line = run_cli(["export", str(tiny_checkpoint), "--out", str(out)], capsys)
     assert code == 2
     assert_error(line, "export", "out_dir", repr(str(out)), "notes.txt", "not an s2hc export")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "notes.txt"]
@@ -235,7 +235,7 @@ def test_a_killed_upcycle_leaves_no_run_and_runs_again(residual_run, tmp_path, c
     code, _, line = run_cli(["upcycle", str(residual_run), "--family", "s2hc", "--out", str(out)], capsys)
     assert code == 0, line
     assert sorted(p.name for p in out.iterdir()) == ["checkpoint.pt", "config.yaml"]
-    assert load_checkpoint(out)["step"] == 0
+    assert load_checkpoint(out).step == 0
     assert leftovers(out) == []
 
 

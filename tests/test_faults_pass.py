@@ -1,5 +1,5 @@
 """A fault-injection pass over the newer commands (issue 22, deliverable 4): ``kill -9`` at random moments of
-``export``, ``upcycle``, ``study`` (``--jobs 1`` and ``2``) and ``eval --output``, and a real full disk (a small
+``export``, ``upcycle``, ``study`` (``--jobs 1`` and ``2``) and ``eval --out``, and a real full disk (a small
 tmpfs) under each.
 
 After every fault: what was already written is not lost (a previous output still loads, byte for byte
@@ -123,16 +123,16 @@ def test_kill_9_of_export_at_random_moments_keeps_the_previous_export_or_nothing
     landed = 0
     for k, (previous, ready, delay) in enumerate(moments):
         if previous and not (out.exists() and _is_export_of(out, tiny_checkpoint)):
-            assert run_cli(["export", str(tiny_checkpoint), str(out)], capsys)[0] == 0
+            assert run_cli(["export", str(tiny_checkpoint), "--out", str(out)], capsys)[0] == 0
         before = listing(out) if previous else None
-        process = start(["export", str(residual_run), str(out)], logs / f"export-{k}.err")
+        process = start(["export", str(residual_run), "--out", str(out)], logs / f"export-{k}.err")
         landed += kill_9(process, ready, delay, logs / f"export-{k}.err")
         state = previous_or_absent(out, before)
         if state == "other":  # the kill came after the swap (or the export ended): the new export, whole
             assert_export_of(out, residual_run)
         hidden_marked(out)
     assert landed >= 2, "the kills came too late: every export had finished"
-    code, _, line = run_cli(["export", str(residual_run), str(out)], capsys)
+    code, _, line = run_cli(["export", str(residual_run), "--out", str(out)], capsys)
     assert code == 0, line
     assert_export_of(out, residual_run)
     assert leftovers(out) == []
@@ -152,7 +152,7 @@ def _is_export_of(out: Path, run: Path) -> bool:
 def _assert_upcycled(out: Path, streams: int) -> None:
     assert sorted(p.name for p in out.iterdir() if p.name != LOCK) == ["checkpoint.pt", "config.yaml"]
     model, _ = load_model(out)  # verified: the checkpoint is whole
-    assert model.config.n_streams == streams and load_checkpoint(out)["step"] == 0
+    assert model.config.n_streams == streams and load_checkpoint(out).step == 0
 
 
 def test_kill_9_of_upcycle_at_random_moments_keeps_the_run_that_was_there_or_nothing(residual_run, tmp_path,
@@ -182,12 +182,12 @@ def test_kill_9_of_upcycle_at_random_moments_keeps_the_run_that_was_there_or_not
     assert leftovers(out) == []
 
 
-# ---------------------------------------------------------------------------------------- kill -9: eval --output
+# ---------------------------------------------------------------------------------------- kill -9: eval --out
 
 
 def eval_argv(run: Path, corpus: Path, out: Path, batches: int) -> list[str]:
     return ["eval", str(run), "--data", str(corpus), "--cache-dir", str(run.parent / "cache"), "--max-batches",
-            str(batches), "--no-progress", "--output", str(out)]
+            str(batches), "--no-progress", "--out", str(out)]
 
 
 def _assert_result(out: Path, batches: int) -> None:
@@ -374,15 +374,15 @@ def test_a_full_disk_under_export_keeps_the_previous_export_and_export_runs_agai
     pytest.importorskip("transformers")
     resize(small_filesystem, "3m")
     out = small_filesystem / "hf"
-    assert run_cli(["export", str(tiny_checkpoint), str(out)], capsys)[0] == 0
+    assert run_cli(["export", str(tiny_checkpoint), "--out", str(out)], capsys)[0] == 0
     before = listing(out)
     filler = fill(small_filesystem, leave=300_000)  # less than the new model.safetensors
-    code, _, line = run_cli(["export", str(residual_run), str(out)], capsys)
+    code, _, line = run_cli(["export", str(residual_run), "--out", str(out)], capsys)
     assert code == 1
     assert line.startswith("s2hc export: error: ") and str(out) in line and "No space left on device" in line, line
     assert listing(out) == before and leftovers(out) == []
     filler.unlink()
-    assert run_cli(["export", str(residual_run), str(out)], capsys)[0] == 0
+    assert run_cli(["export", str(residual_run), "--out", str(out)], capsys)[0] == 0
     assert_export_of(out, residual_run)
 
 

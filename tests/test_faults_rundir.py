@@ -26,9 +26,9 @@ from helpers import crash_after_checkpoint, small_config
 from test_rundir_integrity import full_disk
 
 from s2hc.cli import main
-from s2hc.compare import compare
 from s2hc.rundir import holds_run, load_checkpoint, load_model, read_metrics
 from s2hc.rundir.guard import LOCK
+from s2hc.study import compare
 from s2hc.train import TrainingError, train
 
 
@@ -90,7 +90,7 @@ def test_training_into_an_existing_run_is_refused_and_overwrite_replaces_it(conf
     assert "--overwrite: removed the run" in capsys.readouterr().err
     assert [r["step"] for r in read_metrics(config.out) if "loss" in r] == list(range(1, 9))  # the new run alone
     model, saved = load_model(config.out)
-    assert saved.family == "mhc" and model.config.family == "mhc" and load_checkpoint(config.out)["step"] == 8
+    assert saved.family == "mhc" and model.config.family == "mhc" and load_checkpoint(config.out).step == 8
 
 
 def test_resume_needs_a_run_and_out_must_name_one(config, tmp_path, capsys):
@@ -147,7 +147,7 @@ def test_a_second_run_into_a_directory_in_use_is_refused_and_the_first_is_unharm
         out, err = process.communicate(timeout=300)
     assert process.returncode == 0, err
     assert curve(first.out) == curve(reference.out)
-    assert load_checkpoint(first.out)["config"] == first.to_dict()
+    assert load_checkpoint(first.out).config == first.to_dict()
     assert "family: s2hc" in Path(first.out, "config.yaml").read_text()
     assert not (Path(first.out) / LOCK).exists()
 
@@ -170,9 +170,9 @@ def test_non_finite_weights_stop_the_run_and_the_last_good_checkpoint_is_kept(co
                                             r"'.*checkpoint.pt'"):
         train(config.replace(checkpoint_every=1))
     saved = load_checkpoint(config.out)
-    assert saved["step"] == 2
-    assert all(torch.isfinite(t).all() for t in saved["model"].values())
-    assert all(torch.isfinite(t).all() for s in saved["optimizer"]["state"].values() for t in s.values())
+    assert saved.step == 2
+    assert all(torch.isfinite(t).all() for t in saved.model.values())
+    assert all(torch.isfinite(t).all() for s in saved.optimizer["state"].values() for t in s.values())
 
 
 def test_a_failed_run_never_names_the_checkpoint_of_an_earlier_run(config, monkeypatch):
@@ -190,12 +190,12 @@ def test_a_non_finite_validation_loss_stops_the_run(config, monkeypatch):
     with pytest.raises(TrainingError, match=r"non-finite validation loss \(nan\) at step 3; stopped; the last good "
                                             r"checkpoint \(step 2\)"):
         train(config)
-    assert load_checkpoint(config.out)["step"] == 2
+    assert load_checkpoint(config.out).step == 2
     assert not any("val_loss" in r for r in read_metrics(config.out))
 
 
 def test_a_non_finite_optimizer_state_is_never_saved(config, monkeypatch):
-    import s2hc.train.state as state
+    import s2hc.train.checkpointer as state
 
     real = state.get_state_dict
 
@@ -211,7 +211,7 @@ def test_a_non_finite_optimizer_state_is_never_saved(config, monkeypatch):
                                             r"\(optimizer\.state\..*\.exp_avg_sq hold NaN or infinite values\); "
                                             r"stopped; the last good checkpoint \(step 2\)"):
         train(config)
-    assert load_checkpoint(config.out)["step"] == 2
+    assert load_checkpoint(config.out).step == 2
 
 
 # ---------------------------------------------------- items 8, 10, 11: leftovers, bit rot, cut metrics
@@ -255,12 +255,12 @@ def test_a_bit_flipped_checkpoint_is_refused_by_resume_load_and_the_commands(con
 def test_sharded_checkpoints_carry_the_checksums_of_their_shards_and_are_finite_too(config, monkeypatch):
     """The torch.distributed.checkpoint kind (here FSDP2 in one process): every shard file's SHA-256 is in
     extra.pt and verified; a non-finite state is refused before any rank writes."""
-    import s2hc.train.state as state
+    import s2hc.train.checkpointer as state
 
     sharded = config.replace(parallel="fsdp", max_steps=2)
     train(sharded)
     directory = Path(config.out) / "checkpoint.dcp"
-    assert set(load_checkpoint(config.out, with_model=False)["shards"]) == {".metadata", "__0_0.distcp"}
+    assert set(torch.load(directory / "extra.pt", weights_only=True)["shards"]) == {".metadata", "__0_0.distcp"}
     shard = directory / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0x01
@@ -300,14 +300,14 @@ def test_a_cut_last_metrics_line_is_dropped_on_resume_and_a_bad_line_is_named(co
 
 
 def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_last_checkpoint(config, monkeypatch, capsys):
-    import s2hc.train.state as state
+    import s2hc.train.checkpointer as state
 
     reference = config.replace(out=config.out + "-reference")
     train(reference)
     real = state.save_checkpoint
 
     def disk_full_at_step_4(path, payload):
-        if payload["step"] != 4:
+        if payload.step != 4:
             return real(path, payload)
         with monkeypatch.context() as patch:
             full_disk(patch, limit=100_000)
@@ -321,7 +321,7 @@ def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_last_checkpoint(co
     assert message.startswith(f"at step 4, could not write '{config.out}/checkpoint.pt': No space left on device "
                               f"(ENOSPC); the disk is full: free some space, then resume with --resume; stopped; "
                               f"the last good checkpoint (step 2) is kept in '{config.out}/checkpoint.pt'")
-    assert load_checkpoint(config.out)["step"] == 2  # verified: intact
+    assert load_checkpoint(config.out).step == 2  # verified: intact
     assert sorted(p.name for p in Path(config.out).iterdir()) == ["checkpoint.pt", "config.yaml", "metrics.jsonl"]
 
     status = main(["train", *cli_args(config.replace(out=config.out + "-cli"))])
@@ -401,7 +401,7 @@ def test_kill_9_at_random_moments_of_training_and_saving_then_resume_equals_an_u
     _, err = final.communicate(timeout=300)
     assert final.returncode == 0, err
     assert curve(config.out) == curve(reference.out)
-    assert load_checkpoint(config.out)["step"] == 20
+    assert load_checkpoint(config.out).step == 20
     assert any(name.startswith(".checkpoint.pt.") for name in leftovers), "no kill landed inside a save"
     assert "took over the lock left by pid" in err + "".join(messages)
     assert sorted(p.name for p in Path(config.out).iterdir()) == ["checkpoint.pt", "config.yaml", "metrics.jsonl"]
@@ -413,16 +413,17 @@ def test_kill_9_at_random_moments_of_training_and_saving_then_resume_equals_an_u
 def test_compare_checks_every_run_before_the_first_starts(config, tmp_path):
     out = tmp_path / "compare"
     base = config.replace(max_steps=2, eval_every=0, checkpoint_every=0)
-    train(base.replace(family="residual", out=str(out / "residual")))  # as `compare` would have
-    with pytest.raises(ValueError, match=r"'.*compare/residual' already holds a run"):
+    residual, s2hc = out / "runs" / f"residual-seed{base.seed}", out / "runs" / f"s2hc-n4-seed{base.seed}"
+    train(base.replace(family="residual", n_streams=1, out=str(residual)))  # as `compare` would have
+    with pytest.raises(ValueError, match=r"'.*compare/runs/residual-seed\d+' already holds a run"):
         compare(base, ["s2hc", "residual"], out=out)
-    assert not (out / "s2hc").exists()  # refused before s2hc trained
+    assert not s2hc.exists()  # refused before s2hc trained
     with pytest.raises(ValueError, match=r"--resume: '.*other' holds none of these runs"):
         compare(base, ["residual"], out=tmp_path / "other", resume=True)
-    before = snapshot(out / "residual")
+    before = snapshot(residual)
     report = compare(base, ["residual", "s2hc"], out=out, resume=True)  # residual kept, s2hc started
-    assert snapshot(out / "residual") == before
-    assert "| s2hc |" in report.read_text() and load_checkpoint(out / "s2hc")["step"] == 2
+    assert snapshot(residual) == before
+    assert "| s2hc n=4 |" in report.read_text() and load_checkpoint(s2hc).step == 2
     compare(base.replace(max_steps=3), ["residual"], out=out, overwrite=True)
-    assert load_checkpoint(out / "residual")["step"] == 3
+    assert load_checkpoint(residual).step == 3
     assert not (out / LOCK).exists()

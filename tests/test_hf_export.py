@@ -44,7 +44,7 @@ def tiny(tiny_checkpoint) -> Path:
 @pytest.fixture(scope="module")
 def exported(tiny, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("export") / "model"
-    assert main(["export", str(tiny), str(out)]) == 0
+    assert main(["export", str(tiny), "--out", str(out)]) == 0
     return out
 
 
@@ -128,7 +128,7 @@ def test_an_untied_qwen3_shape_survives_save_and_load(tmp_path):
 
 
 def test_bfloat16_export(tiny, tmp_path):
-    assert main(["export", str(tiny), str(tmp_path / "bf16"), "--dtype", "bfloat16"]) == 0
+    assert main(["export", str(tiny), "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16"]) == 0
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
     assert hf.model.embed.weight.dtype == torch.bfloat16
     model, _ = load_model(tiny)

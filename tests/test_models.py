@@ -21,7 +21,7 @@ from s2hc.models.transformer import (
     rope_cos_sin,
     sliding_window_mask,
 )
-from s2hc.params import count_hc_params
+from s2hc.params import count_connection_params
 
 # Each architecture at test size, keeping its features (GQA, QK-norm, biases, Gemma's norms,
 # embedding scaling, window and local/global pattern, learned positions).
@@ -66,6 +66,8 @@ SIZES = {
     "qwen3-0.6b": 751_632_384,
     "gemma3-1b": 999_885_952,
     "qwen2.5-1.5b": 1_543_714_304,
+    "llama3.2-1b": 1_235_814_400,  # tied embeddings, as Llama-3.2-1B
+    "mistral-7b": 7_241_732_096,  # Mistral-7B-v0.1
 }
 
 
@@ -74,7 +76,7 @@ def test_large_presets_have_the_published_sizes(name):
     with torch.device("meta"):
         model = Transformer(get_preset(name))
     assert model.num_params() == SIZES[name]
-    assert model.num_hc_params() == 0 and model.hyper_connection_parameters() == []
+    assert model.num_connection_params() == 0 and model.hyper_connection_parameters() == []
 
 
 def test_qwen25_without_embeddings_and_gemma_layer_pattern():
@@ -105,9 +107,9 @@ def test_hc_params_match_the_parameter_table():
     with torch.device("meta"):
         model = Transformer(get_preset("qwen3-0.6b", family="s2hc", n_streams=4))
         residual = Transformer(get_preset("qwen3-0.6b"))
-    aux = model.num_hc_params()
+    aux = model.num_connection_params()
     assert aux == sum(p.numel() for p in model.hyper_connection_parameters())
-    assert aux == count_hc_params("s2hc", layers=28, dim=1024, n_streams=4)
+    assert aux == count_connection_params("s2hc", layers=28, dim=1024, n_streams=4)
     assert model.num_params() == residual.num_params() + aux
 
 

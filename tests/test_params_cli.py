@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import s2hc
 from s2hc import cli
-from s2hc.params import count_hc_params, human, param_table
+from s2hc.params import count_connection_params, human, param_table
 
 PAPER = dict(layers=28, dim=1024, n_streams=7)  # the s²HC paper's 1.3 B-class shape, n = 7
 PAPER_ARGV = ["params", "--layers", "28", "--dim", "1024", "--streams", "7", "--json"]
@@ -74,12 +74,12 @@ def test_formula_matches_modules_really_built_on_cpu(family, layers, dim, n_stre
     real = sum(p.numel() for hc in built for p in hc.parameters())
     shape = dict(layers=layers, dim=dim, n_streams=n_streams, sublayers_per_layer=sublayers_per_layer)
     assert real == formula(family, **shape)
-    assert count_hc_params(family, **shape) == real  # the meta count equals real allocation
+    assert count_connection_params(family, **shape) == real  # the meta count equals real allocation
 
 
 @pytest.mark.parametrize("family", ["mhc", "s2hc", "mhc-lite"])
 def test_counts_equal_formula_at_paper_shape(family):
-    assert count_hc_params(family, **PAPER) == formula(family, **PAPER)
+    assert count_connection_params(family, **PAPER) == formula(family, **PAPER)
 
 
 def test_paper_shape_mhc_lite_is_counted_without_allocating():
@@ -152,7 +152,7 @@ def test_mixers_subset_without_mhc_has_no_ratio(capsys):
 
 
 def test_residual_counts_zero_with_one_stream():
-    assert count_hc_params("residual", layers=28, dim=1024, n_streams=7) == 0
+    assert count_connection_params("residual", layers=28, dim=1024, n_streams=7) == 0
     (row,) = param_table(["residual"], layers=2, dim=8, n_streams=4)
     assert row["n_streams"] == 1 and row["K"] == 0 and row["hc_params"] == 0
 
@@ -215,4 +215,4 @@ def test_missing_subcommand_exits_2(capsys):
 )
 def test_library_errors_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        count_hc_params(**kwargs)
+        count_connection_params(**kwargs)

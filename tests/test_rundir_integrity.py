@@ -11,6 +11,7 @@ import sys
 
 import pytest
 import torch
+from helpers import tiny_checkpoint
 
 import s2hc.io as s2hc_io
 from s2hc.io import WriteError, atomic_write_bytes, atomic_write_text, check_output_dir
@@ -52,18 +53,19 @@ def full_disk(monkeypatch, limit: int = 1000) -> None:
 
 def test_a_full_disk_keeps_the_old_file_and_says_so_in_one_line(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    save_checkpoint(path, {"step": 1, "model": {"w": torch.ones(10)}})
+    save_checkpoint(path, tiny_checkpoint(step=1, model={"w": torch.ones(10)}))
     before = path.read_bytes()
     full_disk(monkeypatch)
     with pytest.raises(WriteError) as caught:
-        save_checkpoint(path, {"step": 2, "model": {"w": torch.ones(100_000)}})  # torch.save: RuntimeError inside
+        # torch.save raises a RuntimeError inside
+        save_checkpoint(path, tiny_checkpoint(step=2, model={"w": torch.ones(100_000)}))
     message = str(caught.value)
     assert "\n" not in message and repr(str(path)) in message and "No space left on device (ENOSPC)" in message
     assert "free some space" in message and caught.value.errno == errno.ENOSPC
     with pytest.raises(WriteError, match="ENOSPC"):
         atomic_write_text(tmp_path / "metrics.jsonl", "x" * 5000)
     monkeypatch.undo()
-    assert path.read_bytes() == before and load_checkpoint(path)["step"] == 1
+    assert path.read_bytes() == before and load_checkpoint(path).step == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]  # no temporary file left behind
 
 
@@ -101,19 +103,19 @@ def test_checksum_covers_every_tensor_byte_and_every_value():
 
 def test_non_finite_tensors_are_never_saved(tmp_path):
     path = tmp_path / "checkpoint.pt"
-    save_checkpoint(path, {"step": 1, "model": {"w": torch.ones(3)}})
+    save_checkpoint(path, tiny_checkpoint(step=1, model={"w": torch.ones(3)}))
     before = path.read_bytes()
     poisoned = {"w": torch.ones(3), "b": torch.tensor([1.0, float("nan")])}
     optimizer = {"state": {"w": {"exp_avg_sq": torch.tensor([float("inf")])}}}
     with pytest.raises(NonFiniteError, match=r"not saved: model\.b and 1 more hold NaN or infinite") as caught:
-        save_checkpoint(path, {"step": 2, "model": poisoned, "optimizer": optimizer})
+        save_checkpoint(path, tiny_checkpoint(step=2, model=poisoned, optimizer=optimizer))
     assert caught.value.names == ["model.b", "optimizer.state.w.exp_avg_sq"]
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
 
 
 def test_a_changed_checkpoint_is_refused_naming_the_file(tmp_path):
     path = tmp_path / "checkpoint.pt"
-    save_checkpoint(path, {"step": 1, "model": {"w": torch.zeros(4096)}})
+    save_checkpoint(path, tiny_checkpoint(step=1, model={"w": torch.zeros(4096)}))
     data = bytearray(path.read_bytes())
     start = data.find(bytes(4096 * 4))  # the zeros of w, stored uncompressed
     assert start > 0
@@ -127,8 +129,10 @@ def test_a_changed_checkpoint_is_refused_naming_the_file(tmp_path):
 
 
 def test_checkpoints_of_version_1_still_load(tmp_path):
-    torch.save({"format": "s2hc-checkpoint", "version": 1, "step": 5}, tmp_path / "old.pt")
-    assert load_checkpoint(tmp_path / "old.pt")["step"] == 5
+    torch.save({"format": "s2hc-checkpoint", "version": 1, "step": 5, "config": {}, "model_config": {}},
+               tmp_path / "old.pt")
+    old = load_checkpoint(tmp_path / "old.pt")
+    assert old.step == 5 and old.written_by is None and old.history.step_times == []
 
 
 # ------------------------------------------------------------------------------------------ metrics.jsonl

@@ -22,7 +22,7 @@ from s2hc.cli import main  # noqa: E402
 from s2hc.hf.export import from_s2hc  # noqa: E402
 from s2hc.hf.static import diagnose_static, read_static, static_matrices  # noqa: E402
 from s2hc.models import ModelConfig, Transformer  # noqa: E402
-from s2hc.models.upcycle import upcycle_model  # noqa: E402
+from s2hc.models.widen import upcycle_model  # noqa: E402
 
 N = 4
 

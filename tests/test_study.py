@@ -75,7 +75,7 @@ def test_smoke_study_writes_runs_rows_results_and_report(smoke):
         assert row["timing"]["tokens_per_s"] > 0
         model, config = load_model(smoke / "runs" / row["name"])  # an ordinary run directory
         assert (model.config.family, config.seed) == (row["family"], row["seed"])
-        assert row["params"] == model.num_params() and row["hc_params"] == model.num_hc_params()
+        assert row["params"] == model.num_params() and row["hc_params"] == model.num_connection_params()
         assert (row["diagnostics"] is None) == (row["family"] == "residual")
         assert (row["rotations"] is not None) == (row["family"] == "s2hc")
     s2hc_row = results["rows"][2]
@@ -197,7 +197,8 @@ def test_a_diverged_run_is_recorded_not_averaged(tmp_path, monkeypatch):
         ("families: [resnet]", "families[0] must be one of"),
         ("families: ['s2hc:spin=3']", "spin"),
         ("families: ['s2hc:rotation=bogus']", "bogus"),
-        ("families: [{family: mhc, streams: [0]}]", "streams must be an integer >= 1, got 0"),
+        ("families: [{family: mhc, n_streams: [0]}]", "n_streams must be an integer >= 1, got 0"),
+        ("families: [mhc]\nn_streams: [4]\nstreams: [4]", "gives both 'n_streams' and 'streams'"),
         ("families: [{family: mhc, colour: red}]", "a mapping entry takes 'family'"),
         ("families: [residual]\ntrain: {max_step: 3}", "unknown config key(s) ['max_step']"),
         ("families: [residual]\ntrain: {seed: 3}", "train sets ['seed']"),
@@ -284,12 +285,22 @@ def test_the_committed_study_is_the_grid_the_issue_asks_for():
 
 def test_grid_entries_labels_and_run_order():
     spec = parse_spec({"families": ["residual", "s2hc:rotation=expm,exact_identity_init=true",
-                                    {"family": "mhc", "streams": [2, 8]}], "seeds": [3, 5], "streams": [4]})
+                                    {"family": "mhc", "n_streams": [2, 8]}], "seeds": [3, 5], "n_streams": [4]})
     assert [c.label for c in spec.configurations] == [
         "residual", "s2hc (exact_identity_init=true, rotation=expm) n=4", "mhc n=2", "mhc n=8"]
     assert spec.configurations[1].run_name(3) == "s2hc-n4-exact_identity_init-true-rotation-expm-seed3"
     assert [(c.label, s) for c, s in spec.runs()][:5] == [
         ("residual", 3), (spec.configurations[1].label, 3), ("mhc n=2", 3), ("mhc n=8", 3), ("residual", 5)]
+
+
+def test_streams_is_read_as_n_streams_with_a_notice(capsys):
+    """`n_streams` as in training configs; the study's older name `streams` still works, and says so once."""
+    new = parse_spec({"families": ["residual", {"family": "mhc", "n_streams": [2]}, "s2hc"], "n_streams": [8]})
+    capsys.readouterr()
+    old = parse_spec({"families": ["residual", {"family": "mhc", "streams": [2]}, "s2hc"], "streams": [8]})
+    assert old == new and [c.label for c in new.configurations] == ["residual", "mhc n=2", "s2hc n=8"]
+    notices = capsys.readouterr().err.splitlines()
+    assert len(notices) == 2 and all("'streams' is deprecated, call it 'n_streams'" in line for line in notices)
 
 
 # ------------------------------------------------------------------------------------------ statistics

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL_MODEL, crash_after_checkpoint
+from helpers import SMALL_MODEL, crash_after_checkpoint, tiny_checkpoint
 
 from s2hc.cli import main
-from s2hc.compare import compare
 from s2hc.rundir import load_checkpoint, load_model, read_metrics
 from s2hc.rundir.checkpoint import save_checkpoint
 from s2hc.train import TrainConfig, TrainingError, learning_rate, train
@@ -69,8 +68,8 @@ def test_weight_decay_only_on_matrices():
 
 def test_checkpoint_roundtrip_and_foreign_files(tmp_path):
     path = tmp_path / "c.pt"
-    save_checkpoint(path, {"step": 3, "model": {"w": torch.ones(2)}})
-    assert load_checkpoint(path)["step"] == 3
+    save_checkpoint(path, tiny_checkpoint(step=3, model={"w": torch.ones(2)}))
+    assert load_checkpoint(path).step == 3
     assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
     (tmp_path / "junk.pt").write_bytes(os.urandom(100))
     with pytest.raises(ValueError, match=r"junk.pt' is not an s2hc checkpoint"):
@@ -96,7 +95,7 @@ def test_training_writes_metrics_checkpoint_and_rebuilds_the_model(small):
     assert config == small and model.config.family == "s2hc"
     x = torch.randint(0, model.config.vocab_size, (2, 16))
     payload = load_checkpoint(small.out)
-    assert payload["step"] == 12
+    assert payload.step == 12
     assert torch.equal(model(x), model(x))
 
 
@@ -105,7 +104,7 @@ def test_resume_in_process_equals_uninterrupted(small, tmp_path):
     # "interrupted" at step 6: keep the step-6 checkpoint of a second run, then resume it
     interrupted = small.replace(out=str(tmp_path / "interrupted"), max_steps=12)
     crash_after_checkpoint(interrupted, 6)
-    assert load_checkpoint(interrupted.out)["step"] == 6
+    assert load_checkpoint(interrupted.out).step == 6
     train(interrupted, resume=True)
     assert losses(interrupted.out) == losses(small.out)
 
@@ -143,11 +142,11 @@ def test_killed_run_resumes_to_the_same_loss_curve(small, tmp_path, signum):
         assert process.returncode == 143 and "resume with --resume" in err
     else:
         assert process.returncode == -signal.SIGKILL
-    stopped_at = load_checkpoint(config.out)["step"]
+    stopped_at = load_checkpoint(config.out).step
     assert 1 <= stopped_at < 40
     assert main(["train", *_cli_args(config), "--resume"]) == 0
     assert losses(config.out) == losses(reference.out)
-    assert load_checkpoint(config.out)["step"] == 40
+    assert load_checkpoint(config.out).step == 40
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(small, monkeypatch):
@@ -166,7 +165,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(small, monkeyp
         TrainingError, match=r"non-finite loss \(nan\) or gradient at step 5.*last good checkpoint \(step 4\)"
     ):
         train(small.replace(eval_every=0))
-    assert load_checkpoint(small.out)["step"] == 4
+    assert load_checkpoint(small.out).step == 4
     assert all(math.isfinite(r["loss"]) for r in read_metrics(small.out) if "loss" in r)
 
 
@@ -192,7 +191,7 @@ def test_bad_input_exits_2_with_a_clear_message(args, message, small, capsys):
 def test_connection_options_reach_every_connection(small, monkeypatch):
     """``connection`` in the config is applied to the model's connections: with recompute, every connection
     of every step goes through torch.utils.checkpoint. Unknown keys are refused when the config is made."""
-    import s2hc.connection as connection
+    import s2hc.connection.module as connection  # where HyperConnection.forward looks up checkpoint
 
     calls = []
     real = connection.checkpoint
@@ -220,22 +219,7 @@ def test_resume_with_another_model_shape_is_refused(small, capsys):
     assert "different configuration" in err and "model_overrides" in err
 
 
-# ------------------------------------------------------------------------------------------- compare
-
-
-def test_compare_writes_the_report(small, tmp_path):
-    out = tmp_path / "compare"
-    base = small.replace(max_steps=4, eval_every=2, checkpoint_every=0)
-    report = compare(base, ["residual", "s2hc"], out=out)
-    text = report.read_text()
-    assert "| residual |" in text and "| s2hc |" in text and "loss_curves.png" in text
-    assert (out / "loss_curves.png").stat().st_size > 5_000
-    summary = json.loads((out / "summary.json").read_text())
-    rows = {row["family"]: row for row in summary["rows"]}
-    assert rows["residual"]["step_time_vs_residual"] == pytest.approx(1.0)
-    assert rows["residual"]["hc_params"] == 0 < rows["s2hc"]["hc_params"]
-    assert load_checkpoint(out / "s2hc")["model_config"]["n_streams"] == 4
-    assert load_checkpoint(out / "residual")["model_config"]["n_streams"] == 1
+# `s2hc compare`, a study with one axis: tests/test_compare.py
 
 
 def test_every_shipped_config_builds(tmp_path):

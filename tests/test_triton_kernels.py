@@ -1,4 +1,4 @@
-"""The Triton kernels (:mod:`s2hc.triton_kernels`) equal the PyTorch reference: each function's values and
+"""The Triton kernels (:mod:`s2hc.connection.kernels`) equal the PyTorch reference: each function's values and
 gradients (float32 to 1e-5 on hypothesis-drawn shapes, float64 gradcheck, bf16 to its rounding), and the
 whole connection with ``kernels="triton"`` against the fast and reference paths for every family. Without a
 GPU the kernels run under Triton's CPU interpreter (the root conftest sets ``TRITON_INTERPRET=1``)."""
@@ -17,7 +17,8 @@ pytest.importorskip("triton")
 from helpers import Branch, assert_close_to_scale, randomize_, run_connection  # noqa: E402
 
 import s2hc  # noqa: E402
-from s2hc import HyperConnection, triton_kernels  # noqa: E402
+from s2hc import HyperConnection  # noqa: E402
+from s2hc.connection import kernels as triton_kernels  # noqa: E402
 
 if not (torch.cuda.is_available() or triton_kernels.interpreted()):
     pytest.skip("no GPU and TRITON_INTERPRET was not set before triton was imported", allow_module_level=True)

@@ -14,15 +14,15 @@ import math
 import pytest
 import torch
 from helpers import small_config
-from test_hf_parity import VOCAB, hf_config, randomise, tokens
+from test_hf_parity import ARCHITECTURES, VOCAB, hf_config, randomise, tokens
 
 from s2hc.cli import main
 from s2hc.diagnostics import collect, diagnose_checkpoint, mixing_connections
 from s2hc.models import Transformer, get_preset
-from s2hc.models.upcycle import check_upcyclable, upcyclable_families, upcycle_model, upcycling_biases
+from s2hc.models.widen import check_upcyclable, upcyclable_families, upcycle_model, upcycling_biases
 from s2hc.rundir import load_checkpoint, load_model, read_metrics
 from s2hc.train import train
-from s2hc.train.init import load_initial_weights
+from s2hc.train.init_from import load_initial_weights
 
 transformers = pytest.importorskip("transformers")
 
@@ -176,7 +176,7 @@ def hf_reference(arch: str):
     return reference
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen2", "gemma3", "gpt2"])
+@pytest.fixture(scope="module", params=[*ARCHITECTURES, "llama-rope-scaling", "llama-tied"])  # the registry's
 def hf_directory(request, tmp_path_factory):
     reference = hf_reference(request.param)
     directory = tmp_path_factory.mktemp(request.param)
@@ -191,19 +191,20 @@ def test_upcycle_command_on_every_architecture_the_presets_load(hf_directory, tm
     assert main([*args, "--tokenizer", "s2hc-bpe-4k"]) == 0
     model, config = load_model(out)
     assert (config.family, config.n_streams, model.config.stream_reduce) == ("s2hc", 4, "mean")
-    assert load_checkpoint(out)["step"] == 0
+    assert load_checkpoint(out).step == 0
     ids = tokens()
     with torch.no_grad():
         diff = (model.eval()(ids) - reference(input_ids=ids).logits).abs().max().item()
     assert diff <= TOLERANCE, f"{arch}: {diff:.3g}"
 
 
-def test_an_upcycled_model_exports_and_loads_in_transformers(tmp_path):
-    reference = hf_reference("qwen3")
-    source, run, exported = tmp_path / "qwen3", tmp_path / "run", tmp_path / "export"
+@pytest.mark.parametrize("arch", ["qwen3", "llama-rope-scaling", "mistral"])
+def test_an_upcycled_model_exports_and_loads_in_transformers(arch, tmp_path):
+    reference = hf_reference(arch)
+    source, run, exported = tmp_path / arch, tmp_path / "run", tmp_path / "export"
     reference.save_pretrained(source)
     assert main(["upcycle", str(source), "--family", "mhc", "--out", str(run), "--tokenizer", "s2hc-bpe-4k"]) == 0
-    assert main(["export", str(run), str(exported)]) == 0
+    assert main(["export", str(run), "--out", str(exported)]) == 0
     loaded = transformers.AutoModelForCausalLM.from_pretrained(exported).eval()
     ids = tokens()
     with torch.no_grad():
@@ -211,12 +212,13 @@ def test_an_upcycled_model_exports_and_loads_in_transformers(tmp_path):
 
 
 def test_an_unsupported_architecture_is_refused_and_nothing_is_written(tmp_path, capsys):
-    directory = tmp_path / "llama"
+    directory = tmp_path / "falcon"
     directory.mkdir()
-    (directory / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (directory / "config.json").write_text(json.dumps({"model_type": "falcon"}))
     assert main(["upcycle", str(directory), "--family", "s2hc", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
-    assert "model_type must be one of" in err and "'llama'" in err and len(err.strip().splitlines()) == 1
+    assert "model_type must be one of" in err and "'falcon'" in err and len(err.strip().splitlines()) == 1
+    assert repr(str(directory / "config.json")) in err and "'llama', 'mistral'" in err
     assert not (tmp_path / "run").exists()
 
 
@@ -238,6 +240,23 @@ def test_missing_source_and_hyper_connection_source_are_refused(tiny_checkpoint,
     assert "does not exist" in capsys.readouterr().err
     assert main(["upcycle", str(tiny_checkpoint), "--family", "s2hc", "--out", str(tmp_path / "b")]) == 2
     assert "upcycling starts from a residual model" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["llama-rope-scaling", "mistral"])
+def test_an_upcycled_hf_model_trains_with_init_from(arch, corpus_file, tmp_path):
+    """Llama (RoPE scaling) and Mistral (every layer sliding) upcycled runs continue pretraining, and the
+    continued run exports."""
+    source, run, continued = tmp_path / arch, tmp_path / "run", tmp_path / "continued"
+    hf_reference(arch).save_pretrained(source)
+    assert main(["upcycle", str(source), "--family", "s2hc", "--out", str(run), "--tokenizer", "s2hc-bpe-4k"]) == 0
+    assert main(["train", "--init-from", str(run), "--out", str(continued), "--max-steps", "2", "--seq-len", "32",
+                 "--data", str(corpus_file), "--no-progress"]) == 0
+    model, trained = load_model(continued)
+    assert (trained.family, trained.init_from) == ("s2hc", str(run))
+    assert (model.config.rope_scaling is None) == (arch == "mistral")
+    assert model.config.layer_types() == (["local"] * 2 if arch == "mistral" else ["global"] * 2)
+    assert all(math.isfinite(r["loss"]) for r in read_metrics(continued) if "loss" in r)
+    assert main(["export", str(continued), "--out", str(tmp_path / "export")]) == 0
 
 
 # ------------------------------------------------------------------------- run directories and training

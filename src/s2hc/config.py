@@ -42,8 +42,6 @@ MAX_SEED = 2**32 - 1
 #: The most seeds one study or comparison trains each configuration with (a run per seed): statistics settle after
 #: tens; 10**11 from a YAML edit would be materialised as a list of runs before any starts.
 MAX_SEEDS = 1000
-#: ModelConfig fields the top-level keys set: in model_overrides they would be overwritten without a word.
-FAMILY_KEYS = ("family", "n_streams", "family_options")
 #: AdamW moves every weight by about lr per step: above 1 a step is larger than the weights themselves
 #: (and lr / (1 - beta1) overflows float32 inside the optimizer near 1e38).
 MAX_LR = 1.0
@@ -59,11 +57,28 @@ FLOAT_RANGES: dict[str, dict[str, Any]] = {
 CONNECTION_OPTION_KINDS = {"eps": {"float"}, "transpose_res": {"bool"}}
 
 
-def _setting(default: Any, help: str, **metadata: Any):
-    """A TrainConfig field with its command-line help (``flag=False``: no flag of its own, only ``--set``)."""
+# The groups of TrainConfig's fields (the metadata "group" of each): what makes the model, the residual family, the
+# data the model sees, the optimisation schedule, and the run itself.
+MODEL, FAMILY, DATA, SCHEDULE, RUN = "model", "family", "data", "schedule", "run"
+GROUPS = (MODEL, FAMILY, DATA, SCHEDULE, RUN)
+
+
+def _setting(default: Any, help: str, group: str, *, flag: bool = True, resumable: bool = False, grid: bool = False,
+             inherited: bool = True):
+    """A TrainConfig field and what the rest of s2hc needs to know of it (its metadata), stated once here.
+
+    ``help``: its command-line help. ``group``: one of :data:`GROUPS`. ``flag``: whether ``s2hc train`` gives it a
+    flag of its own (otherwise only ``--set``). ``resumable``: whether it may change on ``--resume`` (it does
+    not change what is computed). ``grid``: set per run by whoever lays out several runs (a study's grid),
+    never by the shared ``train:`` settings. ``inherited``: copied from a source run to a run made from it
+    (``s2hc upcycle`` of an s2hc run); off for what names the run itself."""
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {list(GROUPS)}, got {group!r}")
+    metadata = {"help": help, "group": group, "flag": flag, "resumable": resumable, "grid": grid,
+                "inherited": inherited}
     if isinstance(default, dict):
-        return field(default_factory=dict, metadata={"help": help, **metadata})
-    return field(default=default, metadata={"help": help, **metadata})
+        return field(default_factory=dict, metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -75,49 +90,56 @@ class TrainConfig:
     and micro-step: the global batch is ``batch_size × grad_accum × world_size`` sequences.
     """
 
-    # model
-    preset: str = _setting("tiny", "model preset (s2hc.models.PRESETS)")
-    family: str = _setting("residual", "residual family (s2hc.families())", flag=False)
-    n_streams: int | None = _setting(None, "streams n (None: 1 for residual, else 4)", flag=False)
-    family_options: dict = _setting({}, "options of the family, e.g. {iterations: 10}", flag=False)
-    model_overrides: dict = _setting({}, "other ModelConfig fields, e.g. {dim: 64}", flag=False)
+    # the model
+    preset: str = _setting("tiny", "model preset (s2hc.models.PRESETS)", MODEL)
+    tokenizer: str = _setting("s2hc-bpe-4k", "'s2hc-bpe-4k', 'gpt2', a tokenizer.json path or a Hub name", MODEL)
+    model_overrides: dict = _setting({}, "other ModelConfig fields, e.g. {dim: 64}", MODEL, flag=False)
+    # the residual family
+    family: str = _setting("residual", "residual family (s2hc.families())", FAMILY, flag=False)
+    n_streams: int | None = _setting(None, "streams n (None: 1 for residual, else 4)", FAMILY, flag=False)
+    family_options: dict = _setting({}, "options of the family, e.g. {iterations: 10}", FAMILY, flag=False)
+    # the data
+    data: str = _setting("embedded", "'embedded', a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG]",
+                         DATA)
+    cache_dir: str | None = _setting(
+        None, "where token shards are cached (None: $S2HC_CACHE_DIR/tokens or ~/.cache/s2hc/tokens)", DATA)
+    seq_len: int = _setting(256, "tokens per sequence", DATA)
+    batch_size: int = _setting(8, "sequences per micro-step (per process)", DATA)
+    grad_accum: int = _setting(1, "micro-steps per optimizer step", DATA)
+    data_seed: int | None = _setting(None, "seed of the data order alone (default: seed), to vary one but not both",
+                                     DATA)
+    # the schedule: AdamW, cosine with linear warmup and a floor
+    max_steps: int = _setting(1000, "optimizer steps", SCHEDULE, resumable=True)
+    lr: float = _setting(6e-4, "peak learning rate", SCHEDULE)
+    min_lr_ratio: float = _setting(0.1, "floor of the cosine schedule, as a fraction of lr", SCHEDULE)
+    warmup_steps: int = _setting(100, "linear warmup steps", SCHEDULE)
+    weight_decay: float = _setting(0.1, "AdamW weight decay (matrices only)", SCHEDULE)
+    beta1: float = _setting(0.9, "AdamW beta1", SCHEDULE)
+    beta2: float = _setting(0.95, "AdamW beta2", SCHEDULE)
+    grad_clip: float = _setting(1.0, "gradient-norm clipping (0: off)", SCHEDULE)
+    # the run: where it starts from, what it records, where it runs
+    seed: int = _setting(1337, "seed of initialisation and data order", RUN, grid=True)
     init_from: str | None = _setting(
         None, "run directory or checkpoint whose weights start this run (a residual one is upcycled to the run's "
-        "family, see `s2hc upcycle`); the optimizer and the schedule start fresh"
-    )
-    # data
-    data: str = _setting("embedded", "'embedded', a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG]")
-    tokenizer: str = _setting("s2hc-bpe-4k", "'s2hc-bpe-4k', 'gpt2', a tokenizer.json path or a Hub name")
-    cache_dir: str | None = _setting(
-        None, "where token shards are cached (None: $S2HC_CACHE_DIR/tokens or ~/.cache/s2hc/tokens)"
-    )
-    seq_len: int = _setting(256, "tokens per sequence")
-    batch_size: int = _setting(8, "sequences per micro-step (per process)")
-    grad_accum: int = _setting(1, "micro-steps per optimizer step")
-    # optimisation (AdamW, cosine with linear warmup and a floor)
-    max_steps: int = _setting(1000, "optimizer steps")
-    lr: float = _setting(6e-4, "peak learning rate")
-    min_lr_ratio: float = _setting(0.1, "floor of the cosine schedule, as a fraction of lr")
-    warmup_steps: int = _setting(100, "linear warmup steps")
-    weight_decay: float = _setting(0.1, "AdamW weight decay (matrices only)")
-    beta1: float = _setting(0.9, "AdamW beta1")
-    beta2: float = _setting(0.95, "AdamW beta2")
-    grad_clip: float = _setting(1.0, "gradient-norm clipping (0: off)")
-    # bookkeeping
-    seed: int = _setting(1337, "seed of initialisation and data order")
-    data_seed: int | None = _setting(None, "seed of the data order alone (default: seed), to vary one but not both")
-    eval_every: int = _setting(100, "steps between validation losses (0: only at the end)")
-    eval_batches: int = _setting(20, "validation batches per evaluation")
-    checkpoint_every: int = _setting(100, "steps between checkpoints (0: only at the end)")
-    log_every: int = _setting(10, "steps between metrics lines")
-    diagnostics_every: int = _setting(0, "steps between hyper-connection diagnostics in metrics.jsonl (0: off)")
-    device: str = _setting("auto", "'auto' (cuda when available, else cpu), 'cpu', 'cuda' or 'cuda:N'")
-    dtype: str = _setting("auto", "'auto' (bfloat16 autocast where supported, else float32), 'float32', 'bfloat16'")
-    compile: bool = _setting(False, "torch.compile each block (then shard / replicate, in torchtitan's order)")
-    connection: dict = _setting({}, "how connections compute, e.g. {recompute: true, kernels: triton}", flag=False)
-    parallel: str = _setting("auto", "'auto' (DDP with several processes), 'none', 'ddp' or 'fsdp' (FSDP2)")
-    progress: bool = _setting(True, "progress bar")
-    out: str = _setting("runs/train", "run directory", flag=False)
+        "family, see `s2hc upcycle`); the optimizer and the schedule start fresh", RUN, inherited=False)
+    eval_every: int = _setting(100, "steps between validation losses (0: only at the end)", RUN, resumable=True)
+    eval_batches: int = _setting(20, "validation batches per evaluation", RUN)
+    checkpoint_every: int = _setting(100, "steps between checkpoints (0: only at the end)", RUN, resumable=True)
+    log_every: int = _setting(10, "steps between metrics lines", RUN, resumable=True)
+    diagnostics_every: int = _setting(
+        0, "steps between hyper-connection diagnostics in metrics.jsonl (0: off)", RUN, resumable=True)
+    device: str = _setting(
+        "auto", "'auto' (cuda when available, else cpu), 'cpu', 'cuda' or 'cuda:N'", RUN, resumable=True)
+    dtype: str = _setting("auto", "'auto' (bfloat16 autocast where supported, else float32), 'float32', 'bfloat16'",
+                          RUN)
+    compile: bool = _setting(
+        False, "torch.compile each block (then shard / replicate, in torchtitan's order)", RUN, resumable=True)
+    connection: dict = _setting({}, "how connections compute, e.g. {recompute: true, kernels: triton}", RUN,
+                                flag=False, resumable=True)
+    parallel: str = _setting("auto", "'auto' (DDP with several processes), 'none', 'ddp' or 'fsdp' (FSDP2)", RUN,
+                             resumable=True)
+    progress: bool = _setting(True, "progress bar", RUN, resumable=True)
+    out: str = _setting("runs/train", "run directory", RUN, flag=False, resumable=True, grid=True, inherited=False)
 
     def __post_init__(self) -> None:
         """Every value checked by type and range before anything runs; ValueError naming the key otherwise."""
@@ -165,7 +187,7 @@ class TrainConfig:
     def _check_model_overrides(self) -> None:
         """Refuse the family's settings in ``model_overrides``: :meth:`model_config` sets them from the top-level
         keys, so the run would train another model than the config says."""
-        for key in FAMILY_KEYS:
+        for key in family_fields():
             if key in self.model_overrides:
                 raise ValueError(f"model_overrides.{key} is set from the top-level '{key}' key; move "
                                  f"{key}: {self.model_overrides[key]!r} out of model_overrides (it would be ignored)")
@@ -328,4 +350,46 @@ def parse_assignment(text: str, argument: str = "--set") -> tuple[str, Any]:
 
 def option_fields() -> list[dataclasses.Field]:
     """The TrainConfig fields that get a command-line flag of their own (``--max-steps`` for ``max_steps``)."""
-    return [f for f in fields(TrainConfig) if f.metadata.get("flag", True)]
+    return [f for f in fields(TrainConfig) if f.metadata["flag"]]
+
+
+# ------------------------------------------------------------------- lists computed from the field metadata
+
+
+def _names(keep) -> tuple[str, ...]:
+    return tuple(f.name for f in fields(TrainConfig) if keep(f.metadata))
+
+
+def fields_of(*groups: str) -> tuple[str, ...]:
+    """The names of the TrainConfig fields in ``groups`` (of :data:`GROUPS`), in declaration order."""
+    for group in groups:
+        if group not in GROUPS:
+            raise ValueError(f"group must be one of {list(GROUPS)}, got {group!r}")
+    return _names(lambda meta: meta["group"] in groups)
+
+
+def family_fields() -> tuple[str, ...]:
+    """``family``, ``n_streams``, ``family_options``: the ModelConfig fields a TrainConfig keeps outside
+    ``model_overrides`` (there they would be overwritten without a word)."""
+    return fields_of(FAMILY)
+
+
+def model_fields() -> tuple[str, ...]:
+    """The fields that make the model and its vocabulary (the model and family groups): a run started from another
+    (``init_from``) takes those it does not set from it."""
+    return fields_of(MODEL, FAMILY)
+
+
+def resumable_fields() -> tuple[str, ...]:
+    """The fields that may change on ``--resume`` without changing what is computed."""
+    return _names(lambda meta: meta["resumable"])
+
+
+def grid_fields() -> tuple[str, ...]:
+    """The fields a study's grid sets per run (the family group, ``seed``, ``out``), not its ``train:`` settings."""
+    return _names(lambda meta: meta["group"] == FAMILY or meta["grid"])
+
+
+def inherited_fields() -> tuple[str, ...]:
+    """The fields a run made from another run's configuration copies (all but those naming the run itself)."""
+    return _names(lambda meta: meta["inherited"])

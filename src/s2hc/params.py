@@ -6,19 +6,21 @@ built on the ``meta`` device, so even mHC-lite at n = 7 (about 2 B parameters at
 allocates nothing: the permutation families build only the shape of their table of n! permutations there.
 
 Limits, stated: n <= :data:`s2hc.checks.MAX_STREAMS` for every family, and permutation mixtures of at most
-:data:`MAX_PERMUTATION_SIZE` streams (12! = 479 001 600 inputs per token; mhc-lite's n, kromhc's largest prime
-factor of n), beyond which the counts stop meaning anything and overflow 64-bit sizes; at most
-:data:`s2hc.checks.MAX_LAYERS` layers (one module is built per sublayer, even on meta). A model that is trained
-builds permutation tables of at most 8 streams (:data:`s2hc.mixers.mhc_lite.MAX_BUILT_PERMUTATION_SIZE`).
+:data:`MAX_PERMUTATION_SIZE` streams (12! = 479 001 600 inputs per token; the sizes a family declares in
+:meth:`s2hc.mixers.Mixer.permutation_sizes`: mhc-lite's n, kromhc's prime factors of n), beyond which the counts
+stop meaning anything and overflow 64-bit sizes; at most :data:`s2hc.checks.MAX_LAYERS` layers (one module is built
+per sublayer, even on meta). A model that is trained builds permutation tables of at most 8 streams
+(:data:`s2hc.mixers.mhc_lite.MAX_BUILT_PERMUTATION_SIZE`).
 
->>> count_hc_params("mhc", layers=2, dim=8, n_streams=2)
+>>> count_connection_params("mhc", layers=2, dim=8, n_streams=2)
 620
->>> count_hc_params("residual", layers=28, dim=1024, n_streams=7)
+>>> count_connection_params("residual", layers=28, dim=1024, n_streams=7)
 0
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -27,26 +29,26 @@ import torch
 from . import mixers
 from .checks import MAX_LAYERS, check_int, check_streams
 from .connection import HyperConnection
-from .mixers import RESIDUAL, check_family, families
-from .mixers.kromhc import prime_factors
+from .mixers import REFERENCE_FAMILY, RESIDUAL, check_family, families
 from .mixers.mhc_lite import MAX_COUNTED_PERMUTATION_SIZE, permutation_limit_error
+from .reports import count, human, ratio, table
 
-__all__ = ["MAX_PERMUTATION_SIZE", "build_options", "count_hc_params", "format_table", "human", "param_table"]
+__all__ = ["MAX_PERMUTATION_SIZE", "build_options", "count_connection_params", "count_hc_params", "format_table",
+           "human", "param_table"]
 
-#: The largest permutation mixture counted (mhc-lite's n, kromhc's prime factors): 12! = 479 001 600 inputs per token.
+#: The largest permutation mixture counted (:meth:`~s2hc.mixers.Mixer.permutation_sizes`): 12! = 479 001 600 inputs
+#: per token.
 MAX_PERMUTATION_SIZE = MAX_COUNTED_PERMUTATION_SIZE
 #: Wrapped sublayers per layer counted (2: attention and MLP; a few more for exotic blocks).
 MAX_SUBLAYERS_PER_LAYER = 16
 
 
 def permutation_sizes(family: str, n_streams: int) -> list[int]:
-    """The sizes of the permutation mixtures ``family`` builds at ``n_streams`` (each holds size! permutations):
-    ``[n]`` for mhc-lite, the prime factors of n for kromhc, none for the other families."""
-    if family == "mhc-lite":
-        return [n_streams]
-    if family == "kromhc":
-        return prime_factors(n_streams)
-    return []
+    """The sizes of the permutation mixtures ``family`` builds at ``n_streams`` (each holds size! permutations), as
+    its class declares them (:meth:`s2hc.mixers.Mixer.permutation_sizes`); none for ``residual``, and none for a name
+    that is no family (checked where it is used)."""
+    mixer = mixers.REGISTRY.get(family)
+    return [] if mixer is None else mixer.permutation_sizes(n_streams)
 
 
 def check_countable(family: str, n_streams: int, built: bool = False) -> None:
@@ -62,7 +64,7 @@ def check_countable(family: str, n_streams: int, built: bool = False) -> None:
 
 def build_options(family: str, **family_options: Any) -> dict[str, Any]:
     """The options used to build ``family`` for counting: ``family_options`` plus ``allow_large=True``
-    for every family that takes it (mhc-lite, kromhc), since counting builds nothing real.
+    for every family whose constructor takes it (the permutation families), since counting builds nothing real.
     An explicit ``allow_large`` in ``family_options`` wins.
     """
     check_family(family)
@@ -113,7 +115,7 @@ def _count(
     }
 
 
-def count_hc_params(
+def count_connection_params(
     family: str, *, layers: int, dim: int, n_streams: int, sublayers_per_layer: int = 2, **family_options: Any
 ) -> int:
     """Parameters of the hyper-connections of a model with ``layers`` layers of width ``dim``.
@@ -134,6 +136,12 @@ def count_hc_params(
     )["hc_params"]
 
 
+def count_hc_params(family: str, **kwargs: Any) -> int:
+    """Deprecated name of :func:`count_connection_params` ("hc" alone names the HC family)."""
+    warnings.warn("count_hc_params is deprecated; use count_connection_params", DeprecationWarning, stacklevel=2)
+    return count_connection_params(family, **kwargs)
+
+
 def param_table(
     names: Iterable[str] | None = None,
     *,
@@ -146,8 +154,8 @@ def param_table(
 
     Each row has ``family``, ``K`` (inputs per token of the constraint map, 0 for residual),
     ``per_sublayer``, ``hc_params`` (the total), ``n_streams`` (1 for residual), ``layers``, ``dim``,
-    ``sublayers_per_layer``, ``sublayers`` and ``vs_mhc``: the ratio to ``mhc``'s total when ``mhc`` is in the table,
-    else None.
+    ``sublayers_per_layer``, ``sublayers`` and ``vs_mhc``: the ratio to ``mhc``'s total
+    (:data:`s2hc.mixers.REFERENCE_FAMILY`) when ``mhc`` is in the table, else None.
     """
     names = families() if names is None else list(dict.fromkeys(names))
     if not names:
@@ -158,21 +166,10 @@ def param_table(
         _count(name, layers=layers, dim=dim, n_streams=n_streams, sublayers_per_layer=sublayers_per_layer)
         for name in names
     ]
-    reference = next((row["hc_params"] for row in rows if row["family"] == "mhc"), None)
+    reference = next((row["hc_params"] for row in rows if row["family"] == REFERENCE_FAMILY), None)
     for row in rows:
         row["vs_mhc"] = row["hc_params"] / reference if reference else None
     return rows
-
-
-def human(count: float) -> str:
-    """``25693808 -> '25.7 M'``, ``2029400632 -> '2.03 B'``: three significant digits, K/M/B/T."""
-    if count < 1000:
-        return f"{count:g}"
-    for scale, unit in ((1e3, "K"), (1e6, "M"), (1e9, "B"), (1e12, "T")):
-        text = f"{count / scale:.3g}"
-        if float(text) < 1000 or unit == "T":
-            return f"{text} {unit}"
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def format_table(rows: list[dict]) -> str:
@@ -186,15 +183,11 @@ def format_table(rows: list[dict]) -> str:
         f"Hyper-connection parameters: {first['layers']} layers x {first['sublayers_per_layer']} sublayers = "
         f"{first['sublayers']} connections, C = {first['dim']}, {streams}",
         "",
-        "| family | K | per sublayer | total | vs mHC |",
-        "|---|---:|---:|---:|---:|",
     ]
+    cells = []
     for row in rows:
         per = row["per_sublayer"]
         per_text = f"{human(per)} ({per:,})" if isinstance(per, int) else f"{human(per)} ({per:,.1f})"
-        ratio = "-" if row["vs_mhc"] is None else f"{row['vs_mhc']:.2f}x"
-        lines.append(
-            f"| {row['family']} | {row['K']:,} | {per_text} | {human(row['hc_params'])} ({row['hc_params']:,}) "
-            f"| {ratio} |"
-        )
-    return "\n".join(lines)
+        cells.append([row["family"], count(row["K"]), per_text, f"{human(row['hc_params'])} ({row['hc_params']:,})",
+                      ratio(row["vs_mhc"])])
+    return "\n".join(lines + table(["family", "K", "per sublayer", "total", "vs mHC"], cells))

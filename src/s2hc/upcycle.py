@@ -1,11 +1,12 @@
 """``s2hc upcycle``: a pretrained residual model as a hyper-connection run directory with the same function.
 
 SOURCE is a Hugging Face model directory (``config.json`` and ``model.safetensors``, sharded with its index, or
-``pytorch_model.bin``) of an architecture :mod:`s2hc.hf.convert` reads (Qwen3, Qwen2 / Qwen2.5, Gemma3, GPT-2),
-or an s2hc run directory (or checkpoint) of a ``residual`` model. The result is an ordinary run directory at
-step 0 (``config.yaml`` and ``checkpoint.pt``, no optimizer state) whose model computes the source's logits to
-rounding (:mod:`s2hc.models.upcycle` says why and which families qualify): ``s2hc eval``, ``diagnose``,
-``export`` and ``generate`` work on it, and ``s2hc train --init-from RUN_DIR`` continues pretraining from it.
+``pytorch_model.bin``) of an architecture :mod:`s2hc.hf.architectures` registers (Qwen3, Qwen2 / Qwen2.5, Gemma3,
+GPT-2, Llama, Mistral), or an s2hc run directory (or checkpoint) of a ``residual`` model. The result is an
+ordinary run directory at step 0 (``config.yaml`` and ``checkpoint.pt``, no optimizer state) whose model computes
+the source's logits to rounding (:mod:`s2hc.models.widen` says why and which families qualify): ``s2hc eval``,
+``diagnose``, ``export`` and ``generate`` work on it, and ``s2hc train --init-from RUN_DIR`` continues pretraining
+from it.
 """
 
 from __future__ import annotations
@@ -15,23 +16,18 @@ from typing import Any
 
 import torch
 
-from .config import TrainConfig
+from .config import TrainConfig, family_fields, inherited_fields
 from .data.tokenizer import check_tokenizer_fits, get_tokenizer
 from .extras import check_available
-from .io import read_json_object, temporary_pattern
+from .io import read_json_object
 from .mixers import RESIDUAL
 from .models import Transformer
-from .models.upcycle import DEFAULT_SPREAD, check_upcyclable, upcycle_model
-from .rundir import CHECKPOINT, checkpoint_paths, load_model, write_config
+from .models.widen import DEFAULT_SPREAD, check_upcyclable, upcycle_model
+from .rundir import CHECKPOINT, Checkpoint, checkpoint_paths, load_model, write_config
 from .rundir.checkpoint import save_checkpoint, weights_only_refusal
-from .rundir.guard import ATOMIC_FILES, DERIVED, LOCK, RUN_FILES, SHARDED_OLD, SHARDED_TMP, notice, run_files
+from .rundir.guard import notice, run_files
+from .rundir.layout import is_run_entry
 from .rundir.staging import check_replaceable, replace_directory
-
-# The model keys a TrainConfig keeps outside model_overrides.
-_FAMILY_KEYS = ("family", "n_streams", "family_options")
-# The preset recorded for each architecture (every model setting is in model_overrides, so it only names it).
-_PRESET_OF = {"qwen3": "qwen3-0.6b", "qwen2": "qwen2.5-1.5b", "gemma3": "gemma3-1b", "gemma3_text": "gemma3-1b",
-              "gpt2": "gpt2-small"}
 
 
 def _read_hf_weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -69,11 +65,12 @@ def _read_hf_config(directory: Path) -> dict[str, Any]:
     return read_json_object(directory / "config.json", "a Hugging Face config.json is a JSON object")
 
 
-def _hf_tokenizer(directory: Path, model_type: str) -> str:
+def _hf_tokenizer(directory: Path, default: str | None) -> str:
+    """The directory's ``tokenizer.json``, else the architecture's ``default`` tokenizer (GPT-2's BPE)."""
     if (directory / "tokenizer.json").is_file():
         return str((directory / "tokenizer.json").resolve())
-    if model_type == "gpt2":
-        return "gpt2"  # the GPT-2 BPE, read offline (s2hc.data.tokenizer)
+    if default is not None:
+        return default
     raise ValueError(f"SOURCE {str(directory)!r} has no tokenizer.json; name the tokenizer with --tokenizer")
 
 
@@ -90,42 +87,33 @@ def read_source(source: str | Path, tokenizer: str | None = None) -> tuple[Trans
     if model.config.family != RESIDUAL:
         raise ValueError(f"SOURCE {str(source)!r} holds a {model.config.family!r} model with "
                          f"{model.config.n_streams} streams; upcycling starts from a residual model")
-    values = {k: v for k, v in config.to_dict().items() if k not in ("out", "init_from", *_FAMILY_KEYS)}
+    kept = set(inherited_fields()) - set(family_fields())  # the upcycled run has its own family
+    values = {k: v for k, v in config.to_dict().items() if k in kept}
     return model, {**values, **({"tokenizer": tokenizer} if tokenizer else {})}
 
 
 def _read_hf_source(path: Path, tokenizer: str | None) -> tuple[Transformer, dict[str, Any]]:
     """:func:`read_source` of a Hugging Face model directory (the hf extra: transformers' converters' home)."""
     check_available(("transformers",), "a Hugging Face SOURCE")
+    from .hf import architectures
     from .hf.convert import config_from_hf, load_hf_state_dict
 
     hf_config = _read_hf_config(path)
-    model_type = hf_config.get("model_type")
-    if not isinstance(model_type, str) or model_type not in _PRESET_OF:
-        raise ValueError(f"{str(path / 'config.json')!r}: model_type must be one of {list(_PRESET_OF)}, "
-                         f"got {model_type!r}")
     try:
+        architecture = architectures.get(hf_config.get("model_type"))
         model = Transformer(config_from_hf(hf_config))
     except ValueError as error:  # a key missing or not supported: say which file it is in
         raise ValueError(f"{str(path / 'config.json')!r}: {error}") from None
     load_hf_state_dict(model, _read_hf_weights(path))
     settings = model.config.to_dict()
-    values = {"preset": _PRESET_OF[model_type], "tokenizer": tokenizer or _hf_tokenizer(path, model_type),
-              "model_overrides": {k: v for k, v in settings.items() if k not in _FAMILY_KEYS},
+    values = {"preset": architecture.preset, "tokenizer": tokenizer or _hf_tokenizer(path, architecture.tokenizer),
+              "model_overrides": {k: v for k, v in settings.items() if k not in family_fields()},
               # the default window, unless the model's positions are fewer (a run must fit what forward accepts)
               "seq_len": min(TrainConfig().seq_len, model.config.max_seq_len)}
     return model, values
 
 
-#: What an existing --out may hold to be replaced: a run (its files, what was derived from it, its lock, the
-#: temporary files of its interrupted saves). Anything else is a user's, and the directory is refused.
-_RUN_NAMES = frozenset((*RUN_FILES, *DERIVED, LOCK, SHARDED_TMP, SHARDED_OLD))
-_RUN_TEMPORARIES = tuple(temporary_pattern(name) for name in ATOMIC_FILES)
 _KIND = "an s2hc run"
-
-
-def _is_run_file(name: str) -> bool:
-    return name in _RUN_NAMES or any(pattern.fullmatch(name) for pattern in _RUN_TEMPORARIES)
 
 
 def check_not_own_input(source: str | Path, out: str | Path) -> None:
@@ -144,7 +132,7 @@ def check_run_out(out: str | Path, overwrite: bool) -> None:
     if found and not overwrite:  # upcycle has no --resume: a run there is replaced or left alone
         raise ValueError(f"--out {str(out)!r} already holds a run ({', '.join(found)}); pass --overwrite to "
                          f"replace it, or choose another --out")
-    check_replaceable(out, "--out", _KIND, _is_run_file)
+    check_replaceable(out, "--out", _KIND, is_run_entry)
 
 
 def upcycle(source: str | Path, family: str, n_streams: int, out: str | Path, *, family_options: dict | None = None,
@@ -173,13 +161,10 @@ def upcycle(source: str | Path, family: str, n_streams: int, out: str | Path, *,
     if config.model_config() != upcycled.config:  # the run's configuration must rebuild this very model
         raise ValueError(f"the upcycled model does not round-trip through its run configuration: "
                          f"{config.model_config()} != {upcycled.config}")
-    with replace_directory(out, argument="--out", kind=_KIND, allowed=_is_run_file, lock_inside=True,
+    with replace_directory(out, argument="--out", kind=_KIND, allowed=is_run_entry, lock_inside=True,
                            check=lambda: check_run_out(out, overwrite), log=notice) as run_dir:
         write_config(run_dir, config.to_dict())
-        history = {"step_times": [], "train_loss": None, "val_loss": None}
-        save_checkpoint(run_dir / CHECKPOINT, {
-            "config": config.to_dict(), "model_config": upcycled.config.to_dict(), "step": 0,
-            "model": upcycled.state_dict(), "history": history, "upcycled_from": str(source),
-            "world_size": 1,
-        })
+        save_checkpoint(run_dir / CHECKPOINT, Checkpoint(
+            config=config.to_dict(), model_config=upcycled.config.to_dict(), step=0, model=upcycled.state_dict(),
+            upcycled_from=str(source)))
     return Path(out).expanduser() / CHECKPOINT

@@ -1,11 +1,11 @@
 """Benchmarks of what the residual families cost: training-step time and peak memory as ratios to
 ``residual`` measured in the same run, the coefficient path alone, a peer implementation, parameters.
 
-The command is ``s2hc bench`` (:mod:`s2hc.bench.cli`); the functions are in :mod:`s2hc.bench.core`.
+The command is ``s2hc bench`` (:mod:`s2hc.cli.bench`); the functions are in :mod:`s2hc.bench.measure`.
 Results and method: ``docs/benchmarks.md``. Benchmarks report; they never fail on a time.
 """
 
-from .core import (
+from .measure import (
     PEER,
     Variant,
     benchmark_coefficients,

@@ -9,11 +9,11 @@ import sys
 
 import torch
 
-from ..bench import core
-from ..bench.core import PEER
+from ..bench import measure
+from ..bench.measure import PEER
 from ..devices import DEVICE_NAMES, resolve_device
 from ..extras import MissingExtra, check_available
-from ..mixers import families
+from ..mixers import REFERENCE_FAMILY, families
 from ..models import get_preset
 from ..params import format_table, param_table
 from .common import positive_int
@@ -65,37 +65,37 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        variants = [core.parse_variant(t, args.streams) for t in args.families.split(",") if t.strip()]
+        variants = [measure.parse_variant(t, args.streams) for t in args.families.split(",") if t.strip()]
         overrides = {} if args.layers is None else {"n_layers": args.layers}
         config = get_preset(args.preset, **overrides)
         device = resolve_device(args.device, "argument --device")
     except ValueError as error:
         args.subparser.error(str(error))
-    if any(v.family == core.PEER for v in variants):  # named: required, before anything is built
-        check_available(("hyper_connections",), f"--families {core.PEER}")
+    if any(v.family == measure.PEER for v in variants):  # named: required, before anything is built
+        check_available(("hyper_connections",), f"--families {measure.PEER}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     peer_note = None
-    if not args.no_peer and not any(v.family == core.PEER for v in variants):
-        if core.peer_available():
-            variants.append(core.Variant(core.PEER, 4))
+    if not args.no_peer and not any(v.family == measure.PEER for v in variants):
+        if measure.peer_available():
+            variants.append(measure.Variant(measure.PEER, 4))
         else:
-            peer_note = f"{core.PEER}: absent ({MissingExtra('hyper_connections', 'the peer')})"
+            peer_note = f"{measure.PEER}: absent ({MissingExtra('hyper_connections', 'the peer')})"
     log = (lambda text: print(text, file=sys.stderr, flush=True)) if not args.json else (lambda text: None)
-    machine = core.machine_description(device)
+    machine = measure.machine_description(device)
     log(f"machine: {machine}")
     try:
-        steps = core.benchmark_steps(
+        steps = measure.benchmark_steps(
             args.preset, variants, batch_size=args.batch_size, seq_len=args.seq_len, compile=args.compile,
             repeats=args.repeats, steps=args.steps, memory=not args.no_memory, overrides=overrides,
             device=device, log=log,
         )  # fmt: skip
     except ValueError as error:  # bad options, kernels=triton where it cannot run
         args.subparser.error(str(error))
-    families = list(dict.fromkeys(v.family for v in variants if v.family not in ("residual", core.PEER)))
-    if "mhc" not in families:
-        families.append("mhc")
-    coefficients = [] if args.no_coefficients else core.benchmark_coefficients(
+    families = list(dict.fromkeys(v.family for v in variants if v.family not in ("residual", measure.PEER)))
+    if REFERENCE_FAMILY not in families:  # the coefficient and parameter tables' ratios are to it
+        families.append(REFERENCE_FAMILY)
+    coefficients = [] if args.no_coefficients else measure.benchmark_coefficients(
         families, n_streams=args.streams, dim=config.dim, repeats=max(3, args.repeats), device=device,
         log=log)  # fmt: skip
     params = param_table(["residual", *families], layers=config.n_layers, dim=config.dim, n_streams=args.streams)
@@ -104,10 +104,10 @@ def run(args: argparse.Namespace) -> int:
                           "params": params, "peer": peer_note or "present"}, indent=2))  # fmt: skip
         return 0
     print(f"Machine: {machine}\n")
-    print(core.format_step_table(steps, peer_note))
+    print(measure.format_step_table(steps, peer_note))
     if coefficients:
         print()
-        print(core.format_coefficient_table(coefficients))
+        print(measure.format_coefficient_table(coefficients))
     print()
     print(format_table(params))
     return 0

@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import math
 import os
+import sys
 from pathlib import Path
 
 from ..io import check_output_dir
@@ -59,6 +60,24 @@ def parse_families(text: str | None, argument: str = "--families", extra: tuple[
         if name not in extra:
             check_family(name, f"argument {argument}")
     return names
+
+
+def deprecated(old: str, new: str) -> None:
+    """Say on stderr that ``old`` (a flag or argument a command still accepts) is now spelled ``new``."""
+    print(f"s2hc: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
+
+
+def add_renamed_option(parser: argparse.ArgumentParser, name: str, old: str, **kwargs) -> None:
+    """``parser.add_argument(name, old, **kwargs)``, where ``old`` is the option's former spelling: still accepted,
+    with a :func:`deprecated` line when used (every command names its output directory ``--out``)."""
+
+    class Renamed(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            if option_string == old:
+                deprecated(old, name)
+            setattr(namespace, self.dest, values)
+
+    parser.add_argument(name, old, action=Renamed, **kwargs)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,7 @@ from ..evaluate.loading import load_for_eval
 from ..evaluate.perplexity import perplexity
 from ..extras import check_available
 from ..io import atomic_write_text
-from .common import nonnegative_float, nonnegative_int, output_directory, positive_int
+from .common import add_renamed_option, nonnegative_float, nonnegative_int, output_directory, positive_int
 
 
 def _limit(text: str) -> float | int:
@@ -87,8 +87,8 @@ def _add_eval_parser(subparsers) -> None:
         "--bootstrap-iters", type=nonnegative_int, default=1000, help="bootstrap resamples for stderr (default 1000)"
     )
     group.add_argument("--seed", type=int, default=1234, help="seed of few-shot sampling and lm-eval (default 1234)")
-    parser.add_argument("--output", default=None, metavar="DIR",
-                        help="also write DIR/results.json and DIR/results.md (DIR/perplexity.json for --perplexity)")
+    add_renamed_option(parser, "--out", "--output", default=None, metavar="DIR",
+                       help="also write DIR/results.json and DIR/results.md (DIR/perplexity.json for --perplexity)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     parser.set_defaults(func=run_eval, subparser=parser)
 
@@ -107,9 +107,9 @@ def run_eval(args: argparse.Namespace) -> int:
         model, tokenizer, train_config = load_for_eval(args.checkpoint, device=args.device, dtype=args.dtype)
     except ValueError as error:
         parser.error(str(error))
-    # --output is checked before any work (a path under a file, a file, no permission, a read-only disk), and
+    # --out is checked before any work (a path under a file, a file, no permission, a read-only disk), and
     # removed again when the evaluation fails before writing into it
-    output = contextlib.nullcontext() if args.output is None else output_directory(args.output, "--output")
+    output = contextlib.nullcontext() if args.out is None else output_directory(args.out, "--out")
     try:
         with output as out:
             return _evaluate(args, model, tokenizer, train_config, out)

@@ -6,22 +6,24 @@ import argparse
 
 from ..devices import DTYPES
 from ..extras import check_available
+from .common import deprecated
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "export", help="write a checkpoint as a Hugging Face transformers model directory",
-        description="Write OUT_DIR from CHECKPOINT: config.json, model.safetensors, the tokenizer and two loader "
-        "modules, so that AutoModelForCausalLM.from_pretrained(OUT_DIR) (after `import s2hc.hf`, or with "
-        "trust_remote_code=True) and AutoTokenizer.from_pretrained(OUT_DIR) load it; generate() uses a KV cache. "
+        description="Write --out DIR from CHECKPOINT: config.json, model.safetensors, the tokenizer and two loader "
+        "modules, so that AutoModelForCausalLM.from_pretrained(DIR) (after `import s2hc.hf`, or with "
+        "trust_remote_code=True) and AutoTokenizer.from_pretrained(DIR) load it; generate() uses a KV cache. "
         "Needs the hf extra (transformers).",
     )
     parser.add_argument(
         "checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file"
     )
-    parser.add_argument("out_dir", metavar="OUT_DIR",
+    parser.add_argument("--out", metavar="DIR",
                         help="directory to write: built beside it and swapped in whole; an earlier export there "
                         "is replaced, a directory holding other files is refused")
+    parser.add_argument("out_dir", nargs="?", metavar="OUT_DIR", help="deprecated spelling of --out DIR")
     parser.add_argument("--dtype", default=None, choices=list(DTYPES),
                         help="weights' dtype (default: as saved, float32)")
     parser.set_defaults(func=run, subparser=parser)
@@ -29,11 +31,19 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     parser = args.subparser
+    if args.out_dir is not None:
+        if args.out is not None:
+            parser.error(f"the output directory is given twice: --out {args.out!r} and OUT_DIR {args.out_dir!r}; "
+                         "give --out alone")
+        deprecated("the positional OUT_DIR", "--out OUT_DIR")
+        args.out = args.out_dir
+    if args.out is None:
+        parser.error("the following arguments are required: --out")
     check_available(("transformers", "safetensors"))
     from ..hf import export  # the hf extra: imported on use
 
     try:
-        out = export(args.checkpoint, args.out_dir, dtype=args.dtype)
+        out = export(args.checkpoint, args.out, dtype=args.dtype)
     except ValueError as error:
         parser.error(str(error))
     print(f"exported {args.checkpoint} to {out}")

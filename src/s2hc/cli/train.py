@@ -1,5 +1,8 @@
 """``s2hc train`` and ``s2hc compare``: their flags are :class:`~s2hc.config.TrainConfig`'s fields.
 
+``s2hc compare`` is a study with one axis (:mod:`s2hc.study.comparison`): the families × seeds, each an ordinary
+``s2hc train`` run under ``OUT/runs/``, and the study's report.
+
 A setting comes from, lowest first: TrainConfig's default, ``--config FILE.yaml``, ``--set KEY=VALUE``, its
 own flag (``--max-steps`` for ``max_steps``), then what the command fixes (``--family``, ``--streams``, ``--out``).
 Exit status: 0 on success, 2 for bad input, 1 for a run that stopped (a non-finite value, a checkpoint that
@@ -13,12 +16,12 @@ import argparse
 import os
 import sys
 
-from ..compare import compare
 from ..config import TrainConfig, load_yaml_config, option_fields, parse_assignment
 from ..mixers import families
+from ..study import StudyFailed, StudyInterrupted, compare
 from ..train import Interrupted, TrainingError, train
 from ..train.distributed import launch, launched_by_torchrun
-from ..train.init import inherit_model_settings
+from ..train.init_from import inherit_model_settings
 from .common import parse_families, positive_int
 
 _TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}
@@ -82,8 +85,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "compare", help="train the same model with several residual families and write a report",
         description="Train the same model on the same data, seed and token budget once per family (and seed), "
-        "then write OUT/report.md with final losses, tokens/s, parameters and overhead against residual, "
-        "OUT/loss_curves.png and each run's directory.",
+        "then write OUT/report.md with final losses, tokens/s, parameters and overhead against residual, the "
+        "trained matrices and loss curves. A study with one axis (see `s2hc study`): each run is an ordinary "
+        "`s2hc train` under OUT/runs/, one at a time, and the report is the study's.",
     )
     parser.add_argument("--families", default="residual,mhc,s2hc", metavar="A,B,...",
                         help="families to compare (default 'residual,mhc,s2hc')")
@@ -131,11 +135,24 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    if launched_by_torchrun():
+        args.subparser.error("s2hc compare starts each run as its own `s2hc train`: launch it directly, not under "
+                             "torchrun (for several processes per run, use `s2hc study` with nproc: N)")
+
     def run() -> int:
         names = parse_families(args.families)
         base = training_config(args)
-        report = compare(base, names, seeds=args.seeds, out=args.out, n_streams=args.streams, resume=args.resume,
-                         overwrite=args.overwrite)
+        try:
+            report = compare(base, names, seeds=args.seeds, out=args.out, n_streams=args.streams,
+                             resume=args.resume, overwrite=args.overwrite,
+                             log=lambda line: print(f"s2hc compare: {line}", file=sys.stderr, flush=True))
+        except StudyInterrupted as error:  # the runs saved checkpoints; --resume goes on from them
+            print(f"s2hc compare: stopped by signal {error.signum}; the runs saved their checkpoints: run the same "
+                  "command with --resume (in place of --overwrite) to go on", file=sys.stderr)
+            return 128 + error.signum
+        except StudyFailed as error:
+            print(f"s2hc compare: {error} with --resume (in place of --overwrite)", file=sys.stderr)
+            return 1
         print(report.read_text())
         print(f"Report: {report}")
         return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 
 from ..config import parse_assignment
-from ..models.upcycle import DEFAULT_SPREAD, upcyclable_families
+from ..models.widen import DEFAULT_SPREAD, upcyclable_families
 from ..upcycle import upcycle
 from .common import positive_int
 

@@ -1,15 +1,16 @@
-"""What ``s2hc diagnose`` and ``s2hc compare`` write: ``diagnostics.json``, the figures and ``report.md``.
+"""What ``s2hc diagnose`` writes: ``diagnostics.json``, the figures and ``report.md``.
 
-- :func:`diagnose_checkpoint`: a trained model (run directory or checkpoint file) on real tokens.
+- :func:`diagnose_checkpoint`: a trained model (run directory or checkpoint file) on real tokens (each run of a
+  study, and so of ``s2hc compare``, is measured with it).
 - :func:`diagnose_synthetic`: each family's matrices from random inputs of a chosen spread.
-- :func:`compare_section`: the Markdown section (and combined figures) ``s2hc compare`` adds to its report.
+
+Tables and numbers are :mod:`s2hc.reports`'.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,13 @@ from ..data.shards import prepare_tokens, stored_cache_dir
 from ..data.tokenizer import check_tokenizer_fits, get_tokenizer
 from ..devices import autocast_dtype, resolve_device
 from ..io import atomic_write_text
+from ..reports import DASH, number, table
 from ..rundir import METRICS, load_model, read_metrics, resolve_checkpoint
 from . import plots
 from .collect import collect, mixing_connections
 from .synthetic import DEFAULT_SWEEP, logit_scale_sweep, synthetic_summaries
 
-__all__ = ["compare_section", "default_out", "diagnose_checkpoint", "diagnose_synthetic", "write_json"]
+__all__ = ["default_out", "diagnose_checkpoint", "diagnose_synthetic", "write_json"]
 
 JSON_NAME = "diagnostics.json"
 REPORT_NAME = "report.md"
@@ -59,29 +61,6 @@ def write_json(path: Path, obj: dict[str, Any]) -> Path:
 def write_text(path: Path, text: str) -> Path:
     atomic_write_text(Path(path), text)
     return Path(path)
-
-
-def _fmt(value: Any) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "–" if value is None else str(value)
-    if isinstance(value, bool):
-        return "yes" if value else "**no**"
-    if isinstance(value, int):
-        return f"{value:,}"
-    if value == 0:
-        return "0"
-    if 0 < value - 1 < 1e-4:  # a norm, gain or sum a rounding above 1: show by how much
-        return f"1 + {value - 1:.1e}"
-    if abs(value) >= 1e5 or abs(value) < 1e-3:
-        return f"{value:.2e}"
-    return f"{value:.4g}"
-
-
-def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    rule = "|" + "|".join("---" if i == 0 else "---:" for i in range(len(header))) + "|"
-    lines = ["| " + " | ".join(header) + " |", rule]
-    lines += ["| " + " | ".join(c if isinstance(c, str) else _fmt(c) for c in row) + " |" for row in rows]
-    return lines
 
 
 def write_figures(out: Path, summaries: dict[str, dict[str, Any]], with_streams: bool) -> dict[str, Path]:
@@ -162,7 +141,7 @@ def layer_lines(summary: dict[str, Any]) -> list[str]:
             summary["col_sum_error"]["max"][i],
             summary["col_sum_error"]["p99"][i],
             summary["spectral_norm"]["max"][i],
-            ", ".join(_fmt(v) for v in sv) if sv else "–",
+            ", ".join(number(v) for v in sv) if sv else DASH,
             summary["identity_distance"]["mean"][i],
             summary["negative_share"]["mean"][i],
             summary["h_pre"]["sum"]["mean"][i] if "h_pre" in summary else None,
@@ -469,57 +448,11 @@ def _synthetic_report(result: dict[str, Any], summaries: dict[str, dict[str, Any
             rows.append(
                 [f"`{family}`"]
                 + [
-                    f"{_fmt(e['col_sum_error'])} / {_fmt(e['composite_col_sum_error'])} / "
-                    f"{_fmt(e['composite_backward_amax'])}"
+                    f"{number(e['col_sum_error'])} / {number(e['composite_col_sum_error'])} / "
+                    f"{number(e['composite_backward_amax'])}"
                     for e in entries
                 ]
             )
         lines += table(["family"] + [f"S = {s:g}" for s in scales], rows) + [""]
     lines += ["## Figures", ""] + figure_lines(figures, out)
     return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------------------------- compare
-
-
-def compare_section(out: Path, results: dict[str, list], data: str = "embedded", tokens: int = DEFAULT_TOKENS,
-                    device: str = "auto") -> list[str]:
-    """Markdown lines for ``s2hc compare``'s report: each run diagnosed into ``RUN/diagnostics/`` on the run's own
-    validation data, the first run of each family drawn together into ``out/diagnostics/*.png``.
-
-    ``results``: ``{family: [RunResult, ...]}`` as :func:`s2hc.compare.compare` collects them; ``data``: the
-    source the runs trained on (its validation split is measured). A run that cannot be diagnosed is reported
-    in the section (and on stderr), never raised: the comparison is kept.
-    """
-    summaries: dict[str, dict[str, Any]] = {}
-    links, notes = [], []
-    for family, runs in results.items():
-        for k, run in enumerate(runs):
-            run_dir = Path(run.out)
-            try:
-                result = diagnose_checkpoint(run_dir, data=data, tokens=tokens, out=run_dir / "diagnostics",
-                                             device=device)
-            except Exception as error:  # noqa: BLE001 - the report is kept whatever one run's diagnostics do
-                notes.append(f"- `{run_dir.name}`: diagnostics failed: {type(error).__name__}: {error}")
-                print(f"s2hc compare: diagnostics of {run_dir} failed: {error}", file=sys.stderr)
-                continue
-            if result.get("nothing_to_measure"):
-                notes.append(f"- `{run_dir.name}`: nothing to measure ({result['reason']}).")
-                continue
-            links.append(f"[`{run_dir.name}`]({run_dir.relative_to(out).as_posix()}/diagnostics/{REPORT_NAME})"
-                         if run_dir.is_relative_to(out) else f"`{run_dir}/diagnostics/{REPORT_NAME}`")
-            if k == 0:
-                summaries[family] = {key: result[key] for key in result if key not in ("kind", "checkpoint")}
-    lines = ["## Residual matrices after training (`s2hc diagnose`)", ""]
-    if summaries:
-        lines += [
-            f"Each family's first run measured on {tokens:,} validation tokens; worst over layers and tokens.",
-            "",
-        ]
-        lines += synthetic_table(summaries) + [""]
-        figures = write_figures(out / "diagnostics", summaries, with_streams=True)
-        lines += figure_lines(figures, out)
-    if links:
-        lines += ["Per-run reports: " + ", ".join(links), ""]
-    lines += notes + ([""] if notes else [])
-    return lines

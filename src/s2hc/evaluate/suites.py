@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..extras import require
+from ..reports import fixed, table
 from .offline import GROUPS, TASKS, tasks_dir
 
 PAPER8_NAME = "paper8"
@@ -222,15 +223,12 @@ def format_paper8_table(rows: dict[str, dict], *, metrics: dict[str, str] | None
     mean of the eight (``–`` where a benchmark is missing). ``metrics`` overrides a column's metric
     (``{"PIQA": "acc"}``)."""
     header = ["Model", *(b.column for b in PAPER8), "Avg."]
-    lines = [
-        "| " + " | ".join(header) + " |",
-        "|---|" + "---:|" * (len(header) - 1),
-    ]
+    cells = []
     for label, results in rows.items():
         scores = [_score(results, b, metrics) for b in PAPER8]
         average = sum(scores) / len(scores) if all(s is not None for s in scores) else None
-        cells = ["–" if s is None else f"{s:.2f}" for s in (*scores, average)]
-        lines.append("| " + " | ".join([label, *cells]) + " |")
+        cells.append([label, *(fixed(s, 2) for s in (*scores, average))])
+    lines = table(header, cells)
     used = {b.column: (metrics or {}).get(b.column, b.metric) for b in PAPER8}
     shots = "; ".join(
         f"{', '.join(b.column for b in PAPER8 if b.shots == n)} {n}-shot" for n in sorted({b.shots for b in PAPER8})

@@ -1,7 +1,8 @@
 """Hugging Face ``transformers`` integration (the ``hf`` extra): both directions between s2hc and ``transformers``.
 
-- :mod:`~s2hc.hf.convert`: Qwen3 / Qwen2.5 / Gemma3 configs and weights into an s2hc :class:`~s2hc.models.Transformer`
-  (:func:`config_from_hf`, :func:`load_hf_state_dict`; logit parity tested).
+- :mod:`~s2hc.hf.convert`: Qwen3 / Qwen2.5 / Gemma3 / GPT-2 / Llama / Mistral configs and weights into an s2hc
+  :class:`~s2hc.models.Transformer` and back (:func:`config_from_hf`, :func:`load_hf_state_dict`,
+  :func:`~s2hc.hf.convert.to_hf_state_dict`; logit parity tested), one module each in :mod:`~s2hc.hf.architectures`.
 - :mod:`~s2hc.hf.configuration`, :mod:`~s2hc.hf.modeling`, :mod:`~s2hc.hf.export`: an s2hc checkpoint as a
   ``transformers`` model (``S2HCConfig``, ``S2HCForCausalLM``, :func:`export`).
 - :mod:`~s2hc.hf.deepseek_v4`: DeepSeek-V4's mHC connection and head parameters, both ways, for
@@ -12,7 +13,7 @@ Importing this package registers the model type ``"s2hc"`` with ``AutoConfig`` a
     import s2hc.hf
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    s2hc.hf.export("runs/s2hc", "exported/")        # or: s2hc export runs/s2hc exported/
+    s2hc.hf.export("runs/s2hc", "exported/")        # or: s2hc export runs/s2hc --out exported/
     model = AutoModelForCausalLM.from_pretrained("exported/")
     tokenizer = AutoTokenizer.from_pretrained("exported/")
     out = model.generate(**tokenizer("ROMEO.", return_tensors="pt"), max_new_tokens=20)
@@ -31,7 +32,7 @@ require("transformers", "s2hc.hf")
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from .configuration import MODEL_TYPE, S2HCConfig
-from .convert import config_from_hf, load_hf_state_dict
+from .convert import config_from_hf, load_hf_state_dict, to_hf_state_dict
 from .export import export, from_s2hc
 from .modeling import S2HCForCausalLM, S2HCPreTrainedModel
 
@@ -46,4 +47,5 @@ __all__ = [
     "export",
     "from_s2hc",
     "load_hf_state_dict",
+    "to_hf_state_dict",
 ]

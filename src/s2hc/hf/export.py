@@ -130,7 +130,7 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
     if torch_dtype is not None:
         hf_model = hf_model.to(torch_dtype)
     hf_model.config.auto_map = dict(AUTO_MAP)
-    provenance = {"step": payload.get("step"), "train_config": train_config.to_dict(), "tokenizer": tokenizer.name}
+    provenance = {"step": payload.step, "train_config": train_config.to_dict(), "tokenizer": tokenizer.name}
     # the directory is made here, after the checkpoint proved readable
     with replace_directory(out_dir, argument="out_dir", kind=_KIND, allowed=is_export_file, log=notice) as out:
         _write_export(out, hf_model, hf_tokenizer(tokenizer, model.config.max_seq_len), provenance)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from ..connection import HyperConnection, HyperHead
-from ..diagnostics import report as reports
+from ..diagnostics import report as diagnostics_report
 from ..diagnostics.summary import summarize
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
@@ -321,9 +321,9 @@ def write_static(result: dict[str, Any], out: str | Path) -> Path:
     """Write :func:`diagnose_static`'s ``result`` into ``out``: ``static.json``, the figures, ``report.md``."""
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
-    reports.write_json(out / JSON_NAME, result)
-    figures = reports.write_figures(out, {result["family"]: result}, with_streams=False)
-    reports.write_text(out / reports.REPORT_NAME, _report(result, figures, out))
+    diagnostics_report.write_json(out / JSON_NAME, result)
+    figures = diagnostics_report.write_figures(out, {result["family"]: result}, with_streams=False)
+    diagnostics_report.write_text(out / diagnostics_report.REPORT_NAME, _report(result, figures, out))
     return out
 
 
@@ -331,7 +331,7 @@ def _report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
     lines = [
         f"# s2hc diagnose --static: `{result['source']}`",
         "",
-        f"Family `{result['family']}`{reports.options_text(result['family_options'])} ({result['layout']} "
+        f"Family `{result['family']}`{diagnostics_report.options_text(result['family_options'])} ({result['layout']} "
         f"layout), n = {result['n_streams']} streams, {result['depth']} connections. The matrices at d = 0: the "
         f"biases alone, what every connection applies before any token moves it ({result['tensors_read']} "
         f"tensors read from {len(result['files'])} file(s), no model built). The numbers: [`{JSON_NAME}`]"
@@ -340,13 +340,13 @@ def _report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
         "## Summary",
         "",
     ]
-    lines += reports.summary_lines(result, "worst over connections")
+    lines += diagnostics_report.summary_lines(result, "worst over connections")
     if result["head_weights"] is not None:
         weights = ", ".join(f"{w:.4g}" for w in result["head_weights"])
         lines += [f"Hyper-head stream weights at d = 0: {weights}.", ""]
-    lines += ["## Guarantees of the family, measured", ""] + reports.guarantee_lines(result)
-    lines += ["## Per connection", ""] + reports.layer_lines(result)
+    lines += ["## Guarantees of the family, measured", ""] + diagnostics_report.guarantee_lines(result)
+    lines += ["## Per connection", ""] + diagnostics_report.layer_lines(result)
     lines += ["## Across depth", "", "P = H_l ⋯ H_0: the static residual path through the first l + 1 connections.",
-              ""] + reports.depth_lines(result)
-    lines += ["## Figures", ""] + reports.figure_lines(figures, out)
+              ""] + diagnostics_report.depth_lines(result)
+    lines += ["## Figures", ""] + diagnostics_report.figure_lines(figures, out)
     return "\n".join(lines)

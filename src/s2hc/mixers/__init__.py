@@ -39,6 +39,9 @@ REGISTRY: dict[str, type[Mixer]] = {
 
 
 RESIDUAL = "residual"  # the plain one-stream residual: a family with no mixer
+#: The mixing family the parameter and coefficient-path tables give ratios against (their ``vs_mhc`` and
+#: ``ratio_vs_mhc`` columns): mHC, the baseline of the papers.
+REFERENCE_FAMILY = MHCMixer.name
 
 
 def families() -> list[str]:
@@ -91,6 +94,7 @@ __all__ = [
     "Mixer",
     "REGISTRY",
     "MAX_PERMUTATION_STREAMS",
+    "REFERENCE_FAMILY",
     "RESIDUAL",
     "build",
     "check_family",

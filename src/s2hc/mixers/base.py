@@ -50,6 +50,36 @@ class Mixer(nn.Module):
     pre_offset: float = 0.0
     weighted_norm: bool = True
 
+    # What code outside the families asks of one (counting, configs, bench, upcycling) is declared here and
+    # overridden by the family that differs, so that no module compares a family with a name.
+
+    @classmethod
+    def permutation_sizes(cls, n_streams: int) -> list[int]:
+        """The sizes of the permutation mixtures this family builds at ``n_streams`` streams: each mixes all
+        size! permutation matrices, so K and the built table grow factorially with it (``s2hc.params`` and a
+        run's config refuse sizes beyond the limits of :mod:`s2hc.mixers.mhc_lite`). ``[]`` by default."""
+        return []
+
+    @classmethod
+    def options_for_size(cls, n_streams: int) -> dict[str, object]:
+        """The options without which this family refuses to be built at ``n_streams`` streams (the bench adds
+        them to every family it times at that n). ``{}`` by default."""
+        return {}
+
+    @classmethod
+    def upcycle_refusal(cls) -> str | None:
+        """Why a residual model upcycled into this family (:mod:`s2hc.models.widen`) would not keep its function,
+        or None when it would; the reason completes the sentence "cannot start from a residual model with the
+        same function: ...".
+
+        The streams' mean follows the residual stream exactly when every ``H_res`` has columns summing to 1
+        whatever the mixer's parameters (rows summing to 1 keep that mean the mixing's fixed point), so by
+        default a family qualifies when its :attr:`guarantees` say both.
+        """
+        if cls.guarantees.row_sums_one and cls.guarantees.col_sums_one:
+            return None
+        return "its H_res is not guaranteed to have rows and columns summing to 1"
+
     def __init__(self, n_streams: int):
         super().__init__()
         check_streams("n_streams", n_streams)

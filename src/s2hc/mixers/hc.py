@@ -32,6 +32,12 @@ class HCMixer(Mixer):
     guarantees = Guarantees()
     gate = "tanh"
 
+    @classmethod
+    def upcycle_refusal(cls) -> str:
+        """Refused: it would match the source at step 0 only because ``H_res`` starts at ``I``."""
+        return ("its H_res is unconstrained, so nothing keeps its columns summing to 1 and the streams' sum stops "
+                "following the source's residual stream")
+
     def __init__(self, n_streams: int, alpha: float = 0.01, projection: str = "per-stream"):
         super().__init__(n_streams)
         if projection not in PROJECTIONS:

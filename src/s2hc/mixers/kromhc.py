@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .base import Guarantees, Mixer
+from .base import Guarantees
 from .mhc import OFF_DIAGONAL_BIAS
-from .mhc_lite import PermutationMixture, check_permutation_size, resolve_off_identity_bias
+from .mhc_lite import PermutationMixer, PermutationMixture, check_permutation_size, resolve_off_identity_bias
 
 
 def prime_factors(n: int) -> list[int]:
@@ -29,7 +29,7 @@ def kron(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.einsum("...ij,...kl->...ikjl", a, b).reshape(*a.shape[:-2], p * q, p * q)
 
 
-class KromHCMixer(Mixer):
+class KromHCMixer(PermutationMixer):
     """``H_res = D_1 ⊗ D_2 ⊗ …``, one permutation-mixture factor ``D_i`` per prime factor of n.
 
     For n = 2^k every factor is the official 2 × 2 form ``w I + (1 − w) [[0, 1], [1, 0]]``; any other n is
@@ -68,11 +68,16 @@ class KromHCMixer(Mixer):
     ):
         super().__init__(n_streams)
         resolve_off_identity_bias(off_identity_bias, 2)  # refused even at n = 1 (no factor)
-        self.factor_sizes = prime_factors(n_streams)
+        self.factor_sizes = self.permutation_sizes(n_streams)
         for p in self.factor_sizes:
             check_permutation_size(p, allow_large, f"prime factor of n_streams={n_streams}")
         self.factors = nn.ModuleList(PermutationMixture(p, alpha, off_identity_bias) for p in self.factor_sizes)
         self.num_inputs = sum(f.num_inputs for f in self.factors)
+
+    @classmethod
+    def permutation_sizes(cls, n_streams: int) -> list[int]:
+        """The prime factors of ``n_streams``, one mixture each (``12 -> [2, 2, 3]``; none at n = 1)."""
+        return prime_factors(n_streams)
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:
         if not self.factors:  # n = 1

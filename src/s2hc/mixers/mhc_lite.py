@@ -127,7 +127,21 @@ class PermutationMixture(nn.Module):
         return h.unflatten(-1, (self.size, self.size))
 
 
-class MHCLiteMixer(Mixer):
+class PermutationMixer(Mixer):
+    """Shared frame of ``mhc-lite`` and ``kromhc``, the families built from :class:`PermutationMixture` s:
+    their :meth:`permutation_sizes` say which, and a mixture above :data:`MAX_PERMUTATION_STREAMS` streams
+    needs ``allow_large=True``."""
+
+    @classmethod
+    def options_for_size(cls, n_streams: int) -> dict[str, object]:
+        """``{"allow_large": True}`` when a mixture built at ``n_streams`` is above :data:`MAX_PERMUTATION_STREAMS`
+        (the limits of :func:`permutation_size_limit` hold whatever it says), else ``{}``."""
+        if max(cls.permutation_sizes(n_streams), default=0) > MAX_PERMUTATION_STREAMS:
+            return {"allow_large": True}
+        return {}
+
+
+class MHCLiteMixer(PermutationMixer):
     """``mhc-lite`` (arXiv 2601.05732): ``H_res`` a softmax-weighted mix of all n! permutations. K = n!.
 
     Exactly doubly stochastic and non-negative by construction (Birkhoff–von Neumann), but K grows
@@ -162,6 +176,11 @@ class MHCLiteMixer(Mixer):
         check_permutation_size(n_streams, allow_large, "n_streams")
         self.mixture = PermutationMixture(n_streams, alpha, off_identity_bias)
         self.num_inputs = self.mixture.num_inputs
+
+    @classmethod
+    def permutation_sizes(cls, n_streams: int) -> list[int]:
+        """``[n_streams]``: one mixture of all n! permutations."""
+        return [n_streams]
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:
         return self.mixture(d_res)

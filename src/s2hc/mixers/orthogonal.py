@@ -18,6 +18,12 @@ class OrthogonalMixer(Mixer):
     name = "orthogonal"
     guarantees = Guarantees(spectral_norm_at_most_one=True, orthogonal=True, closed_under_products=True)
 
+    @classmethod
+    def upcycle_refusal(cls) -> str:
+        """Refused: it would match the source at step 0 only because ``H_res`` starts at ``I``."""
+        return ("an orthogonal H_res keeps norms, not sums (its columns do not sum to 1), so the streams' sum "
+                "stops following the source's residual stream")
+
     def __init__(self, n_streams: int, rotation: str = "cayley", alpha: float = 0.01):
         super().__init__(n_streams)
         self.rotation = Rotation(n_streams, rotation, alpha)

@@ -28,7 +28,10 @@ torch.Size([2, 8, 4096])
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -36,11 +39,11 @@ from torch import nn
 
 from ..connection import HyperConnection, HyperHead, expand_streams, reduce_streams
 from ..mixers.mhc import DEEPSEEK_V4_EPS
-from .config import ModelConfig
+from .model_config import ModelConfig
 
 __all__ = [
     "Attention", "AttentionInputs", "Block", "KVCache", "MLP", "RMSNorm", "Transformer", "apply_rope",
-    "attention_inputs", "make_norm", "rope_cos_sin",
+    "attention_inputs", "llama3_frequencies", "make_norm", "rope_cos_sin",
 ]  # fmt: skip
 
 
@@ -85,18 +88,43 @@ def make_norm(config: ModelConfig, dim: int | None = None) -> nn.Module:
 # ---- rotary position embedding ---------------------------------------------------------------------------
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, scaling: Mapping[str, Any] | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos`` and ``sin`` of the rotary angles for integer ``positions`` ``(T,)``: each ``(T, head_dim)``, float32
     (``(B, T, head_dim)`` for per-sequence positions ``(B, T)``).
 
     Rotate-half convention (as Hugging Face Llama / Qwen / Gemma): frequency ``j`` of ``head_dim / 2``
-    is ``theta ** (-2j / head_dim)`` and is used by features ``j`` and ``j + head_dim / 2``.
+    is ``theta ** (-2j / head_dim)`` and is used by features ``j`` and ``j + head_dim / 2``; ``scaling``
+    (a checked ``ModelConfig.rope_scaling``) rescales those frequencies (:func:`llama3_frequencies`).
     Computed in float32 on every call, so casting the model to bfloat16 does not coarsen the angles.
     """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    if scaling is not None:  # ModelConfig accepts only rope_type "llama3"
+        inv_freq = llama3_frequencies(inv_freq, scaling)
     angles = positions.to(torch.float32)[..., None] * inv_freq
     angles = torch.cat((angles, angles), dim=-1)
     return angles.cos(), angles.sin()
+
+
+def llama3_frequencies(inv_freq: torch.Tensor, scaling: Mapping[str, Any]) -> torch.Tensor:
+    """Llama 3's RoPE scaling of the frequencies ``inv_freq`` ``(head_dim / 2,)`` (float32, same shape).
+
+    With ``L = original_max_position_embeddings``: a frequency whose wavelength ``2π / f`` exceeds
+    ``L / low_freq_factor`` (it never turned once in pretraining) is divided by ``factor``; one whose wavelength
+    is below ``L / high_freq_factor`` is kept; between the two, ``(1 - s) · f / factor + s · f`` with
+    ``s = (L / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)``. The operations are
+    those of transformers' ``llama3`` rope type, in its order, so the angles agree to the last bit.
+    """
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    wavelength = 2 * math.pi / inv_freq
+    too_long = wavelength > original / low
+    stretched = torch.where(too_long, inv_freq / factor, inv_freq)
+    blend = (original / wavelength - low) / (high - low)
+    blended = (1 - blend) * stretched / factor + blend * stretched
+    between = ~(wavelength < original / high) & ~too_long
+    return torch.where(between, blended, stretched)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -180,9 +208,9 @@ def attention_inputs(
     windowed = config.sliding_window is not None
     inputs = AttentionInputs()
     if config.pos == "rope":
-        inputs.global_rope = rope_cos_sin(positions, config.head_dim, config.rope_theta)
+        inputs.global_rope = rope_cos_sin(positions, config.head_dim, config.rope_theta, config.rope_scaling)
         if windowed:
-            inputs.local_rope = rope_cos_sin(positions, config.head_dim, config.local_rope_theta)
+            inputs.local_rope = rope_cos_sin(positions, config.head_dim, config.local_rope_theta, config.rope_scaling)
     slots = torch.arange(past, total, device=device)  # where the new tokens sit among the keys
     if past == 0 and attention_mask is None:
         if windowed and config.sliding_window < T:  # otherwise the window covers everything: plain causal
@@ -466,12 +494,17 @@ class Transformer(nn.Module):
                 total -= self.pos_embed.weight.numel()
         return total
 
-    def num_hc_params(self) -> int:
-        """Number of parameters of the :class:`s2hc.HyperConnection` modules (0 for ``family="residual"``).
-
-        The parameters themselves: :meth:`hyper_connection_parameters`.
+    def num_connection_params(self) -> int:
+        """Number of parameters of the :class:`s2hc.HyperConnection` modules and the :class:`s2hc.HyperHead`
+        (0 for ``family="residual"``). The parameters themselves: :meth:`hyper_connection_parameters`.
         """
         return sum(p.numel() for p in self.hyper_connection_parameters())
+
+    def num_hc_params(self) -> int:
+        """Deprecated name of :meth:`num_connection_params` ("hc" alone names the HC family)."""
+        warnings.warn("Transformer.num_hc_params() is deprecated; use num_connection_params()", DeprecationWarning,
+                      stacklevel=2)
+        return self.num_connection_params()
 
     def hyper_connection_parameters(self) -> list[nn.Parameter]:
         """The parameters of every :class:`s2hc.HyperConnection` and of the :class:`s2hc.HyperHead` (empty for

@@ -14,16 +14,19 @@ from .checkpoint import (
     checkpoint_paths,
     load_checkpoint,
     load_model,
-    model_from_payload,
+    model_from_checkpoint,
     resolve_checkpoint,
     saved_step,
 )
 from .guard import RunLock, check_run_directory, holds_run, open_run_directory
 from .layout import CHECKPOINT, CONFIG, METRICS, SHARDED, read_config, write_config
 from .metrics import MetricsLog, final_train_loss, read_metrics
+from .schema import Checkpoint, History
 
 __all__ = [
     "CHECKPOINT",
+    "Checkpoint",
+    "History",
     "CONFIG",
     "METRICS",
     "MetricsLog",
@@ -36,7 +39,7 @@ __all__ = [
     "holds_run",
     "load_checkpoint",
     "load_model",
-    "model_from_payload",
+    "model_from_checkpoint",
     "open_run_directory",
     "read_config",
     "read_metrics",

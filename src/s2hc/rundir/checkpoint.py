@@ -2,14 +2,16 @@
 
 Two kinds (:mod:`~s2hc.rundir.layout`): ``checkpoint.pt``, one file written by one process, and
 ``checkpoint.dcp/``, written by every rank through ``torch.distributed.checkpoint`` and readable by any
-process count. :func:`load_checkpoint` and :func:`load_model` read either; what goes into a training
-checkpoint and how it is restored into a model and optimizer is :mod:`s2hc.train.state`'s job.
+process count. What a checkpoint holds is :class:`~s2hc.rundir.schema.Checkpoint` (with its versions);
+:func:`save_checkpoint` and :func:`save_sharded_checkpoint` write one, :func:`load_checkpoint` and
+:func:`load_model` read either kind. How a training run collects its state and puts it back into a model and
+optimizer is :mod:`s2hc.train.checkpointer`'s job.
 
 Integrity: a checkpoint carries ``checksum``, the SHA-256 of everything else in it (every tensor's dtype,
 shape and bytes, every key and value: the configs, the step, the data position), and a sharded one the
 SHA-256 of each shard file in its ``extra.pt``. Loading verifies them (``verify=True``): a file changed after
 it was written (a flipped bit, a truncated copy) is refused with a ValueError naming it. Version-1 files,
-written before checksums, load unverified.
+written before checksums, load unverified; versions 2 and 3 differ only in ``written_by``.
 
 Safety: nothing is unpickled but data. Single files and ``extra.pt`` are read with ``weights_only=True``; a
 sharded checkpoint's ``.metadata`` with an allowlist of torch.distributed.checkpoint's metadata classes and its
@@ -33,11 +35,10 @@ from ..config import TrainConfig
 from ..io import WriteError, atomic_write_bytes, os_error_in
 from ..models import ModelConfig, Transformer
 from .layout import CHECKPOINT, EXTRA, SHARDED
+from .schema import FORMAT, READABLE, VERSION, Checkpoint, writer
 
-FORMAT = "s2hc-checkpoint"
-VERSION = 2  # 2: carries a checksum; 1: before checksums, still read (unverified)
-READABLE = (1, 2)
 CHECKSUM = "checksum"
+SHARDS = "shards"  # in a sharded checkpoint's extra.pt: the SHA-256 of every shard file
 
 
 class NonFiniteError(ValueError):
@@ -107,11 +108,11 @@ def file_digest(path: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    """Write ``state`` (model, optimizer, step, loader, configs ...) with the format tag and its checksum,
+def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
+    """Write ``checkpoint`` (:class:`~s2hc.rundir.schema.Checkpoint`) with the format tag and its checksum,
     atomically. NonFiniteError (nothing written) when a tensor holds NaN or infinity; WriteError (the old file
     kept) when the disk refuses it."""
-    payload = _with_checksum({"format": FORMAT, "version": VERSION, **state})
+    payload = _with_checksum({"format": FORMAT, "version": VERSION, **checkpoint.payload()})
     atomic_write_bytes(Path(path), lambda handle: torch.save(payload, handle))
 
 
@@ -131,11 +132,12 @@ def is_sharded(path: Path) -> bool:
 
 
 
-def save_sharded_checkpoint(directory: Path, state: dict[str, Any], extra: dict[str, Any], *, is_main: bool,
+def save_sharded_checkpoint(directory: Path, state: dict[str, Any], checkpoint: Checkpoint, *, is_main: bool,
                             barrier) -> None:
     """Collective: every rank calls this with its ``state`` (``{"model": ..., "optimizer": ...}`` from
-    ``get_state_dict``); rank 0 (``is_main``) also writes ``extra`` and swaps the directory in. The caller checks
-    that the state is finite (it is sharded: only every rank together can)."""
+    ``get_state_dict``); rank 0 (``is_main``) also writes the rest of ``checkpoint`` (its
+    :meth:`~s2hc.rundir.schema.Checkpoint.header`) and swaps the directory in. The caller checks that the state
+    is finite (it is sharded: only every rank together can)."""
     import torch.distributed.checkpoint as dcp  # imported on use: it is slow to import
 
     directory = Path(directory)
@@ -153,7 +155,7 @@ def save_sharded_checkpoint(directory: Path, state: dict[str, Any], extra: dict[
     try:
         if is_main:
             shards = {p.name: file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != EXTRA}
-            payload = _with_checksum({"format": FORMAT, "version": VERSION, **extra, "shards": shards})
+            payload = _with_checksum({"format": FORMAT, "version": VERSION, **checkpoint.header(), SHARDS: shards})
             atomic_write_bytes(tmp / EXTRA, lambda handle: torch.save(payload, handle))
             old = directory.with_name(directory.name + ".old")
             try:
@@ -395,7 +397,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
             raise ValueError(f"run directory {str(path)!r} holds no checkpoint ({CHECKPOINT} or {SHARDED}/)")
         if len(found) == 1:
             return found[0]
-        return max(found, key=lambda p: _read_header(p, verify=False)["step"])
+        return max(found, key=lambda p: _read_header(p, verify=False).step)
     return path
 
 
@@ -416,7 +418,7 @@ def _verify(file: Path, payload: dict[str, Any]) -> None:
     if state_digest(payload)[0] != recorded:
         raise _damaged(file, "checksum mismatch")
     if is_sharded(file):
-        shards = payload.get("shards")
+        shards = payload.get(SHARDS)
         present = {p.name for p in file.iterdir() if p.is_file() and p.name != EXTRA}
         if not isinstance(shards, dict) or set(shards) != present:
             missing, extra = sorted(set(shards or {}) - present), sorted(present - set(shards or {}))
@@ -426,8 +428,8 @@ def _verify(file: Path, payload: dict[str, Any]) -> None:
                 raise _damaged(file, f"checksum mismatch of {name}")
 
 
-def _read_header(file: Path, map_location: str | torch.device = "cpu", verify: bool = True) -> dict[str, Any]:
-    """The payload of a checkpoint file, or the ``extra`` of a sharded one (no model tensors), verified."""
+def _read_header(file: Path, map_location: str | torch.device = "cpu", verify: bool = True) -> Checkpoint:
+    """The checkpoint in a file, or the ``extra.pt`` of a sharded one (no model tensors), verified."""
     source = file / EXTRA if is_sharded(file) else file
     try:
         payload = torch.load(source, map_location=map_location, weights_only=True)
@@ -437,56 +439,61 @@ def _read_header(file: Path, map_location: str | torch.device = "cpu", verify: b
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise ValueError(f"{str(file)!r} is not an s2hc checkpoint (no {FORMAT!r} tag)")
-    if payload.get("version") not in READABLE:
+    version = payload.get("version")
+    if version not in READABLE:
         raise ValueError(
-            f"{str(file)!r} has checkpoint version {payload.get('version')!r}; this s2hc reads {list(READABLE)}"
+            f"{str(file)!r} has checkpoint version {version!r}; this s2hc reads {list(READABLE)}"
         )
     if verify:
         _verify(file, payload)
     else:
         payload.pop(CHECKSUM, None)
-    return payload
+    stored = {k: v for k, v in payload.items() if k not in ("format", "version", SHARDS)}
+    return Checkpoint.from_payload(stored, str(file), version)
 
 
 def load_checkpoint(
     path: str | Path, map_location: str | torch.device = "cpu", *, with_model: bool = True, verify: bool = True
-) -> dict[str, Any]:
-    """Read a checkpoint of either kind; ValueError if ``path`` is not an s2hc checkpoint or is damaged.
+) -> Checkpoint:
+    """Read a checkpoint of either kind (a file, a sharded directory or a run directory's newest); ValueError if
+    ``path`` is not an s2hc checkpoint or is damaged.
 
-    The result has ``config``, ``model_config``, ``step``, ``loader``, ``rng``, ``history`` and (unless
-    ``with_model=False``) ``model``: the whole model's state dict, assembled from shards when sharded. The
-    optimizer state is read only from single-file checkpoints (``optimizer``); resuming reads it itself.
-    ``verify``: check the checksums (every shard file's too); off only to re-read a file verified a moment ago.
+    With ``with_model`` the result's ``model`` is the whole model's state dict, assembled from shards when
+    sharded; without it, None. ``optimizer`` is read only from single-file checkpoints; resuming reads a
+    sharded one itself. ``verify``: check the checksums (every shard file's too); off only to re-read a file
+    verified a moment ago.
     """
     file = resolve_checkpoint(path)
-    payload = _read_header(file, map_location, verify)
-    payload["path"] = str(file)
-    if is_sharded(file) and with_model:
-        payload["model"] = _full_model_state(file, payload["model_config"])
-    return payload
+    checkpoint = _read_header(file, map_location, verify)
+    if not with_model:
+        checkpoint.model = checkpoint.optimizer = None
+    elif is_sharded(file):
+        checkpoint.model = _full_model_state(file, checkpoint.model_config)
+    return checkpoint
 
 
 def load_model(path: str | Path, map_location: str | torch.device = "cpu"):
     """``(model, train_config)`` rebuilt from the configuration stored in a checkpoint, weights loaded."""
-    return model_from_payload(load_checkpoint(path, map_location))
+    return model_from_checkpoint(load_checkpoint(path, map_location))
 
 
-def model_from_payload(payload: dict[str, Any]):
+def model_from_checkpoint(checkpoint: Checkpoint):
     """``(model, train_config)`` from what :func:`load_checkpoint` returned (with the model's weights)."""
-    model = Transformer(ModelConfig.from_dict(payload["model_config"]))
+    model = Transformer(ModelConfig.from_dict(checkpoint.model_config))
     try:
-        model.load_state_dict(payload["model"])
+        model.load_state_dict(checkpoint.model)
     except RuntimeError as error:
         first = str(error).splitlines()[1].strip() if "\n" in str(error) else str(error)
+        written = checkpoint.written_by or "an s2hc from before checkpoint version 3"
         raise ValueError(
-            f"{payload['path']!r} does not fit the model its own config describes ({first}); "
-            f"it was probably written by another version of s2hc"
+            f"{checkpoint.path!r} does not fit the model its own config describes ({first}); it was written by "
+            f"{written}, this is {writer()}"
         ) from None
-    return model, TrainConfig.from_dict(payload["config"])
+    return model, TrainConfig.from_dict(checkpoint.config)
 
 
 def saved_step(run_dir: str | Path) -> int | None:
     """The step of a run directory's newest checkpoint, or None when there is none."""
     if not checkpoint_paths(run_dir):
         return None
-    return load_checkpoint(run_dir, with_model=False, verify=False)["step"]
+    return load_checkpoint(run_dir, with_model=False, verify=False).step

@@ -26,20 +26,25 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ..io import check_output_dir, temporary_pattern
+from ..io import check_output_dir
 from .checkpoint import is_sharded
-from .layout import CHECKPOINT, CONFIG, METRICS, SHARDED
+from .layout import (
+    CONFIG,
+    DERIVED,
+    LOCK,
+    METRICS,
+    RUN_FILES,
+    SHARDED,
+    SHARDED_OLD,
+    SHARDED_TMP,
+    is_temporary,
+)
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: the pid in the lock file is the only guard
     fcntl = None
 
-LOCK = ".lock"
-RUN_FILES = (CONFIG, METRICS, CHECKPOINT, SHARDED)  # any of these: the directory holds a run
-DERIVED = ("diagnostics",)  # written from a run's checkpoint (`s2hc diagnose`); removed with it by --overwrite
-SHARDED_TMP, SHARDED_OLD = SHARDED + ".tmp", SHARDED + ".old"  # a sharded save in progress (checkpoint.py)
-ATOMIC_FILES = (CONFIG, METRICS, CHECKPOINT)  # what s2hc writes into a run directory with atomic_write_bytes
 
 
 def notice(message: str) -> None:
@@ -238,14 +243,6 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
-_TEMPORARY_PATTERNS = tuple(temporary_pattern(name) for name in ATOMIC_FILES)
-
-
-def _temporary(name: str) -> bool:
-    """Whether ``name`` is a temporary file of an atomic write of one of :data:`ATOMIC_FILES` (s2hc's own name)."""
-    return any(pattern.fullmatch(name) for pattern in _TEMPORARY_PATTERNS)
-
-
 def clean_interrupted_saves(run_dir: str | Path, log: Callable[[str], None] | None = notice) -> list[str]:
     """Remove what saves cut short by a kill left in ``run_dir``; returns the names removed.
 
@@ -266,7 +263,7 @@ def clean_interrupted_saves(run_dir: str | Path, log: Callable[[str], None] | No
                         f"its two renames)")
                 break
     removed, size = [], 0
-    leftovers = [p for p in run_dir.iterdir() if _temporary(p.name) and p.is_file()]
+    leftovers = [p for p in run_dir.iterdir() if is_temporary(p.name) and p.is_file()]
     leftovers += [p for p in (run_dir / SHARDED_TMP, run_dir / SHARDED_OLD) if p.exists()]
     for path in sorted(leftovers):
         with contextlib.suppress(OSError):

@@ -26,9 +26,9 @@ from ..data.tokenizer import get_tokenizer
 from ..diagnostics import diagnose_checkpoint, mixing_connections
 from ..mixers.orthomaps import Rotation
 from ..models import Transformer
-from ..rundir import checkpoint_paths, load_checkpoint, model_from_payload, read_config, read_metrics
+from ..rundir import Checkpoint, checkpoint_paths, load_checkpoint, model_from_checkpoint, read_config, read_metrics
 from ..rundir.metrics import final_train_loss
-from ..train.init import load_initial_weights
+from ..train.init_from import load_initial_weights
 from .spec import Configuration
 
 ROW_VERSION = 2  # rows of another version are measured again from their run directories
@@ -151,10 +151,10 @@ def rotation_probe(trained: Transformer, config: TrainConfig, batch) -> dict[str
     }, digits=4)
 
 
-def _timing(payload: dict | None, records: list[dict], tokens_per_step: int) -> dict[str, float | None]:
+def _timing(payload: Checkpoint | None, records: list[dict], tokens_per_step: int) -> dict[str, float | None]:
     """Tokens/s from the median step time (every step's time is in the checkpoint ``payload``; the logged ones
     otherwise)."""
-    times = list(payload["history"]["step_times"]) if payload is not None else []
+    times = list(payload.history.step_times) if payload is not None else []
     if not times:
         times = [r["step_time"] for r in records if "step_time" in r]
     if not times:
@@ -194,8 +194,8 @@ def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnost
     row["val_ppl"] = math.exp(row["val_loss"]) if row["val_loss"] is not None else None
     payload = load_checkpoint(run_dir) if checkpoint_paths(run_dir) else None  # read (and verified) once
     if payload is not None:
-        model, saved_config = model_from_payload(payload)
-        row["params"], row["hc_params"] = model.num_params(), model.num_hc_params()
+        model, saved_config = model_from_checkpoint(payload)
+        row["params"], row["hc_params"] = model.num_params(), model.num_connection_params()
         if not diverged:
             result = diagnose_checkpoint(run_dir, data=config.data, tokens=diagnostics_tokens,
                                          out=run_dir / "diagnostics", device=device, loaded=(model, saved_config))

@@ -1,10 +1,11 @@
 """A study's report, built from ``results.json`` alone (``s2hc study --report-only`` calls only this).
 
 ``report.md`` has: the setup; per configuration the validation and train loss (mean ± std, 95 % interval),
-parameters, step time against residual, gradient norms and the largest loss spike; paired differences against
-each baseline with the paired t-test and Holm's correction; the trained models' residual matrices; the rotation
-probe (the early-training question); and figures under ``figures/`` (matplotlib). The same ``results.json``
-always gives the same ``report.md``.
+tokens/s, parameters, step time against residual, gradient norms and the largest loss spike; paired differences
+against each baseline with the paired t-test and Holm's correction (two seeds or more, SciPy); the trained models'
+residual matrices; the rotation probe (the early-training question); figures under ``figures/`` (matplotlib);
+and every run's directory and diagnostics report. ``s2hc compare`` writes the same report (one axis, families).
+The same ``results.json`` always gives the same ``report.md``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from ..diagnostics import plots
 from ..extras import check_available
 from ..io import atomic_write_text, fsync_path
 from ..mixers import RESIDUAL
+from ..reports import DASH, count, fixed, mean_std, p_value, ratio, sci, table
+from . import stats
 from .stats import LEVEL, describe, holm, paired
 
 RESULTS = "results.json"
@@ -26,32 +29,14 @@ RESULTS = "results.json"
 REPORT_PACKAGES = ("scipy", "matplotlib")
 REPORT = "report.md"
 FIGURES = "figures"
+RUNS = "runs"  # each run's directory is RUNS/NAME under the study's
 
 
-def _fmt(value: float | None, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:.{digits}f}"
-
-
-def _sci(value: float | None) -> str:
-    return "–" if value is None else f"{value:.2g}"
-
-
-def _mean_std(summary: dict[str, Any], digits: int = 4) -> str:
+def _summary_cell(summary: dict[str, Any], digits: int = 4) -> str:
+    """``mean ± std [95 % interval]`` of a :func:`~.stats.describe` dict (what it holds of them)."""
     if summary["n"] == 0:
-        return "–"
-    if summary["std"] is None:
-        return _fmt(summary["mean"], digits)
-    low, high = summary["ci95"]
-    mean, std = _fmt(summary["mean"], digits), _fmt(summary["std"], digits)
-    return f"{mean} ± {std} [{_fmt(low, digits)}, {_fmt(high, digits)}]"
-
-
-def _p(value: float | None) -> str:
-    if value is None:
-        return "–"
-    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+        return DASH
+    return mean_std(summary["mean"], summary["std"], summary["ci95"], digits)
 
 
 def _groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -64,6 +49,11 @@ def _groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 def _finished(runs: list[dict[str, Any]], key: str) -> dict[int, float]:
     return {r["seed"]: r[key] for r in runs if r["status"] == "finished" and r[key] is not None}
+
+
+def repeated(results: dict[str, Any]) -> bool:
+    """Whether some configuration has two finished seeds or more (what intervals and paired tests need)."""
+    return any(len(_finished(runs, "val_loss")) >= 2 for runs in _groups(results["rows"]).values())
 
 
 def _baseline_label(baseline: str, runs: list[dict[str, Any]], groups: dict[str, list[dict]]) -> str | None:
@@ -87,31 +77,36 @@ def _step_time_ratio(runs: list[dict[str, Any]], reference: list[dict[str, Any]]
     return statistics.median(ratios) if ratios else None
 
 
+def _tokens_per_s(runs: list[dict[str, Any]]) -> float | None:
+    """Mean over seeds of each run's tokens/s (from its median step)."""
+    speeds = [r["timing"]["tokens_per_s"] for r in runs if r["timing"].get("tokens_per_s")]
+    return statistics.fmean(speeds) if speeds else None
+
+
 def summary_table(results: dict[str, Any]) -> list[str]:
     """The per-configuration table (the headline the README shows)."""
     groups = _groups(results["rows"])
     reference = groups.get(RESIDUAL)
-    lines = [
-        "| configuration | runs | validation loss | final train loss | parameters | HC parameters "
-        "| step time vs residual |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
+    intervals = stats.available()
+    rows = []
     for label, runs in groups.items():
         finished = [r for r in runs if r["status"] == "finished"]
         diverged = len(runs) - len(finished)
-        count = f"{len(finished)}" + (f" (+{diverged} diverged)" if diverged else "")
-        ratio = _step_time_ratio(runs, reference)
-        lines.append(
-            f"| {label} | {count} | {_mean_std(describe(list(_finished(runs, 'val_loss').values())))} "
-            f"| {_mean_std(describe(list(_finished(runs, 'train_loss').values())))} "
-            f"| {runs[0]['params'] or 0:,} | {runs[0]['hc_params'] or 0:,} "
-            f"| {'–' if ratio is None else f'{ratio:.2f}×'} |"
-        )
-    return lines
+        runs_text = f"{len(finished)}" + (f" (+{diverged} diverged)" if diverged else "")
+        rows.append([
+            label, runs_text,
+            _summary_cell(describe(list(_finished(runs, "val_loss").values()), intervals)),
+            _summary_cell(describe(list(_finished(runs, "train_loss").values()), intervals)),
+            count(_tokens_per_s(runs)), count(runs[0]["params"] or 0), count(runs[0]["hc_params"] or 0),
+            ratio(_step_time_ratio(runs, reference)),
+        ])
+    header = ["configuration", "runs", "validation loss", "final train loss", "tokens/s", "parameters",
+              "HC parameters", "step time vs residual"]
+    return table(header, rows)
 
 
 def paired_table(results: dict[str, Any], baseline: str) -> list[str]:
-    """Paired differences (validation and train loss) of every configuration against ``baseline``."""
+    """Paired differences (validation and train loss) of every configuration against ``baseline`` (SciPy)."""
     groups = _groups(results["rows"])
     entries = []
     for label, runs in groups.items():
@@ -125,17 +120,14 @@ def paired_table(results: dict[str, Any], baseline: str) -> list[str]:
     if not entries:
         return [f"No configuration could be paired with `{baseline}` (it needs the same seeds, at least two).", ""]
     adjusted = holm([val["p"] for _, _, val, _ in entries])
-    lines = [
-        "| configuration | against | Δ validation loss [95 % CI] | p | p (Holm) | verdict | Δ train loss [95 % CI] "
-        "| p |",
-        "|---|---|---:|---:|---:|---|---:|---:|",
-    ]
+    rows = []
     for (label, base, val, train), p_holm in zip(entries, adjusted):
         verdict = "within seed noise" if p_holm >= 1 - LEVEL else ("lower" if val["mean"] < 0 else "higher")
-        train_text = ("–", "–") if train is None else (_interval(train), _p(train["p"]))
-        lines.append(f"| {label} | {base} | {_interval(val)} | {_p(val['p'])} | {_p(p_holm)} | {verdict} "
-                     f"| {train_text[0]} | {train_text[1]} |")
-    return lines
+        train_text = (DASH, DASH) if train is None else (_interval(train), p_value(train["p"]))
+        rows.append([label, base, _interval(val), p_value(val["p"]), p_value(p_holm), verdict, *train_text])
+    header = ["configuration", "against", "Δ validation loss [95 % CI]", "p", "p (Holm)", "verdict",
+              "Δ train loss [95 % CI]", "p"]
+    return table(header, rows, align="llrrrlrr")
 
 
 def _interval(comparison: dict[str, Any]) -> str:
@@ -145,7 +137,8 @@ def _interval(comparison: dict[str, Any]) -> str:
 
 def noise_lines(results: dict[str, Any]) -> list[str]:
     """How large the seed-to-seed spread is, measured."""
-    stds = [describe(list(_finished(runs, "val_loss").values()))["std"] for runs in _groups(results["rows"]).values()]
+    stds = [describe(list(_finished(runs, "val_loss").values()), interval=False)["std"]
+            for runs in _groups(results["rows"]).values()]
     stds = [s for s in stds if s is not None]
     if not stds:
         return []
@@ -156,20 +149,18 @@ def noise_lines(results: dict[str, Any]) -> list[str]:
 
 def training_table(results: dict[str, Any]) -> list[str]:
     """Stability per configuration: gradient norms, loss spikes, divergences."""
-    lines = ["| configuration | grad norm median | grad norm p95 | grad norm max | largest loss spike | diverged |",
-             "|---|---:|---:|---:|---:|---|"]
+    rows = []
     for label, runs in _groups(results["rows"]).items():
         grads = [r["grad_norm"] for r in runs if r["grad_norm"]]
         diverged = [f"seed {r['seed']} at step {r['diverged_at']}" for r in runs if r["status"] == "diverged"]
 
         def mean(key: str, grads=grads) -> str:
-            return _fmt(statistics.fmean(g[key] for g in grads), 3) if grads else "–"
+            return fixed(statistics.fmean(g[key] for g in grads), 3) if grads else DASH
 
-        spike = max(r["loss_spike"] for r in runs)
-        lines.append(f"| {label} | {mean('median')} | {mean('p95')} | "
-                     f"{_fmt(max(g['max'] for g in grads), 3) if grads else '–'} | {spike:.3f} | "
-                     f"{', '.join(diverged) or 'no'} |")
-    return lines
+        rows.append([label, mean("median"), mean("p95"), fixed(max(g["max"] for g in grads), 3) if grads else DASH,
+                     fixed(max(r["loss_spike"] for r in runs), 3), ", ".join(diverged) or "no"])
+    header = ["configuration", "grad norm median", "grad norm p95", "grad norm max", "largest loss spike", "diverged"]
+    return table(header, rows, align="lrrrrl")
 
 
 def diagnostics_table(results: dict[str, Any]) -> list[str]:
@@ -183,8 +174,7 @@ def diagnostics_table(results: dict[str, Any]) -> list[str]:
         ("max cumulative column sum", "cumulative_column_sum_max"),
         ("stream cosine at output", "stream_similarity_output_mean"),
     ]
-    lines = ["| configuration | " + " | ".join(name for name, _ in keys) + " |",
-             "|---|" + "---:|" * len(keys)]
+    rows = []
     for label, runs in _groups(results["rows"]).items():
         heads = [r["diagnostics"]["headline"] for r in runs if r.get("diagnostics")]
         if not heads:
@@ -192,35 +182,54 @@ def diagnostics_table(results: dict[str, Any]) -> list[str]:
         cells = []
         for _, key in keys:
             values = [h[key] for h in heads if h.get(key) is not None]
-            cells.append(f"{statistics.fmean(values):.3g}" if values else "–")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
+            cells.append(sci(statistics.fmean(values), 3) if values else DASH)
+        rows.append([label, *cells])
+    return table(["configuration", *(name for name, _ in keys)], rows)
 
 
 def rotation_lines(results: dict[str, Any]) -> list[str]:
     """The early-training question: the rotation gradients and drift of the first and last connections (whose
     ``H_res`` cannot change the output) against the others'."""
-    lines = [
-        "| configuration | connection | grad at init fp32 / fp64 | grad after training fp32 / fp64 | drift |",
-        "|---|---|---:|---:|---:|",
-    ]
-    count = 0
+    rows = []
     for label, runs in _groups(results["rows"]).items():
         probes = [r["rotations"] for r in runs if r.get("rotations")]
         if not probes:
             continue
-        count += 1
         parts = [("first", lambda v: v[0]), ("last", lambda v: v[-1]),
                  ("others (median)", lambda v: statistics.median(v[1:-1]) if len(v) > 2 else math.nan)]
         for name, pick in parts:
 
             def mean(key: str, pick=pick, probes=probes) -> str:
-                return _sci(statistics.fmean(pick(p[key]) for p in probes))
+                return sci(statistics.fmean(pick(p[key]) for p in probes))
 
-            lines.append(f"| {label if name == 'first' else ''} | {name} "
-                         f"| {mean('grad_init_fp32')} / {mean('grad_init_fp64')} "
-                         f"| {mean('grad_final_fp32')} / {mean('grad_final_fp64')} | {mean('drift')} |")
-    return lines if count else []
+            rows.append([label if name == "first" else "", name,
+                         f"{mean('grad_init_fp32')} / {mean('grad_init_fp64')}",
+                         f"{mean('grad_final_fp32')} / {mean('grad_final_fp64')}", mean("drift")])
+    if not rows:
+        return []
+    header = ["configuration", "connection", "grad at init fp32 / fp64", "grad after training fp32 / fp64", "drift"]
+    return table(header, rows, align="llrrr")
+
+
+def runs_table(results: dict[str, Any], out: Path) -> list[str]:
+    """Each configuration's run directories (config, metrics, checkpoint: ``s2hc eval``, ``diagnose`` and
+    ``export`` read them) and diagnostics reports, one link per seed, relative to the study's directory ``out``.
+    Only what exists under ``out`` is linked (a committed study keeps its results.json, not its runs): the rest is
+    named without a link."""
+
+    def link(text: str, target: str) -> str:
+        return f"[{text}]({target})" if (out / target).exists() else text
+
+    rows = []
+    for label, runs in _groups(results["rows"]).items():
+        directories = ", ".join(link(f"seed {r['seed']}", f"{RUNS}/{r['name']}/")
+                                + ("" if r["status"] == "finished" else f" ({r['status']})") for r in runs)
+        measured = [r for r in runs if r.get("diagnostics")]
+        reports = ", ".join(link(f"seed {r['seed']}", f"{RUNS}/{r['name']}/diagnostics/{REPORT}") for r in measured)
+        if not measured:
+            reports = "nothing to measure" if runs[0]["family"] == RESIDUAL else DASH
+        rows.append([label, directories, reports])
+    return table(["configuration", "run directories", "diagnostics reports"], rows, align="lll")
 
 
 # ----------------------------------------------------------------------------------------------- figures
@@ -244,20 +253,29 @@ def _bands(ax, groups: dict[str, list[dict]], key: str, title: str) -> None:
     ax.grid(alpha=0.3)
 
 
-def plot_curves(results: dict[str, Any], path: Path) -> Path:
-    """Validation loss against step, mean over seeds with the seeds' range as a band; the last steps enlarged."""
+CURVES = {"val": "validation loss", "train": "train loss"}
+
+
+def _has_curve(results: dict[str, Any], key: str) -> bool:
+    return any(r["curves"][key] for r in results["rows"] if r["status"] == "finished")
+
+
+def plot_curves(results: dict[str, Any], path: Path, key: str = "val") -> Path:
+    """Validation (``key="val"``) or train loss against step, mean over seeds with the seeds' range as a band; the
+    last steps enlarged."""
     plt = plots._pyplot()
     groups = _groups(results["rows"])
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained")
-    _bands(axes[0], groups, "val", "validation loss (mean over seeds, band: min–max)")
-    _bands(axes[1], groups, "val", "the last half, enlarged")
-    last = max(s for runs in groups.values() for r in runs for s, _ in r["curves"]["val"])
+    _bands(axes[0], groups, key, f"{CURVES[key]} (mean over seeds, band: min–max)")
+    _bands(axes[1], groups, key, "the last half, enlarged")
+    last = max(s for runs in groups.values() for r in runs for s, _ in r["curves"][key])
     finals = [v for runs in groups.values() for r in runs if r["status"] == "finished"
-              for s, v in r["curves"]["val"] if s >= last / 2]
-    if finals:
+              for s, v in r["curves"][key] if s >= last / 2]
+    if finals and last > 0:
         axes[1].set_xlim(last / 2, last * 1.01)
         spread = max(finals) - min(finals)
-        axes[1].set_ylim(min(finals) - 0.05 * spread, max(finals) + 0.05 * spread)
+        if spread > 0:
+            axes[1].set_ylim(min(finals) - 0.05 * spread, max(finals) + 0.05 * spread)
     axes[0].set_ylabel("cross-entropy (nats/token)")
     axes[1].legend(fontsize=7, ncol=1, loc="upper right")
     return plots._save(fig, path)
@@ -302,10 +320,12 @@ def figures(results: dict[str, Any], out: Path) -> dict[str, Path]:
         return {}
     directory = out / FIGURES
     directory.mkdir(parents=True, exist_ok=True)
-    made = {
-        "validation loss curves": plot_curves(results, directory / "validation_curves.png"),
-        "final validation loss": plot_final(results, directory / "final_validation_loss.png"),
-    }
+    made = {}
+    if _has_curve(results, "val"):
+        made["validation loss curves"] = plot_curves(results, directory / "validation_curves.png")
+    if _has_curve(results, "train"):
+        made["train loss curves"] = plot_curves(results, directory / "train_curves.png", "train")
+    made["final validation loss"] = plot_final(results, directory / "final_validation_loss.png")
     diagnostics = _first_seed_diagnostics(results)
     if diagnostics:
         made["deviation singular values per layer (s²HC paper Fig. 5)"] = plots.plot_deviation_singular_values(
@@ -343,22 +363,34 @@ def _setup_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
-def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Path) -> str:
-    """The text of ``report.md``."""
-    baselines = results["study"].get("baselines", [RESIDUAL, "mhc"])
-    lines = ["# s2hc study", ""] + _setup_lines(results)
-    lines += ["## Loss per configuration", "",
-              "Validation loss after the last step on the held-out split, and the train loss averaged over the last "
-              "10 % of logged steps: mean ± standard deviation over seeds [95 % Student-t interval of the mean]. "
-              "Step time is the median over seeds of each run's median step time over residual's with the same "
-              "seed (runs on a shared machine: a rough measure; `s2hc bench` is the careful one).", ""]
-    lines += summary_table(results) + [""] + noise_lines(results)
-    for baseline in baselines:
+def _paired_lines(results: dict[str, Any]) -> list[str]:
+    """The paired differences against each baseline; one line instead where they cannot be computed (one seed
+    per configuration, or SciPy missing)."""
+    if not repeated(results):
+        return ["One seed per configuration: no intervals or paired tests (they need two seeds or more).", ""]
+    if not stats.available():
+        return [stats.NO_STATISTICS + ".", ""]
+    lines = []
+    for baseline in results["study"].get("baselines", [RESIDUAL, "mhc"]):
         lines += [f"## Paired differences against `{baseline}`", "",
                   "Per seed, configuration minus baseline (same seed, same data order); a negative Δ is a lower loss. "
                   "p: two-sided paired t-test; Holm: adjusted over the table; the verdict says whether the "
                   "difference is distinguishable from seed noise at the 5 % level after the adjustment.", ""]
         lines += paired_table(results, baseline) + [""]
+    return lines
+
+
+def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Path) -> str:
+    """The text of ``report.md``."""
+    lines = [f"# {results['study'].get('title', 's2hc study')}", ""] + _setup_lines(results)
+    lines += ["## Loss per configuration", "",
+              "Validation loss after the last step on the held-out split, and the train loss averaged over the last "
+              "10 % of logged steps: mean ± standard deviation over seeds [95 % Student-t interval of the mean]. "
+              "Tokens/s is from each run's median training step (evaluation and checkpoints excluded), mean over "
+              "seeds. Step time is the median over seeds of each run's median step time over residual's with the "
+              "same seed (runs on a shared machine: a rough measure; `s2hc bench` is the careful one).", ""]
+    lines += summary_table(results) + [""] + noise_lines(results)
+    lines += _paired_lines(results)
     lines += ["## Training stability", "",
               "Gradient norms before clipping (mean over seeds of each run's statistic over logged steps); the "
               "largest loss spike is the largest rise of the logged train loss above its running minimum.", ""]
@@ -381,17 +413,24 @@ def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Pa
                   "the model in float32 and float64, at initialisation and after training; drift: norm of trained − "
                   "initial parameters. Mean over seeds; 'others': median over the connections in between.", ""]
         lines += rotations + [""]
-    if figure_paths:
-        lines += ["## Figures", ""]
-        for title, path in figure_paths.items():
-            lines += [f"**{title}**", "", f"![{title}]({path.relative_to(out).as_posix()})", ""]
+    lines += ["## Figures", ""]
+    for title, path in figure_paths.items():
+        lines += [f"**{title}**", "", f"![{title}]({path.relative_to(out).as_posix()})", ""]
+    if not figure_paths:
+        lines += [plots.NO_FIGURES, ""]
+    lines += ["## Runs", "",
+              "Each run is an ordinary run directory (config, metrics.jsonl, checkpoint: `s2hc eval`, `diagnose` and "
+              "`export` read it); its diagnostics report is the trained model's, measured on validation tokens.", ""]
+    lines += runs_table(results, out) + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def write_report(out: str | Path) -> Path:
+def write_report(out: str | Path, strict: bool = True) -> Path:
     """``out/report.md`` and ``out/figures/`` from ``out/results.json``; ValueError when it is missing or not a
-    study's results; MissingExtra without the study extra."""
-    check_available(REPORT_PACKAGES, "the study's report")
+    study's results. Without the study extra: MissingExtra, or with ``strict=False`` (``s2hc compare``) the report
+    without what is missing (figures: matplotlib; intervals and paired tests: SciPy), each said in one line."""
+    if strict:
+        check_available(REPORT_PACKAGES, "the study's report")
     out = Path(out).expanduser()
     path = out / RESULTS
     if not path.is_file():

@@ -39,9 +39,10 @@ from ..devices import resolve_device
 from ..extras import check_available
 from ..io import atomic_write_text, check_output_dir, read_json_object
 from ..rundir import RunLock, holds_run, read_metrics, saved_step
+from ..rundir.guard import clear_run
 from ..train.processes import die_with_parent_env, stop_processes
 from .measure import ROW_VERSION, measure_run
-from .report import REPORT_PACKAGES, RESULTS, write_report
+from .report import REPORT, REPORT_PACKAGES, RESULTS, RUNS, write_report
 from .spec import Configuration, StudySpec
 
 STUDY = "study.json"
@@ -75,7 +76,7 @@ class Run:
 
     @property
     def run_dir(self) -> Path:
-        return self.out / "runs" / self.name
+        return self.out / RUNS / self.name
 
     @property
     def config_path(self) -> Path:
@@ -275,21 +276,28 @@ def _signals_to(received: list[int]):
             signal.signal(s, handler)
 
 
-def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "auto", log=None) -> Path:
+def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "auto", log=None, *,
+              strict: bool = True, fresh: bool = False) -> Path:
     """Run every run of ``spec`` not yet finished in ``out``, measure each, write ``results.json`` and the report.
 
     ``jobs`` runs at a time; ``device`` measures the trained models (``auto``: a GPU when there is one).
-    ``log``: where progress lines go (default stderr). Raises :class:`StudyInterrupted` after SIGINT/SIGTERM
-    (the runs saved checkpoints) and :class:`StudyFailed` when a run failed (the others are finished and kept).
-    Returns the report's path.
+    ``log``: where progress lines go (default stderr). ``strict``: refuse before the first run without the study
+    extra (False: the report says what it leaves out, see :func:`.report.write_report`). ``fresh``: start this
+    grid anew (``s2hc compare --overwrite``): its runs' directories, rows and logs and the recorded grid are
+    removed first, under the lock (other runs in ``out`` are left alone). Raises
+    :class:`StudyInterrupted` after SIGINT/SIGTERM (the runs saved checkpoints) and :class:`StudyFailed` when a
+    run failed (the others are finished and kept). Returns the report's path.
     """
-    check_available(REPORT_PACKAGES, "the study's report")  # before the first run, not after the last
+    if strict:
+        check_available(REPORT_PACKAGES, "the study's report")  # before the first run, not after the last
     resolve_device(device, "--device")  # the measuring device, first used after the first run has trained
     log = log or (lambda line: print(f"s2hc study: {line}", file=sys.stderr, flush=True))
     out = Path(out).expanduser()
     started_at = time.monotonic()
     check_output_dir(out, "--out")
     with RunLock(out):
+        if fresh:
+            _start_anew(spec, out)
         runs = prepare(spec, out)
         states = {run.name: _state(run, spec) for run in runs}
         to_train = [run for run in runs if states[run.name] in ("new", "started")]
@@ -307,7 +315,19 @@ def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "au
         results = {"study": spec.to_dict(), "rows": rows,
                    "environment": _environment(time.monotonic() - started_at, jobs)}
         atomic_write_text(out / RESULTS, json.dumps(results, indent=1) + "\n")
-        return write_report(out)
+        return write_report(out, strict=strict)
+
+
+def _start_anew(spec: StudySpec, out: Path) -> None:
+    """Remove what ``out`` holds of ``spec``'s runs (run directory, row, log) and the study's own files, so that
+    the grid starts from nothing; files of runs outside the grid stay."""
+    for configuration, seed in spec.runs():
+        run = Run(configuration, seed, out)
+        clear_run(run.run_dir)
+        for path in (run.row_path, run.log_path):
+            path.unlink(missing_ok=True)
+    for name in (STUDY, RESULTS, REPORT):
+        (out / name).unlink(missing_ok=True)
 
 
 def _measure(run: Run, spec: StudySpec, device: str, log) -> dict[str, Any]:

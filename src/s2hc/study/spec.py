@@ -4,18 +4,19 @@ A study config (``configs/study-*.yaml``)::
 
     description: what the study asks              # optional, shown in the report
     train: {preset: tiny, max_steps: 300, ...}    # TrainConfig keys shared by every run (as in `s2hc train` configs)
-    streams: [4]                                  # stream counts of every family but residual (default [4])
+    n_streams: [4]                                # stream counts of every family but residual (default [4])
     seeds: 3                                      # a count (seeds 0, 1, 2) or a list of seeds (at most 1000)
     families:                                     # one configuration per entry and stream count
       - residual
       - mhc
       - s2hc:rotation=expm                        # FAMILY:KEY=VALUE[,KEY=VALUE]
-      - {family: s2hc, streams: [2, 4, 8]}        # or a mapping: family, options, streams
+      - {family: s2hc, n_streams: [2, 4, 8]}      # or a mapping: family, options, n_streams
     baselines: [residual, mhc]                    # paired differences against these (default)
     diagnostics_tokens: 2048                      # positions measured by the trained-model diagnostics
     nproc: 1                                      # processes (GPUs) per run: `s2hc train --nproc N` (torchrun)
 
-Every grid point becomes a :class:`~s2hc.config.TrainConfig` here, so an unknown key, family or option, or a
+``n_streams`` is ``n_streams`` of a training config; the older name ``streams`` is read with a notice on
+stderr. Every grid point becomes a :class:`~s2hc.config.TrainConfig` here, so an unknown key, family or option, or a
 value out of range, is refused with the point named before the first run starts.
 """
 
@@ -24,19 +25,28 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..checks import check_int, check_streams
-from ..config import MAX_SEED, MAX_SEEDS, TrainConfig, check_seed_count, load_yaml_config, parse_assignment
+from ..config import (
+    MAX_SEED,
+    MAX_SEEDS,
+    TrainConfig,
+    check_seed_count,
+    grid_fields,
+    load_yaml_config,
+    parse_assignment,
+)
 from ..connection import HyperConnection
 from ..mixers import RESIDUAL, check_family, options
 from ..rundir import load_checkpoint
-from ..train.init import upcycles
+from ..train.init_from import upcycles
 
-KEYS = ("description", "train", "streams", "seeds", "families", "baselines", "diagnostics_tokens", "nproc")
-GRID_KEYS = ("family", "family_options", "n_streams", "seed", "out")  # set by the grid, not by `train:`
+KEYS = ("description", "train", "n_streams", "streams", "seeds", "families", "baselines", "diagnostics_tokens", "nproc")
+GRID_KEYS = grid_fields()  # set by the grid, not by `train:` (TrainConfig's field metadata says which)
 DEFAULT_DIAGNOSTICS_TOKENS = 2048
 #: Bounds of the counts a grid file sets beside its runs' (which TrainConfig bounds): the diagnostics hold
 #: per-token matrices of every connection in memory, and a run's processes are GPUs of one machine or more.
@@ -89,6 +99,7 @@ class StudySpec:
     diagnostics_tokens: int = DEFAULT_DIAGNOSTICS_TOKENS
     description: str = ""
     nproc: int = 1
+    title: str = "s2hc study"  # the report's heading (`s2hc compare` names itself)
 
     def run_config(self, configuration: Configuration, seed: int, out: str | Path) -> TrainConfig:
         """The TrainConfig of one run, written to ``out``."""
@@ -123,14 +134,15 @@ def _entry(entry: Any, default_streams: list[int], where: str) -> list[Configura
         options = dict(parse_assignment(part, f"{where} {entry!r}") for part in option_text.split(",") if part.strip())
         streams = default_streams
     elif isinstance(entry, dict):
-        unknown = sorted(set(entry) - {"family", "options", "streams"})
+        unknown = sorted(set(entry) - {"family", "options", "n_streams", "streams"})
         if unknown or "family" not in entry:
-            raise ValueError(f"{where}: a mapping entry takes 'family' (required), 'options' and 'streams'; "
+            raise ValueError(f"{where}: a mapping entry takes 'family' (required), 'options' and 'n_streams'; "
                              f"got {sorted(entry)}")
         family, options = entry["family"], entry.get("options") or {}
         if not isinstance(options, dict):
             raise ValueError(f"{where}: 'options' must be a mapping of option to value, got {options!r}")
-        streams = _streams(entry["streams"], f"{where} streams") if "streams" in entry else default_streams
+        given = _n_streams(entry, where)
+        streams = default_streams if given is None else _streams(given, f"{where} n_streams")
     else:
         raise ValueError(f"{where}: expected FAMILY, FAMILY:KEY=VALUE or a mapping, got {entry!r}")
     family = check_family(str(family).strip(), where)
@@ -140,6 +152,18 @@ def _entry(entry: Any, default_streams: list[int], where: str) -> list[Configura
         return [Configuration(RESIDUAL, (), 1)]
     frozen = tuple(sorted(options.items()))
     return [Configuration(family, frozen, n) for n in streams]
+
+
+def _n_streams(values: dict[str, Any], where: str) -> Any:
+    """The ``n_streams`` of a study config or of a mapping entry, read under its older name ``streams`` too (with
+    a one-line notice on stderr); None when neither is given."""
+    if "streams" not in values:
+        return values.get("n_streams")
+    if "n_streams" in values:
+        raise ValueError(f"{where}: gives both 'n_streams' and 'streams' (its older name); keep 'n_streams'")
+    print(f"s2hc study: {where}: 'streams' is deprecated, call it 'n_streams' (the same stream counts, as in "
+          "training configs)", file=sys.stderr)
+    return values["streams"]
 
 
 def _streams(value: Any, where: str) -> list[int]:
@@ -162,9 +186,11 @@ def _seeds(value: Any) -> tuple[int, ...]:
     return tuple(range(check_seed_count("seeds", value)))
 
 
-def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = "the study config") -> StudySpec:
+def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = "the study config",
+               title: str = "s2hc study") -> StudySpec:
     """A :class:`StudySpec` from the mapping of a study config; ``overrides`` are ``KEY=VALUE`` settings of
-    ``train`` (``--set``). ValueError naming the problem (and the grid point) for anything a run would refuse."""
+    ``train`` (``--set``); ``title``: the report's heading. ValueError naming the problem (and the grid point) for
+    anything a run would refuse."""
     unknown = sorted(set(values) - set(KEYS))
     if unknown:
         raise ValueError(f"{source}: unknown key(s) {unknown}; allowed: {list(KEYS)}")
@@ -174,13 +200,14 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
     train = {**train, **dict(parse_assignment(text) for text in overrides)}
     fixed = sorted(set(train) & set(GRID_KEYS))
     if fixed:
-        raise ValueError(f"{source}: train sets {fixed}, which the grid sets for every run (families, streams, "
+        raise ValueError(f"{source}: train sets {fixed}, which the grid sets for every run (families, n_streams, "
                          "seeds, --out); remove them from train")
     TrainConfig.from_dict(train)  # unknown keys and bad values, named once, before the grid
     families = values.get("families")
     if not isinstance(families, list) or not families:
         raise ValueError(f"{source}: 'families' is missing or empty; list at least one family, e.g. [residual, s2hc]")
-    default_streams = _streams(values.get("streams", [4]), f"{source}: streams")
+    given = _n_streams(values, source)
+    default_streams = _streams([4] if given is None else given, f"{source}: n_streams")
     configurations: list[Configuration] = []
     for index, entry in enumerate(families):
         for configuration in _entry(entry, default_streams, f"{source}: families[{index}]"):
@@ -200,6 +227,7 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
                                      maximum=MAX_DIAGNOSTICS_TOKENS),
         description=str(values.get("description") or "").strip(),
         nproc=check_int(f"{source}: nproc", values.get("nproc", 1), maximum=MAX_NPROC),
+        title=title,
     )
     seen: dict[tuple, Configuration] = {}
     for configuration in spec.configurations:  # every family option checked as the run will check it
@@ -231,7 +259,7 @@ def _check_init_from(path: str, configurations: tuple[Configuration, ...], sourc
     residual source is upcycled only into families that keep its function; another source starts only its own
     family. ValueError naming the configuration."""
     try:
-        stored = load_checkpoint(path, with_model=False)["config"]
+        stored = load_checkpoint(path, with_model=False).config
     except ValueError as error:
         raise ValueError(f"{source}: train.init_from {path!r} cannot be read ({error}); train that run first") from None
     for configuration in configurations:

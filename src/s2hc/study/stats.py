@@ -1,4 +1,4 @@
-"""The statistics of a study: per-configuration intervals and paired tests over seeds (SciPy).
+"""The statistics of a study: per-configuration intervals and paired tests over seeds (SciPy, the study extra).
 
 With a handful of seeds, Student's t is the honest choice: the interval of a mean is ``mean ± t(0.975, k−1) ·
 s / √k``, and two configurations trained with the same seeds (the same data order) are compared by the paired
@@ -12,17 +12,26 @@ import math
 import statistics
 from typing import Any
 
-from ..extras import require
+from ..extras import is_available, require
 
 LEVEL = 0.95
+#: What a report says where the intervals and tests are left out (``s2hc compare`` without the study extra).
+NO_STATISTICS = ("95 % intervals and paired t-tests are left out: they need the study extra (SciPy is not "
+                 "installed): pip install 's2hc[study]'")
+
+
+def available() -> bool:
+    """Whether the intervals and tests can be computed (SciPy installed); means and spreads need nothing."""
+    return is_available("scipy")
 
 
 def _scipy_stats():
     return require("scipy.stats", "the study's statistics")
 
 
-def describe(values: list[float]) -> dict[str, Any]:
-    """``n``, ``mean``, ``std`` (sample) and ``ci95`` (Student's t interval of the mean; None for one value)."""
+def describe(values: list[float], interval: bool = True) -> dict[str, Any]:
+    """``n``, ``mean``, ``std`` (sample) and ``ci95`` (Student's t interval of the mean; None for one value, and
+    without ``interval``, which needs SciPy)."""
     k = len(values)
     if k == 0:
         return {"n": 0, "mean": None, "std": None, "ci95": None}
@@ -30,6 +39,8 @@ def describe(values: list[float]) -> dict[str, Any]:
     if k == 1:
         return {"n": 1, "mean": mean, "std": None, "ci95": None}
     std = statistics.stdev(values)
+    if not interval:
+        return {"n": k, "mean": mean, "std": std, "ci95": None}
     half = float(_scipy_stats().t.ppf(0.5 + LEVEL / 2, k - 1)) * std / math.sqrt(k)
     return {"n": k, "mean": mean, "std": std, "ci95": [mean - half, mean + half]}
 

@@ -2,7 +2,7 @@
 
 :func:`train` reads like nanoGPT's loop: set up (the run directory, resume check, data, model, optimizer,
 restore), then per step the learning rate, the micro-steps, clipping, the update, logging, evaluation and
-checkpoints. What a checkpoint holds is :class:`~s2hc.train.state.Checkpointer`'s job, the files are
+checkpoints. What a checkpoint holds is :class:`~s2hc.train.checkpointer.Checkpointer`'s job, the files are
 :mod:`s2hc.rundir`'s; the run directory is opened through :func:`s2hc.rundir.open_run_directory` (created or
 resumed, never overwritten, locked for the whole run).
 
@@ -14,6 +14,7 @@ checkpoint it keeps, which (like every checkpoint) was only written because all 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -27,7 +28,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..config import TrainConfig
+from ..config import TrainConfig, resumable_fields
 from ..connection import set_connection_options
 from ..data.loader import TokenBatches, eval_batches
 from ..data.shards import prepare_tokens
@@ -37,6 +38,8 @@ from ..diagnostics.collect import gradient_norms, training_diagnostics
 from ..io import WriteError
 from ..models import ModelConfig, Transformer
 from ..rundir import (
+    Checkpoint,
+    History,
     MetricsLog,
     NonFiniteError,
     checkpoint_paths,
@@ -47,15 +50,9 @@ from ..rundir import (
 )
 from ..rundir.guard import clear_run, notice
 from . import distributed
-from .init import load_initial_weights
+from .checkpointer import Checkpointer
+from .init_from import load_initial_weights
 from .optim import learning_rate, make_optimizer
-from .state import Checkpointer
-
-# Fields of a run's config that may change on --resume without changing what is computed.
-RESUMABLE_CHANGES = {
-    "max_steps", "eval_every", "checkpoint_every", "log_every", "progress", "out", "compile", "device", "parallel",
-    "diagnostics_every", "connection",
-}  # fmt: skip
 
 
 class TrainingError(RuntimeError):
@@ -116,11 +113,12 @@ def stop_on_signals():
             signal.signal(signum, old)
 
 
-def _check_resumable(saved: dict, config: TrainConfig, world_size: int) -> None:
-    """ValueError unless ``config`` computes what the checkpoint's run computed: the same settings, and the
-    same global batch (``batch_size × grad_accum × processes``) even when the process count changed."""
-    before = saved["config"]
-    changed = {k for k, v in config.to_dict().items() if before.get(k) != v} - RESUMABLE_CHANGES
+def _check_resumable(before: dict, before_world_size: int, config: TrainConfig, world_size: int) -> None:
+    """ValueError unless ``config`` computes what the run configured as ``before`` (a TrainConfig's dict) computed
+    on ``before_world_size`` processes: the same settings but those that may change on ``--resume``
+    (:func:`s2hc.config.resumable_fields`), and the same global batch (``batch_size × grad_accum ×
+    processes``) even when the process count changed."""
+    changed = {k for k, v in config.to_dict().items() if before.get(k) != v} - set(resumable_fields())
     changed -= {"batch_size", "grad_accum"}  # checked below, as the global batch
     if changed:
         details = ", ".join(f"{k}: {before.get(k)!r} -> {getattr(config, k)!r}" for k in sorted(changed))
@@ -128,13 +126,13 @@ def _check_resumable(saved: dict, config: TrainConfig, world_size: int) -> None:
             f"the run in {config.out!r} was trained with a different configuration ({details}); "
             f"resume with the same settings, or choose another --out"
         )
-    old = before["batch_size"] * before["grad_accum"] * saved.get("world_size", 1)
+    old = before["batch_size"] * before["grad_accum"] * before_world_size
     new = config.batch_size * config.grad_accum * world_size
-    if old != new or before["batch_size"] * saved.get("world_size", 1) != config.batch_size * world_size:
+    if old != new or before["batch_size"] * before_world_size != config.batch_size * world_size:
         raise ValueError(
             f"the checkpoint in {config.out!r} was trained with {before['batch_size']} sequences x "
-            f"{before['grad_accum']} micro-steps x {saved.get('world_size', 1)} processes per step; keep "
-            f"batch_size x processes = {before['batch_size'] * saved.get('world_size', 1)} and the same grad_accum"
+            f"{before['grad_accum']} micro-steps x {before_world_size} processes per step; keep "
+            f"batch_size x processes = {before['batch_size'] * before_world_size} and the same grad_accum"
         )
 
 
@@ -215,21 +213,21 @@ def _on_main(ctx: distributed.Context, work):
 
 
 def _open_run(config: TrainConfig, resume: bool, overwrite: bool, ctx: distributed.Context,
-              stack: contextlib.ExitStack) -> dict | None:
+              stack: contextlib.ExitStack) -> Checkpoint | None:
     """Open (rank 0: check, lock, clean) the run directory; the header of the checkpoint to resume, or None."""
     out = Path(config.out).expanduser()
 
-    def open_on_main() -> dict | None:
+    def open_on_main() -> Checkpoint | None:
         stack.enter_context(open_run_directory(config.out, resume=resume, overwrite=overwrite, log=notice))
         if not resume:
             return None
         if checkpoint_paths(out):
             saved = load_checkpoint(out, with_model=False)  # verified: a damaged checkpoint stops here
-            _check_resumable(saved, config, ctx.world_size)
+            _check_resumable(saved.config, saved.world_size, config, ctx.world_size)
             return saved
         previous = read_config(out)
         if previous is not None:
-            _check_resumable({"config": previous, "world_size": ctx.world_size}, config, ctx.world_size)
+            _check_resumable(previous, ctx.world_size, config, ctx.world_size)
         notice(f"{config.out!r} holds no checkpoint yet: its run starts again from step 0")
         return None
 
@@ -255,132 +253,197 @@ def _non_finite_weights(model: torch.nn.Module, ctx: distributed.Context) -> str
     return ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "") if bad else "on another rank"
 
 
-def _train(config: TrainConfig, saved: dict | None, ctx: distributed.Context) -> RunResult:
-    out = Path(config.out).expanduser()
-    device, amp_dtype = ctx.device, autocast_dtype(config.dtype, ctx.device)
-    tokenizer = get_tokenizer(config.tokenizer)
-    model_config = _model_config(config, tokenizer.vocab_size)
-    if saved is not None and ModelConfig.from_dict(saved["model_config"]) != model_config:
-        raise ValueError(f"the checkpoint in {str(out)!r} holds a model of another shape; choose another --out")
-    loader, validation = _data(config, tokenizer, ctx)
-
-    torch.manual_seed(config.seed)  # the same initial weights on every rank
-    model = Transformer(model_config)
-    if config.init_from and saved is None:  # a resumed run restores its own weights below
-        load_initial_weights(model, config.init_from)
-    model = set_connection_options(model.to(device), **config.connection)
-    params, hc_params = model.num_params(), model.num_hc_params()
-    forward = distributed.wrap(model, ctx, config.compile, amp_dtype)
-    optimizer = make_optimizer(model, config.lr, config.weight_decay, (config.beta1, config.beta2))
-    torch.manual_seed(config.seed + ctx.rank)  # per-rank streams from here on
-    checkpointer = Checkpointer(out, model, optimizer, loader, ctx)
-    step = checkpointer.restore(saved) if saved is not None else 0
-    metrics = None
-    if ctx.is_main:
-        write_config(out, config.to_dict())
-        metrics = MetricsLog(out, keep_until_step=step if saved is not None else None, log=notice)
-
-    tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world_size
-    step_times: list[float] = []
-    train_loss, val_loss = math.nan, None
-    if saved is not None:  # a finished run resumed by `compare --resume` still reports its numbers
-        step_times = list(saved["history"]["step_times"])
-        train_loss, val_loss = saved["history"]["train_loss"], saved["history"]["val_loss"]
-
-    def save() -> None:
-        history = {"step_times": list(step_times), "train_loss": train_loss, "val_loss": val_loss}
-        try:
-            checkpointer.save(step, {"config": config.to_dict(), "model_config": model_config.to_dict(),
-                                     "history": history})
-        except NonFiniteError as error:
-            raise TrainingError(f"the training state of step {step} is not finite, so it was not saved "
-                                f"({str(error).removeprefix('not saved: ')}); stopped; {checkpointer.kept()}") from None
-
-    def stop(problem: str) -> TrainingError:
-        return TrainingError(f"{problem}; stopped; {checkpointer.kept()}")
-
-    def diverged(problem: str, at_step: int) -> TrainingError:
-        """A non-finite value: recorded in metrics.jsonl as ``{"step", "diverged"}`` (studies count it), then
-        the run stops."""
-        if metrics:
-            with contextlib.suppress(WriteError):
-                metrics.write(step=at_step, diverged=problem)
-        return stop(problem)
-
-    if config.init_from and saved is None and config.eval_every:
-        # A run from another run's weights first measures them: its curve starts at the source's loss (an
-        # upcycled model's equals the residual source's, which is the point of upcycling).
-        val_loss = evaluate(forward, validation, device, amp_dtype)
-        if metrics:
-            metrics.write(step=0, val_loss=val_loss)
-
-    bar = tqdm(total=config.max_steps, initial=step, disable=not (config.progress and ctx.is_main),
+def _train(config: TrainConfig, saved: Checkpoint | None, ctx: distributed.Context) -> RunResult:
+    """The run after its directory is open: set up, measure an ``init_from`` source, then step until
+    ``max_steps`` (or a signal), checkpointing as configured."""
+    run = _Run(config, saved, ctx)
+    run.measure_source()
+    bar = tqdm(total=config.max_steps, initial=run.step, disable=not (config.progress and ctx.is_main),
                desc=f"{config.family}", unit="step")
-    model.train()
+    run.model.train()
     try:
         with stop_on_signals() as received, contextlib.closing(bar):
-            while step < config.max_steps:
-                started = time.perf_counter()
-                lr = learning_rate(step, peak=config.lr, warmup_steps=config.warmup_steps,
-                                   max_steps=config.max_steps, min_ratio=config.min_lr_ratio)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr
-                loss_sum = 0.0
-                for micro in range(config.grad_accum):
-                    x, y = (t.to(device, non_blocking=True) for t in next(loader))
-                    with distributed.gradient_sync(forward, ctx, enabled=micro == config.grad_accum - 1):
-                        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                            logits = forward(x)
-                        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                        (loss / config.grad_accum).backward()
-                    loss_sum += loss.item()
-                train_loss = distributed.mean_across_ranks(loss_sum / config.grad_accum, ctx)
-                diagnose = bool(config.diagnostics_every) and (step + 1) % config.diagnostics_every == 0
-                layer_grads = gradient_norms(model) if diagnose else None  # before clipping; every rank (FSDP)
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip or float("inf"))
-                grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-                if not math.isfinite(train_loss):  # its gradient is not finite either
-                    raise diverged(f"non-finite loss ({train_loss}) or gradient at step {step + 1}", step + 1)
-                if not math.isfinite(grad_norm):  # the loss is not the suspect: the backward pass overflowed
-                    raise diverged(f"non-finite gradient (norm {grad_norm}) at step {step + 1}, with a finite "
-                                   f"loss ({train_loss:.4f}): the backward pass overflowed", step + 1)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                bad = _non_finite_weights(model, ctx)
-                if bad is not None:
-                    problem = f"non-finite weights after the update of step {step + 1} ({bad}; learning rate {lr})"
-                    raise diverged(problem, step + 1)
-                step += 1
-                step_time = time.perf_counter() - started
-                step_times.append(step_time)
+            while run.step < config.max_steps:
+                run.optimizer_step()
                 bar.update(1)
-                if metrics and (step % config.log_every == 0 or step == config.max_steps):
-                    metrics.write(step=step, loss=train_loss, lr=lr, grad_norm=grad_norm,
-                                  tokens=step * tokens_per_step, step_time=step_time)
-                    bar.set_postfix(loss=f"{train_loss:.3f}", tok_s=f"{tokens_per_step / step_time:.0f}")
-                if layer_grads is not None:  # a fixed batch, no RNG; every rank runs it (FSDP), the main one writes
-                    record = training_diagnostics(model, validation[0][0], layer_grads, autocast_dtype=amp_dtype)
-                    if metrics:
-                        metrics.write(step=step, diagnostics=record)
-                if (config.eval_every and step % config.eval_every == 0) or step == config.max_steps:
-                    val_loss = evaluate(forward, validation, device, amp_dtype)
-                    if distributed.mean_across_ranks(float(not math.isfinite(val_loss)), ctx) > 0:  # all ranks stop
-                        raise diverged(f"non-finite validation loss ({val_loss}) at step {step}", step)
-                    if metrics:
-                        metrics.write(step=step, val_loss=val_loss)
-                if (config.checkpoint_every and step % config.checkpoint_every == 0) or step == config.max_steps:
-                    save()
+                if run.log_due():
+                    run.log()
+                    bar.set_postfix(loss=f"{run.history.train_loss:.3f}",
+                                    tok_s=f"{run.tokens_per_step / run.history.step_times[-1]:.0f}")
+                run.diagnose_if_due()
+                run.evaluate_if_due()
+                if run.checkpoint_due() or received:
+                    run.save()
                 if received:
-                    save()
-                    raise Interrupted(
-                        f"stopped by signal {received[0]} after step {step}; resume with --resume", received[0]
-                    )
+                    raise Interrupted(f"stopped by signal {received[0]} after step {run.step}; resume with "
+                                      "--resume", received[0])
     except WriteError as error:  # a full disk while saving or logging: the last checkpoint written stays good
-        raise stop(f"at step {step}, {error}, then resume with --resume") from error
-    # The median step ignores the first steps' warm-up (and compilation) and any evaluation pauses.
-    median_step = statistics.median(step_times) if step_times else math.nan
-    return RunResult(out=out, step=step, train_loss=train_loss, val_loss=val_loss,
-                     tokens_per_s=tokens_per_step / median_step, params=params, hc_params=hc_params)
+        raise run.stop(f"at step {run.step}, {error}, then resume with --resume") from error
+    return run.result()
+
+
+class _Run:
+    """One run's state between steps, and the named steps of the loop (:func:`_train` calls them in order).
+
+    Built from the config: the tokenizer, the model (restored, or started from ``init_from``), its wrapping,
+    the optimizer, the data and the metrics log. ``step`` counts optimizer steps; ``history`` is what the
+    checkpoint keeps of the losses and step times (a resumed run continues it)."""
+
+    def __init__(self, config: TrainConfig, saved: Checkpoint | None, ctx: distributed.Context):
+        self.config, self.ctx = config, ctx
+        self.out = Path(config.out).expanduser()
+        self.device, self.amp_dtype = ctx.device, autocast_dtype(config.dtype, ctx.device)
+        tokenizer = get_tokenizer(config.tokenizer)
+        self.model_config = _model_config(config, tokenizer.vocab_size)
+        if saved is not None and ModelConfig.from_dict(saved.model_config) != self.model_config:
+            raise ValueError(f"the checkpoint in {str(self.out)!r} holds a model of another shape; choose another "
+                             "--out")
+        self.loader, self.validation = _data(config, tokenizer, ctx)
+        self.model = self._build_model(saved)
+        self.params, self.hc_params = self.model.num_params(), self.model.num_connection_params()
+        self.forward = distributed.wrap(self.model, ctx, config.compile, self.amp_dtype)
+        self.optimizer = make_optimizer(self.model, config.lr, config.weight_decay, (config.beta1, config.beta2))
+        torch.manual_seed(config.seed + ctx.rank)  # per-rank streams from here on
+        self.checkpointer = Checkpointer(self.out, self.model, self.optimizer, self.loader, ctx)
+        self.step = self.checkpointer.restore(saved) if saved is not None else 0
+        # a finished run resumed (`train --resume` with the same max_steps) still reports its numbers
+        self.history = dataclasses.replace(saved.history) if saved is not None else History(train_loss=math.nan)
+        self.metrics = None
+        if ctx.is_main:
+            write_config(self.out, config.to_dict())
+            self.metrics = MetricsLog(self.out, keep_until_step=self.step if saved is not None else None, log=notice)
+        self.tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world_size
+        self.lr = math.nan
+        self.grad_norm = math.nan
+        self.layer_grads = None
+
+    def _build_model(self, saved: Checkpoint | None) -> Transformer:
+        torch.manual_seed(self.config.seed)  # the same initial weights on every rank
+        model = Transformer(self.model_config)
+        if self.config.init_from and saved is None:  # a resumed run restores its own weights
+            load_initial_weights(model, self.config.init_from)
+        return set_connection_options(model.to(self.device), **self.config.connection)
+
+    # ------------------------------------------------------------------------------------- the steps
+
+    def measure_source(self) -> None:
+        """A run from another run's weights first measures them: its curve starts at the source's loss (an
+        upcycled model's equals the residual source's, which is the point of upcycling)."""
+        if self.config.init_from and self.step == 0 and self.config.eval_every:
+            self.history.val_loss = evaluate(self.forward, self.validation, self.device, self.amp_dtype)
+            if self.metrics:
+                self.metrics.write(step=0, val_loss=self.history.val_loss)
+
+    def optimizer_step(self) -> None:
+        """One optimizer step: the scheduled learning rate, ``grad_accum`` micro-steps, clipping, the update;
+        :class:`TrainingError` (after recording the divergence) when the loss, the gradient or the updated
+        weights are not finite."""
+        config, started = self.config, time.perf_counter()
+        self.lr = learning_rate(self.step, peak=config.lr, warmup_steps=config.warmup_steps,
+                                max_steps=config.max_steps, min_ratio=config.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        train_loss = self._accumulate_gradients()
+        self.layer_grads = gradient_norms(self.model) if self._due(config.diagnostics_every) else None  # unclipped
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip or float("inf"))
+        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+        at = self.step + 1
+        if not math.isfinite(train_loss):  # its gradient is not finite either
+            raise self.diverged(f"non-finite loss ({train_loss}) or gradient at step {at}", at)
+        if not math.isfinite(grad_norm):  # the loss is not the suspect: the backward pass overflowed
+            raise self.diverged(f"non-finite gradient (norm {grad_norm}) at step {at}, with a finite loss "
+                                f"({train_loss:.4f}): the backward pass overflowed", at)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        bad = _non_finite_weights(self.model, self.ctx)
+        if bad is not None:
+            raise self.diverged(f"non-finite weights after the update of step {at} ({bad}; learning rate "
+                                f"{self.lr})", at)
+        self.step, self.grad_norm, self.history.train_loss = at, grad_norm, train_loss
+        self.history.step_times.append(time.perf_counter() - started)
+
+    def _accumulate_gradients(self) -> float:
+        """Forward and backward over ``grad_accum`` micro-batches (gradients synchronised on the last); the mean
+        loss over micro-steps and ranks."""
+        config, loss_sum = self.config, 0.0
+        for micro in range(config.grad_accum):
+            x, y = (t.to(self.device, non_blocking=True) for t in next(self.loader))
+            with distributed.gradient_sync(self.forward, self.ctx, enabled=micro == config.grad_accum - 1):
+                with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                    logits = self.forward(x)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+                (loss / config.grad_accum).backward()
+            loss_sum += loss.item()
+        return distributed.mean_across_ranks(loss_sum / config.grad_accum, self.ctx)
+
+    def _due(self, every: int) -> bool:
+        """Whether a task done every ``every`` steps (0: never) is due after the step now being taken."""
+        return bool(every) and (self.step + 1) % every == 0
+
+    def log_due(self) -> bool:
+        return self.step % self.config.log_every == 0 or self.step == self.config.max_steps
+
+    def log(self) -> None:
+        if self.metrics:
+            self.metrics.write(step=self.step, loss=self.history.train_loss, lr=self.lr, grad_norm=self.grad_norm,
+                               tokens=self.step * self.tokens_per_step, step_time=self.history.step_times[-1])
+
+    def diagnose_if_due(self) -> None:
+        """The hyper-connection diagnostics on a fixed batch (no RNG), with the gradient norms taken before
+        clipping; every rank runs it (FSDP), the main one writes."""
+        if self.layer_grads is None:
+            return
+        record = training_diagnostics(self.model, self.validation[0][0], self.layer_grads,
+                                      autocast_dtype=self.amp_dtype)
+        if self.metrics:
+            self.metrics.write(step=self.step, diagnostics=record)
+
+    def evaluate_if_due(self) -> None:
+        every = self.config.eval_every
+        if not ((every and self.step % every == 0) or self.step == self.config.max_steps):
+            return
+        val_loss = evaluate(self.forward, self.validation, self.device, self.amp_dtype)
+        if distributed.mean_across_ranks(float(not math.isfinite(val_loss)), self.ctx) > 0:  # all ranks stop
+            raise self.diverged(f"non-finite validation loss ({val_loss}) at step {self.step}", self.step)
+        self.history.val_loss = val_loss
+        if self.metrics:
+            self.metrics.write(step=self.step, val_loss=val_loss)
+
+    def checkpoint_due(self) -> bool:
+        every = self.config.checkpoint_every
+        return bool(every and self.step % every == 0) or self.step == self.config.max_steps
+
+    def save(self) -> None:
+        checkpoint = Checkpoint(config=self.config.to_dict(), model_config=self.model_config.to_dict(),
+                                step=self.step, history=dataclasses.replace(self.history,
+                                                                            step_times=list(self.history.step_times)))
+        try:
+            self.checkpointer.save(checkpoint)
+        except NonFiniteError as error:
+            raise TrainingError(f"the training state of step {self.step} is not finite, so it was not saved "
+                                f"({str(error).removeprefix('not saved: ')}); stopped; "
+                                f"{self.checkpointer.kept()}") from None
+
+    # ---------------------------------------------------------------------------------- ends of a run
+
+    def stop(self, problem: str) -> TrainingError:
+        return TrainingError(f"{problem}; stopped; {self.checkpointer.kept()}")
+
+    def diverged(self, problem: str, at_step: int) -> TrainingError:
+        """A non-finite value: recorded in metrics.jsonl as ``{"step", "diverged"}`` (studies count it), then
+        the run stops."""
+        if self.metrics:
+            with contextlib.suppress(WriteError):
+                self.metrics.write(step=at_step, diverged=problem)
+        return self.stop(problem)
+
+    def result(self) -> RunResult:
+        # The median step ignores the first steps' warm-up (and compilation) and any evaluation pauses.
+        times = self.history.step_times
+        median_step = statistics.median(times) if times else math.nan
+        return RunResult(out=self.out, step=self.step, train_loss=self.history.train_loss,
+                         val_loss=self.history.val_loss, tokens_per_s=self.tokens_per_step / median_step,
+                         params=self.params, hc_params=self.hc_params)
 
 
 def _model_config(config: TrainConfig, vocab_size: int) -> ModelConfig:

@@ -1,4 +1,5 @@
-"""Function-preserving upcycling: a residual model's weights in a hyper-connection model that computes the same.
+"""Widening a residual model into n streams that keep its function (function-preserving upcycling): a residual
+model's weights in a hyper-connection model that computes the same.
 
 The streams start as copies of the embedding. Every connection reads ``h = Σ_i H_pre,i X_i`` and writes
 ``X'_i = Σ_j H_res,ij X_j + H_post,i F(h)``; the model's output is ``Σ_i X_i`` before the final norm. Let the
@@ -16,11 +17,12 @@ paper's initialisation does) ``1 + spread`` and the others ``1 − spread/(n −
 so the streams separate after the first write and the mixing receives real gradients from the first step; with
 uniform writes they would stay copies, and ``H_res`` would never matter.
 
-Which families qualify: those whose ``H_res`` has rows and columns summing to 1 whatever its parameters are
-(``mhc-lite``, ``kromhc``, ``s2hc``, ``isometric``, ``identity``) and ``mhc`` (Sinkhorn: rows exact, columns to
-its tolerance). ``hc`` (unconstrained) and ``orthogonal`` (a rotation keeps norms, not sums) are refused: they
-would match at step 0 only because their ``H_res`` starts at the identity, and nothing in them keeps the
-streams' sum the residual stream's.
+Which families qualify each family's class says (:meth:`s2hc.mixers.Mixer.upcycle_refusal`): those whose
+``H_res`` has rows and columns summing to 1 whatever its parameters are (``mhc-lite``, ``kromhc``, ``s2hc``,
+``isometric``, ``identity``) and ``mhc`` (Sinkhorn: rows exact, columns to its tolerance). ``hc`` (unconstrained)
+and ``orthogonal`` (a rotation keeps norms, not sums) are refused: they would match at step 0 only because their
+``H_res`` starts at the identity, and nothing in them keeps the streams' sum the residual stream's. Every
+qualifying family keeps its own initialisation of ``H_res`` (near or exactly ``I``).
 """
 
 from __future__ import annotations
@@ -30,17 +32,11 @@ import torch
 from .. import mixers
 from ..connection import HyperConnection
 from ..mixers import RESIDUAL
-from .config import ModelConfig
+from .model_config import ModelConfig
 from .transformer import Transformer
 
 DEFAULT_SPREAD = 0.5
-_REFUSED = {
-    RESIDUAL: "it is the source's own family (one stream): there is nothing to upcycle",
-    "hc": "its H_res is unconstrained, so nothing keeps its columns summing to 1 and the streams' sum stops "
-    "following the source's residual stream",
-    "orthogonal": "an orthogonal H_res keeps norms, not sums (its columns do not sum to 1), so the streams' sum "
-    "stops following the source's residual stream",
-}
+_SAME_FAMILY = "it is the source's own family (one stream): there is nothing to upcycle"
 
 
 def upcyclable_families() -> list[str]:
@@ -49,12 +45,10 @@ def upcyclable_families() -> list[str]:
 
 
 def _reason(family: str) -> str | None:
-    if family in _REFUSED:
-        return _REFUSED[family]
-    guarantees = mixers.get(family).guarantees
-    if family == "mhc" or (guarantees.row_sums_one and guarantees.col_sums_one):
-        return None
-    return "its H_res is not guaranteed to have rows and columns summing to 1"  # pragma: no cover - a new family
+    """Why ``family`` cannot be upcycled into, or None: its class says (``residual``, with none, is the source's)."""
+    if family == RESIDUAL:
+        return _SAME_FAMILY
+    return mixers.get(family).upcycle_refusal()
 
 
 def check_upcyclable(family: str, argument: str = "--family") -> str:

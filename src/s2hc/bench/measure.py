@@ -28,10 +28,13 @@ from torch import nn
 from ..config import parse_assignment
 from ..connection import HyperConnection, set_connection_options
 from ..extras import is_available, require
-from ..mixers import RESIDUAL, check_family
+from ..mixers import REFERENCE_FAMILY, RESIDUAL, check_family
+from ..mixers import get as mixer_class
 from ..models import Transformer, get_preset
+from ..reports import count, mib, ratio, table
 
 PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the same model
+_PEER_PACKAGE, _PEER_KIND = PEER.split(":")  # how "hyper-connections:mhc:KEY=VALUE" splits at its colons
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,8 @@ def parse_variant(text: str, n_streams: int) -> Variant:
     ValueError naming ``--families`` for an unknown family or an option without ``=``.
     """
     name, *assignments = [part.strip() for part in text.split(":")]
-    if name == "hyper-connections":
-        name, assignments = PEER, [a for a in assignments if a != "mhc"]
+    if name == _PEER_PACKAGE:
+        name, assignments = PEER, [a for a in assignments if a != _PEER_KIND]
     if name != PEER:
         check_family(name, "argument --families")
     options = dict(parse_assignment(a, f"argument --families: option {a!r} of {name!r}") for a in assignments)
@@ -363,7 +366,7 @@ def benchmark_coefficients(
     x = torch.randn(tokens, 1, n_streams, dim, generator=generator).to(device).requires_grad_()
     cases = []
     for name in names:
-        options = {"allow_large": True} if name in ("mhc-lite", "kromhc") and n_streams > 6 else {}
+        options = mixer_class(check_family(name)).options_for_size(n_streams)  # allow_large for big mixtures
         torch.manual_seed(0)
         hc = HyperConnection(dim, n_streams, family=name, **options)
         with torch.no_grad():  # away from the zero initialisation, so no path is trivially skipped
@@ -384,7 +387,7 @@ def benchmark_coefficients(
             times[i].append(timed(lambda hc=hc, fused=fused: run(hc, fused), device) / tokens * 1e9)
     rows = []
     for i, (name, fused, _) in enumerate(cases):
-        reference = next((j for j, (m, f, _) in enumerate(cases) if m == "mhc" and f == fused), None)
+        reference = next((j for j, (m, f, _) in enumerate(cases) if m == REFERENCE_FAMILY and f == fused), None)
         ratio = None
         if reference is not None:
             ratio = statistics.median(t / r for t, r in zip(times[i], times[reference]))
@@ -421,10 +424,6 @@ def machine_description(device: torch.device | str | None = None) -> str:
     return line
 
 
-def _mib(value: float | None) -> str:
-    return "-" if value is None else f"{value / 2**20:,.0f} MiB"
-
-
 def format_step_table(rows: list[dict[str, Any]], peer_note: str | None = None) -> str:
     first = rows[0]
     mode = f"{'compiled' if first['compiled'] else 'eager'} on {first['device']}"
@@ -432,16 +431,12 @@ def format_step_table(rows: list[dict[str, Any]], peer_note: str | None = None) 
         f"Training step (forward, backward, AdamW), preset {first['preset']}, batch {first['batch_size']} x "
         f"sequence {first['seq_len']}, {mode}; ratios to residual within each repetition: median [min, max]",
         "",
-        "| family | n | step | vs residual | tokens/s | peak memory | vs residual |",
-        "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in rows:
-        mem_ratio = "-" if row["peak_mem_ratio_vs_residual"] is None else f"{row['peak_mem_ratio_vs_residual']:.2f}x"
-        lines.append(
-            f"| {row['label']} | {row['n_streams']} | {row['step_s'] * 1e3:,.0f} ms | "
-            f"{row['step_ratio_vs_residual']:.2f}x [{row['step_ratio_min']:.2f}, {row['step_ratio_max']:.2f}] | "
-            f"{row['tokens_per_s']:,.0f} | {_mib(row['peak_mem_bytes'])} | {mem_ratio} |"
-        )
+    cells = [[row["label"], count(row["n_streams"]), f"{count(row['step_s'] * 1e3)} ms",
+              f"{ratio(row['step_ratio_vs_residual'])} [{row['step_ratio_min']:.2f}, {row['step_ratio_max']:.2f}]",
+              count(row["tokens_per_s"]), mib(row["peak_mem_bytes"]), ratio(row["peak_mem_ratio_vs_residual"])]
+             for row in rows]
+    lines += table(["family", "n", "step", "vs residual", "tokens/s", "peak memory", "vs residual"], cells)
     if peer_note:
         lines += ["", peer_note]
     return "\n".join(lines)
@@ -455,15 +450,12 @@ def format_coefficient_table(rows: list[dict[str, Any]]) -> str:
         f"Coefficient path alone (RMSNorm + projection + gates + constraint map, forward + backward), "
         f"n = {first['n_streams']}, C = {first['dim']}: time per token, median [min, max]",
         "",
-        "| family | implementation | ns / token | vs mhc (same implementation) |",
-        "|---|---|---:|---:|",
     ]
-    for row in rows:
-        ratio = "-" if row["ratio_vs_mhc"] is None else f"{row['ratio_vs_mhc']:.2f}x"
-        impl = "fast" if row["fused"] else "reference"
-        lines.append(f"| {row['family']} | {impl} | {row['ns_per_token']:,.0f} [{row['ns_min']:,.0f}, "
-                     f"{row['ns_max']:,.0f}] | {ratio} |")  # fmt: skip
-    return "\n".join(lines)
+    cells = [[row["family"], "fast" if row["fused"] else "reference",
+              f"{count(row['ns_per_token'])} [{count(row['ns_min'])}, {count(row['ns_max'])}]",
+              ratio(row["ratio_vs_mhc"])] for row in rows]
+    return "\n".join(lines + table(["family", "implementation", "ns / token", "vs mhc (same implementation)"], cells,
+                                    align="llrr"))
 
 
 __all__ = [

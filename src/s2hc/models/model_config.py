@@ -26,6 +26,8 @@ NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "geglu", "gelu")
 POSITIONS = ("rope", "learned")
 STREAM_REDUCTIONS = ("sum", "mean", "head")
+# RoPE scalings the model computes (rope_type -> its keys besides rope_type); transformers' other types are refused.
+ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 # HyperConnection's own keywords (its RMSNorm epsilon; mixing with H_resᵀ), accepted beside the family's options.
 CONNECTION_OPTIONS = ("eps", "transpose_res")
 
@@ -79,6 +81,11 @@ class ModelConfig:
         qkv_bias / out_bias / mlp_bias: biases of the q, k, v projections (Qwen2.5), of the attention
             output projection, of the MLP projections (GPT-2 has all three).
         pos: ``"rope"`` (rotate-half convention, base ``rope_theta``) or ``"learned"`` absolute positions.
+        rope_scaling: None (plain RoPE) or Llama 3's frequency scaling, ``{"rope_type": "llama3", "factor",
+            "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}`` (as transformers'
+            ``rope_parameters``): wavelengths longer than ``original / low_freq_factor`` are stretched by
+            ``factor``, those shorter than ``original / high_freq_factor`` kept, those between blended. It
+            applies to every layer's RoPE (local layers' too).
         max_seq_len: the longest input ``forward`` accepts (the learned position table's size).
         qk_norm: RMSNorm over ``head_dim`` of queries and keys, before RoPE (Qwen3, Gemma3).
         tie_embeddings: the LM head shares the token embedding's weight.
@@ -88,15 +95,16 @@ class ModelConfig:
             of ``head_dim ** -0.5`` (Gemma3).
         sliding_window / sliding_window_pattern / local_rope_theta: with ``sliding_window = W``, layer
             ``i`` is global when ``(i + 1) % sliding_window_pattern == 0`` and local otherwise (Gemma3:
-            pattern 6, five local layers to one global); a local layer's query at position ``t`` sees the
-            keys ``t - W < s <= t`` and uses RoPE base ``local_rope_theta``.
+            pattern 6, five local layers to one global); pattern 0 means no global layer, every layer
+            slides (Mistral). A local layer's query at position ``t`` sees the keys ``t - W < s <= t`` and uses
+            RoPE base ``local_rope_theta``.
         init_std: standard deviation of the normal initialisation (see ``Transformer.init_weights``).
 
     Residual family: ``family`` (a name from :func:`s2hc.families`), ``n_streams`` (1 for ``"residual"``)
     and ``family_options`` (the family's options, see :func:`s2hc.mixers.options`, plus ``eps``), passed
     to every :class:`s2hc.HyperConnection` of the model. ``stream_reduce``: how the streams become one before
     the final norm, ``"sum"`` (the papers') or ``"mean"`` (the same up to the final norm's ε; upcycled models
-    use it so that they compute exactly what their residual source computes, see :mod:`s2hc.models.upcycle`),
+    use it so that they compute exactly what their residual source computes, see :mod:`s2hc.models.widen`),
     or ``"head"``: a learned per-token weighting, DeepSeek-V4's ``HyperHead`` (:class:`s2hc.HyperHead`, its
     ``hc_eps`` from ``family_options``, else 1e-6); needs a multi-stream family.
     """
@@ -118,6 +126,7 @@ class ModelConfig:
     mlp_bias: bool = False
     pos: str = "rope"
     rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
     qk_norm: bool = False
     tie_embeddings: bool = True
     embed_scale: bool = False
@@ -133,8 +142,9 @@ class ModelConfig:
     stream_reduce: str = "sum"
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "dim", "n_heads", "max_seq_len", "sliding_window_pattern", "n_streams"):
+        for name in ("vocab_size", "dim", "n_heads", "max_seq_len", "n_streams"):
             check_int(name, getattr(self, name))
+        check_int("sliding_window_pattern", self.sliding_window_pattern, minimum=0)  # 0: no global layer
         check_int("n_layers", self.n_layers, maximum=MAX_LAYERS)
         if self.n_kv_heads is None:
             self.n_kv_heads = self.n_heads
@@ -174,7 +184,33 @@ class ModelConfig:
         if self.local_rope_theta is None:
             self.local_rope_theta = self.rope_theta
         self.local_rope_theta = _check_float("local_rope_theta", self.local_rope_theta)
+        self._check_rope_scaling()
         self._check_mixer()
+
+    def _check_rope_scaling(self) -> None:
+        """``rope_scaling`` as a plain dict of numbers: one of :data:`ROPE_SCALINGS` with exactly its keys."""
+        if self.rope_scaling is None:
+            return
+        if not isinstance(self.rope_scaling, Mapping):
+            raise _fail("rope_scaling", self.rope_scaling, "None or a dict with rope_type 'llama3' and its keys")
+        if self.pos != "rope":
+            raise ValueError(f"rope_scaling needs pos='rope', got pos={self.pos!r}")
+        scaling = dict(self.rope_scaling)
+        rope_type = _check_choice("rope_scaling['rope_type']", scaling.get("rope_type"), tuple(ROPE_SCALINGS))
+        keys = ROPE_SCALINGS[rope_type]
+        unknown = sorted(str(k) for k in set(scaling) - {"rope_type", *keys})
+        if unknown:
+            raise ValueError(f"rope_scaling has unknown key(s) {unknown} for rope_type {rope_type!r}; "
+                             f"allowed: {['rope_type', *keys]}")
+        for key in keys:
+            if key not in scaling:
+                raise ValueError(f"rope_scaling[{key!r}] is missing; rope_type {rope_type!r} needs {list(keys)}")
+        factors = {key: _check_float(f"rope_scaling[{key!r}]", scaling[key]) for key in keys[:3]}
+        if factors["low_freq_factor"] >= factors["high_freq_factor"]:
+            raise ValueError(f"rope_scaling['low_freq_factor'] must be below rope_scaling['high_freq_factor'], got "
+                             f"{factors['low_freq_factor']} and {factors['high_freq_factor']}")
+        original = check_int("rope_scaling['original_max_position_embeddings']", scaling[keys[3]])
+        self.rope_scaling = {"rope_type": rope_type, **factors, keys[3]: original}
 
     def _check_mixer(self) -> None:
         check_family(self.family)
@@ -199,7 +235,9 @@ class ModelConfig:
 
     def is_local_layer(self, layer: int) -> bool:
         """Whether layer ``layer`` (0-based) uses sliding-window attention."""
-        return self.sliding_window is not None and (layer + 1) % self.sliding_window_pattern != 0
+        if self.sliding_window is None:
+            return False
+        return self.sliding_window_pattern == 0 or (layer + 1) % self.sliding_window_pattern != 0
 
     def layer_types(self) -> list[str]:
         """``"local"`` or ``"global"`` for every layer, in order."""
@@ -255,6 +293,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         vocab_size=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128, ffn_dim=8960,
         max_seq_len=131072, norm_eps=1e-6, mlp="swiglu", rope_theta=1_000_000.0, qkv_bias=True,
         tie_embeddings=True,
+    ),
+    # meta-llama/Llama-3.2-1B: GQA 32 : 8, Llama 3's RoPE scaling (factor 32 over 8 k original positions), tied.
+    "llama3.2-1b": dict(
+        vocab_size=128256, dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64, ffn_dim=8192,
+        max_seq_len=131072, norm_eps=1e-5, mlp="swiglu", rope_theta=500_000.0, tie_embeddings=True,
+        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192),
+    ),
+    # mistralai/Mistral-7B-v0.1: GQA 32 : 8, a 4096-token sliding window on every layer (pattern 0), untied.
+    "mistral-7b": dict(
+        vocab_size=32000, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, ffn_dim=14336,
+        max_seq_len=32768, norm_eps=1e-5, mlp="swiglu", rope_theta=10_000.0, tie_embeddings=False,
+        sliding_window=4096, sliding_window_pattern=0,
     ),
 }  # fmt: skip
 

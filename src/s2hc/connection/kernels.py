@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from .extras import require
+from ..extras import require
 
 triton = require("triton", "kernels='triton'")
 import triton.language as tl

@@ -2,7 +2,7 @@
 
 ``s2hc train --init-from RUN`` continues pretraining from ``RUN``'s model with a fresh optimizer and schedule.
 When ``RUN`` holds a residual model and the new run another family, the weights are upcycled on the way in
-(:func:`s2hc.models.upcycle.upcycle_model`): the new model computes the source's function at step 0.
+(:func:`s2hc.models.widen.upcycle_model`): the new model computes the source's function at step 0.
 """
 
 from __future__ import annotations
@@ -11,14 +11,11 @@ from typing import Any
 
 import torch
 
+from ..config import family_fields, model_fields
 from ..mixers import RESIDUAL
 from ..models import Transformer
-from ..models.upcycle import check_upcyclable, upcycle_model
+from ..models.widen import check_upcyclable, upcycle_model
 from ..rundir import load_checkpoint, load_model
-
-# The keys that make the model and its vocabulary: taken from the source run when a run starting from it does
-# not set them.
-MODEL_KEYS = ("preset", "model_overrides", "tokenizer", "family", "n_streams", "family_options")
 
 
 def inherit_model_settings(values: dict[str, Any]) -> dict[str, Any]:
@@ -31,12 +28,12 @@ def inherit_model_settings(values: dict[str, Any]) -> dict[str, Any]:
     source = values.get("init_from")
     if not source:
         return values
-    stored = load_checkpoint(source, with_model=False)["config"]
+    stored = load_checkpoint(source, with_model=False).config
     out = dict(values)
     explicit_family = "family" in values
-    for key in MODEL_KEYS:
+    for key in model_fields():
         if key not in out and key in stored:
-            if key in ("n_streams", "family_options") and explicit_family:
+            if key in family_fields() and explicit_family:
                 continue  # a new family takes its own defaults
             out[key] = stored[key]
     if upcycles(stored["family"], out.get("family", RESIDUAL), "family (with init_from a residual run)"):

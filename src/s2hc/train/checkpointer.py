@@ -10,6 +10,7 @@ otherwise, on every rank).
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import shutil
 from pathlib import Path
@@ -33,6 +34,7 @@ from ..rundir.checkpoint import (
     save_sharded_checkpoint,
 )
 from ..rundir.layout import CHECKPOINT, SHARDED
+from ..rundir.schema import Checkpoint
 from . import distributed
 
 
@@ -63,9 +65,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
 class Checkpointer:
     """Saves and restores one run's training state in ``run_dir``.
 
-    ``save(step, extra)`` writes the model and optimizer with ``extra`` (configs, history) and the data
-    loader's position and every RNG; ``restore(saved)`` puts a checkpoint read by
-    :func:`~s2hc.rundir.checkpoint.load_checkpoint` back and returns its step. Collective under
+    ``save(checkpoint)`` writes a :class:`~s2hc.rundir.schema.Checkpoint` (configs, step, history) with the
+    model, the optimizer, the data loader's position and every RNG filled in; ``restore(saved)`` puts one read
+    by :func:`~s2hc.rundir.checkpoint.load_checkpoint` back and returns its step. Collective under
     ``torch.distributed``: every rank calls both. ``last_step`` and ``last_path``: the checkpoint of this run
     written or restored last (None before the first), the one a failed run keeps.
     """
@@ -95,49 +97,49 @@ class Checkpointer:
             more = f" and {len(names) - 1} more" if len(names) > 1 else ""
             raise NonFiniteError(f"not saved: {names[0]}{more} hold NaN or infinite values", names)
 
-    def save(self, step: int, extra: dict[str, Any]) -> None:
-        """Write the checkpoint of ``step``: NonFiniteError (nothing written) when the state is not finite,
-        :class:`~s2hc.io.WriteError` (the previous checkpoint kept) when the disk refuses it."""
-        extra = {**extra, "step": step, "loader": self.loader.state_dict(), "rng": rng_state(),
-                 "world_size": self.ctx.world_size}
+    def save(self, checkpoint: Checkpoint) -> None:
+        """Write ``checkpoint`` with this run's training state: NonFiniteError (nothing written) when the state
+        is not finite, :class:`~s2hc.io.WriteError` (the previous checkpoint kept) when the disk refuses it."""
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        checkpoint = dataclasses.replace(checkpoint, loader=self.loader.state_dict(), rng=rng_state(),
+                                         world_size=self.ctx.world_size)
         if self.sharded:
             self._check_finite({"model": model_state, "optimizer": optimizer_state})
             path = self.run_dir / SHARDED
             save_sharded_checkpoint(path, {"model": model_state, "optimizer": optimizer_state},
-                                    extra, is_main=self.ctx.is_main, barrier=lambda: distributed.barrier(self.ctx))
+                                    checkpoint, is_main=self.ctx.is_main, barrier=lambda: distributed.barrier(self.ctx))
         else:  # save_checkpoint checks finiteness itself, in the pass that computes the checksum
             path = self.run_dir / CHECKPOINT
-            save_checkpoint(path, {**extra, "model": model_state, "optimizer": optimizer_state})
-        self.last_step, self.last_path = step, path
+            save_checkpoint(path, dataclasses.replace(checkpoint, model=model_state, optimizer=optimizer_state))
+        self.last_step, self.last_path = checkpoint.step, path
         if self.ctx.is_main:  # the other kind, if a run changed its process count, is older now
             stale = self.run_dir / (CHECKPOINT if self.sharded else SHARDED)
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
 
-    def restore(self, saved: dict[str, Any]) -> int:
+    def restore(self, saved: Checkpoint) -> int:
         """Load the checkpoint whose header is ``saved`` (from ``load_checkpoint(..., with_model=False)``).
 
         One without optimizer state, loader position or RNG (``s2hc upcycle``'s step 0) restores its weights
         alone: the run starts from them, with a fresh optimizer, at the beginning of the data."""
-        if saved["path"].endswith(SHARDED):
+        if saved.path.endswith(SHARDED):
             state = dict(zip(("model", "optimizer"), get_state_dict(self.model, self.optimizer)))
-            load_sharded_into(Path(saved["path"]), state)
+            load_sharded_into(Path(saved.path), state)
             set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                            optim_state_dict=state["optimizer"])
         else:
-            full = load_checkpoint(saved["path"], self.ctx.device, verify=False)  # verified when `saved` was read
+            full = load_checkpoint(saved.path, self.ctx.device, verify=False)  # verified when `saved` was read
             options = StateDictOptions(full_state_dict=True)
-            if "optimizer" not in full:  # `s2hc upcycle`'s step 0: weights only, the run starts from them
-                set_model_state_dict(self.model, full["model"], options=options)
+            if full.optimizer is None:  # `s2hc upcycle`'s step 0: weights only, the run starts from them
+                set_model_state_dict(self.model, full.model, options=options)
             else:
-                set_state_dict(self.model, self.optimizer, model_state_dict=full["model"],
-                               optim_state_dict=full["optimizer"], options=options)
-        if "loader" in saved:  # an upcycled run has not read any data yet: its loader starts at the beginning
-            self.loader.load_state_dict(saved["loader"])
-        if "rng" in saved and saved.get("world_size", 1) == 1 and self.ctx.world_size == 1:  # per-rank streams
-            set_rng_state(saved["rng"])  # cannot be split
-        self.last_step, self.last_path = saved["step"], Path(saved["path"])
-        return saved["step"]
+                set_state_dict(self.model, self.optimizer, model_state_dict=full.model,
+                               optim_state_dict=full.optimizer, options=options)
+        if saved.loader is not None:  # an upcycled run has not read any data yet: its loader starts at the beginning
+            self.loader.load_state_dict(saved.loader)
+        if saved.rng is not None and saved.world_size == 1 and self.ctx.world_size == 1:  # per-rank streams
+            set_rng_state(saved.rng)  # cannot be split
+        self.last_step, self.last_path = saved.step, Path(saved.path)
+        return saved.step
 
 
 def _tensors(value: Any, name: str):

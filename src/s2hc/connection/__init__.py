@@ -1,0 +1,55 @@
+"""The hyper-connection around one branch (attention or MLP), and the stream expansion / reduction.
+
+Per token, with streams ``X ∈ R^{n×C}`` (docs/design.md section 1)::
+
+    x̃ = RMSNorm(vec(X));  d = x̃ W  (W zero-initialised, nC × (2n + K))
+    H_pre = gate(α_pre d_pre + b_pre);  H_post = 2·gate(α_post d_post + b_post);  H_res = M(d_res)
+    X' = H_res X + H_postᵀ F(H_pre X)
+
+The coefficient path (norm, projection, gates, constraint map) runs in at least float32 whatever the
+model's dtype; the three matrices are cast to the stream dtype for the mixing itself. Under
+``torch.autocast`` only the branch runs autocast: the coefficients, the read, the mixing and the write run
+in the streams' own dtype, so a float32 residual stream is never rounded to bfloat16 (as in a plain
+residual model, where ``x + F(x)`` stays float32 and the branch output is the one low-precision term).
+
+The n-wide work (norm and projection, read and mix, write) has four implementations, the compute paths
+(:class:`ComputePath`); :func:`select_path` picks one per call, from ``fused``, ``kernels`` and whether
+``torch.compile`` is tracing. All compute the same function (``tests/test_fastpath.py`` and
+``tests/test_triton_kernels.py`` check values and gradients):
+
+- ``reference`` (``fused=False``): ``F.rms_norm`` then the projection, the family's
+  :meth:`~s2hc.mixers.Mixer.mix`, einsum read and write; the equations as written.
+- ``eager`` (``fused=True``, the default, outside ``torch.compile``): the RMSNorm weight folded into the
+  projection, ``d = r · X (diag(w) W)`` with ``r = 1/rms(X)``, so no normed n·C-wide copy is written or
+  stored; the read and the mixing in one autograd function that stores only ``X`` and the matrices; the
+  write as one ``addcmul``; the family's ``mix`` (without a compiler a batched GEMM is one call, where
+  the broadcast form is one pass over memory per operation).
+- ``compiled`` (``fused=True`` under ``torch.compile``, whatever ``kernels``): the same fold, read and
+  mixing as broadcast multiply-adds, and the family's ``mix_fused``, which inductor fuses into a few
+  loops over ``X``.
+- ``triton`` (``fused=True, kernels="triton"``, outside ``torch.compile``): the three n-wide passes as
+  Triton kernels (:mod:`s2hc.connection.kernels`), on CUDA, or on CPU under ``TRITON_INTERPRET=1``.
+
+Measurements of each: ``docs/benchmarks.md``.
+
+The modules: :mod:`~s2hc.connection.module` (:class:`HyperConnection` and its compute options),
+:mod:`~s2hc.connection.streams` (into and out of the streams), :mod:`~s2hc.connection.base` (what a compute
+path is), :mod:`~s2hc.connection.reference` and :mod:`~s2hc.connection.fused` (the paths),
+:mod:`~s2hc.connection.paths` (which path a call takes) and :mod:`~s2hc.connection.kernels` (the Triton
+kernels; it needs ``triton`` and is imported only when ``kernels="triton"`` is first asked for).
+"""
+
+from __future__ import annotations
+
+from .base import ComputePath
+from .fused import CompiledPath, EagerPath, TritonPath
+from .module import COMPUTE_OPTIONS, HyperConnection, set_connection_options
+from .paths import COMPILED, EAGER, KERNELS, REFERENCE, select_path
+from .reference import ReferencePath
+from .streams import HyperHead, expand_streams, reduce_streams
+
+__all__ = [
+    "COMPILED", "COMPUTE_OPTIONS", "EAGER", "KERNELS", "REFERENCE", "CompiledPath", "ComputePath", "EagerPath",
+    "HyperConnection", "HyperHead", "ReferencePath", "TritonPath", "expand_streams", "reduce_streams",
+    "select_path", "set_connection_options",
+]

@@ -1,0 +1,116 @@
+"""``s2hc compare``: a study with one axis (families × seeds). The spec it builds, the runs and report it writes
+(the same as the study of that axis), the trained matrices in the report, and the report without the study extra."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import yaml
+from helpers import small_config
+
+from s2hc.cli import main
+from s2hc.diagnostics import plots
+from s2hc.rundir import load_checkpoint
+from s2hc.study import compare, compare_spec, load_spec, run_study, write_report
+from s2hc.study import stats as study_stats
+
+FAMILIES = ["residual", "s2hc", "mhc"]
+
+
+@pytest.fixture
+def base(corpus_file, tmp_path):
+    return small_config(corpus_file, tmp_path, max_steps=2, eval_every=2, checkpoint_every=0, log_every=1,
+                        seed=5)
+
+
+def test_compare_builds_the_one_axis_study(base):
+    spec = compare_spec(base.replace(family_options={"rotation": "expm"}), ["residual", "s2hc"], seeds=2,
+                        n_streams=2)
+    assert [c.label for c in spec.configurations] == ["residual", "s2hc (rotation=expm) n=2"]
+    assert spec.seeds == (5, 6) and spec.baselines == ("residual",) and spec.title == "s2hc compare"
+    assert [c.run_name(s) for c, s in spec.runs()] == [
+        "residual-seed5", "s2hc-n2-rotation-expm-seed5", "residual-seed6", "s2hc-n2-rotation-expm-seed6"]
+    # the settings that differ from TrainConfig's defaults, and none the grid sets
+    assert spec.train["max_steps"] == 2 and not {"family", "n_streams", "seed", "out"} & set(spec.train)
+    spec = compare_spec(base, ["mhc"])
+    assert [c.label for c in spec.configurations] == ["mhc n=4"] and spec.seeds == (5,)
+
+
+def _structure(report: str) -> list[str]:
+    """Headings and table headers: what the report is made of, without its numbers and title."""
+    return [line for line in report.splitlines()[1:] if line.startswith("#") or line.startswith("| configuration")]
+
+
+def test_compare_writes_the_studys_runs_and_report(base, tmp_path, capsys):
+    out = tmp_path / "compare"
+    report = compare(base, FAMILIES, out=out).read_text()
+    names = ["residual-seed5", "s2hc-n4-seed5", "mhc-n4-seed5"]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(names)
+    assert report.startswith("# s2hc compare\n")
+    for text in ("| residual | 1 |", "| s2hc n=4 | 1 |", "| mhc n=4 | 1 |", "tokens/s", "step time vs residual",
+                 "One seed per configuration", "## The trained residual matrices", "## Runs"):
+        assert text in report
+    results = json.loads((out / "results.json").read_text())
+    rows = {row["family"]: row for row in results["rows"]}
+    assert rows["residual"]["hc_params"] == 0 < rows["s2hc"]["hc_params"]
+    assert load_checkpoint(out / "runs" / "s2hc-n4-seed5").model_config["n_streams"] == 4
+    assert load_checkpoint(out / "runs" / "residual-seed5").model_config["n_streams"] == 1
+    # each measured run's diagnostics: its own report, linked; the figures drawn from the first seed
+    for name in ("s2hc-n4-seed5", "mhc-n4-seed5"):
+        assert (out / "runs" / name / "diagnostics" / "diagnostics.json").is_file()
+        assert f"(runs/{name}/diagnostics/report.md)" in report
+    assert "| residual | [seed 5](runs/residual-seed5/) | nothing to measure |" in report
+    if plots.have_matplotlib():
+        for figure in ("validation_curves", "train_curves", "deviation_singular_values", "stream_similarity"):
+            assert f"(figures/{figure}.png)" in report and (out / "figures" / f"{figure}.png").stat().st_size > 1000
+
+    # the study of the same axis: the same runs and the same report, but for the title and the description
+    spec_file = tmp_path / "study.yaml"
+    spec_file.write_text(yaml.safe_dump({
+        "train": compare_spec(base, FAMILIES).train, "n_streams": [4], "seeds": [5], "families": FAMILIES,
+        "diagnostics_tokens": 1024}))
+    study_out = tmp_path / "study"
+    study_report = run_study(load_spec(spec_file), study_out, strict=False).read_text()
+    assert sorted(p.name for p in (study_out / "runs").iterdir()) == sorted(names)
+    assert _structure(study_report) == _structure(report)
+    for name in names:
+        run_config = yaml.safe_load((out / "configs" / f"{name}.yaml").read_text())
+        assert yaml.safe_load((study_out / "configs" / f"{name}.yaml").read_text()) == run_config
+
+
+def test_compare_cli_refuses_an_existing_run_resumes_and_overwrites(base, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    config = tmp_path / "base.yaml"
+    values = base.to_dict()
+    for key in ("family", "n_streams", "out"):
+        values.pop(key)
+    config.write_text(yaml.safe_dump(values))
+    args = ["compare", "--config", str(config), "--families", "residual", "--out", str(out)]
+    assert main([*args, "--resume"]) == 2
+    assert "holds none of these runs to resume (residual-seed5)" in capsys.readouterr().err
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("# s2hc compare") and f"Report: {out / 'report.md'}" in printed
+    assert main(args) == 2
+    assert re.search(r"'.*runs/residual-seed5' already holds a run", capsys.readouterr().err)
+    assert main([*args, "--resume"]) == 0  # finished: kept as it is, measured already
+    assert main([*args, "--max-steps", "3", "--overwrite"]) == 0
+    assert load_checkpoint(out / "runs" / "residual-seed5").step == 3
+
+
+def test_the_report_without_the_study_extra(base, tmp_path, monkeypatch):
+    """`make demo` installs only the plot extra, CI's core install none: the report is written, and says in one
+    line each what it leaves out."""
+    out = tmp_path / "cmp"
+    compare(base, ["residual", "s2hc"], seeds=2, out=out)
+    full = (out / "report.md").read_text()
+    if study_stats.available():
+        assert "## Paired differences against `residual`" in full
+    monkeypatch.setattr(study_stats, "available", lambda: False)
+    monkeypatch.setattr(plots, "have_matplotlib", lambda: False)
+    report = write_report(out, strict=False).read_text()
+    assert study_stats.NO_STATISTICS in report and plots.NO_FIGURES in report
+    assert "Paired differences" not in report and "![" not in report
+    assert re.search(r"\| s2hc n=4 \| 2 \| \d\.\d{4} ± \d\.\d{4} \|", report)  # mean ± std, no interval
