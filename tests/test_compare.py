@@ -57,11 +57,11 @@ def test_compare_writes_the_studys_runs_and_report(base, tmp_path, capsys):
     assert rows["residual"]["hc_params"] == 0 < rows["s2hc"]["hc_params"]
     assert load_checkpoint(out / "runs" / "s2hc-n4-seed5").model_config["n_streams"] == 4
     assert load_checkpoint(out / "runs" / "residual-seed5").model_config["n_streams"] == 1
-    # each measured run's diagnostics: its own report, linked; the figures drawn from the first seed
+    # each measured run's diagnostics: its own report, named in the Runs table; the figures from the first seed
     for name in ("s2hc-n4-seed5", "mhc-n4-seed5"):
-        assert (out / "runs" / name / "diagnostics" / "diagnostics.json").is_file()
-        assert f"(runs/{name}/diagnostics/report.md)" in report
-    assert "| residual | [seed 5](runs/residual-seed5/) | nothing to measure |" in report
+        assert (out / "runs" / name / "diagnostics" / "report.md").is_file()
+        assert f"| `runs/{name}/` | `diagnostics/report.md` in each |" in report
+    assert "| residual | `runs/residual-seed5/` | nothing to measure |" in report
     if plots.have_matplotlib():
         for figure in ("validation_curves", "train_curves", "deviation_singular_values", "stream_similarity"):
             assert f"(figures/{figure}.png)" in report and (out / "figures" / f"{figure}.png").stat().st_size > 1000

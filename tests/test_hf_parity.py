@@ -280,3 +280,30 @@ def test_llama3_frequencies_are_those_of_transformers_to_the_bit(head_dim, origi
     expected, attention_factor = ROPE_INIT_FUNCTIONS["llama3"](config)
     plain = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
     assert attention_factor == 1.0 and torch.equal(llama3_frequencies(plain, scaling), expected)
+
+
+def test_no_module_outside_the_registry_asks_for_an_architecture_by_name():
+    """Adding an architecture is one file in hf/architectures/ (and its preset): no other module compares a
+    model_type with a name, or keys a mapping by one (as upcycle.py's _PRESET_OF and convert.py's if/elif did)."""
+    import ast
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[1] / "src" / "s2hc"
+    names = set(architectures.model_types())
+
+    def named(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value in names
+
+    found = []
+    for path in sorted(source.rglob("*.py")):
+        if path.is_relative_to(source / "hf" / "architectures"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            compared = isinstance(node, ast.Compare) and any(named(n) for n in [node.left, *node.comparators])
+            compared |= isinstance(node, ast.Compare) and any(
+                isinstance(n, (ast.Tuple, ast.List, ast.Set)) and any(named(e) for e in n.elts)
+                for n in node.comparators)
+            keyed = isinstance(node, ast.Dict) and any(named(k) for k in node.keys if k is not None)
+            if compared or keyed:
+                found.append(f"{path.relative_to(source)}:{node.lineno}")
+    assert not found, found

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from ..data.tokenizer import HFTokenizer, TiktokenTokenizer, get_tokenizer, gpt2_files
+from ..data.tokenizer import GPT2, HFTokenizer, TiktokenTokenizer, get_tokenizer, gpt2_files
 from ..devices import resolve_dtype
 from ..evaluate.loading import check_finite_weights
 from ..io import WriteError, atomic_write_text
@@ -50,7 +50,7 @@ def hf_tokenizer(tokenizer, model_max_length: int | None = None):
     if isinstance(tokenizer, HFTokenizer):
         backend = tokenizers.Tokenizer.from_str(tokenizer._tok.to_str())  # a fresh copy: normal special tokens
         eot = tokenizer.eot_token
-    elif isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name == "gpt2":
+    elif isinstance(tokenizer, TiktokenTokenizer) and tokenizer.name == GPT2:
         files = gpt2_files()
         model = tokenizers.models.BPE.from_file(str(files["encoder.json"]), str(files["vocab.bpe"]))
         backend = tokenizers.Tokenizer(model)

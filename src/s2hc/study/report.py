@@ -211,22 +211,20 @@ def rotation_lines(results: dict[str, Any]) -> list[str]:
     return table(header, rows, align="llrrr")
 
 
-def runs_table(results: dict[str, Any], out: Path) -> list[str]:
+def runs_table(results: dict[str, Any]) -> list[str]:
     """Each configuration's run directories (config, metrics, checkpoint: ``s2hc eval``, ``diagnose`` and
-    ``export`` read them) and diagnostics reports, one link per seed, relative to the study's directory ``out``.
-    Only what exists under ``out`` is linked (a committed study keeps its results.json, not its runs): the rest is
-    named without a link."""
-
-    def link(text: str, target: str) -> str:
-        return f"[{text}]({target})" if (out / target).exists() else text
-
+    ``export`` read them), relative to the study's directory, and which hold a diagnostics report. Paths, not
+    links: the report is a function of results.json alone, and a committed study keeps no run directories."""
     rows = []
     for label, runs in _groups(results["rows"]).items():
-        directories = ", ".join(link(f"seed {r['seed']}", f"{RUNS}/{r['name']}/")
-                                + ("" if r["status"] == "finished" else f" ({r['status']})") for r in runs)
+        directories = ", ".join(f"`{RUNS}/{r['name']}/`" + ("" if r["status"] == "finished" else f" ({r['status']})")
+                                for r in runs)
         measured = [r for r in runs if r.get("diagnostics")]
-        reports = ", ".join(link(f"seed {r['seed']}", f"{RUNS}/{r['name']}/diagnostics/{REPORT}") for r in measured)
-        if not measured:
+        if len(measured) == len(runs):
+            reports = f"`diagnostics/{REPORT}` in each"
+        elif measured:
+            reports = ", ".join(f"`{RUNS}/{r['name']}/diagnostics/{REPORT}`" for r in measured)
+        else:
             reports = "nothing to measure" if runs[0]["family"] == RESIDUAL else DASH
         rows.append([label, directories, reports])
     return table(["configuration", "run directories", "diagnostics reports"], rows, align="lll")
@@ -421,7 +419,7 @@ def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Pa
     lines += ["## Runs", "",
               "Each run is an ordinary run directory (config, metrics.jsonl, checkpoint: `s2hc eval`, `diagnose` and "
               "`export` read it); its diagnostics report is the trained model's, measured on validation tokens.", ""]
-    lines += runs_table(results, out) + [""]
+    lines += runs_table(results) + [""]
     return "\n".join(lines).rstrip() + "\n"
 
 
