@@ -166,6 +166,7 @@ def training_table(results: dict[str, Any]) -> list[str]:
 def diagnostics_table(results: dict[str, Any]) -> list[str]:
     """The trained models' matrices, mean over seeds of each run's worst (or mean) over layers and tokens."""
     keys = [
+        ("column-sum error (1 layer)", "col_sum_error"),  # what Sinkhorn leaves inexact (s²HC Fig. 7)
         ("negative entries (share)", "negative_share_mean"),
         ("smallest deviation σ", "smallest_deviation_singular_value_mean"),
         ("max ‖H‖₂", "spectral_norm"),
