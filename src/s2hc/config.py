@@ -63,6 +63,11 @@ MODEL, FAMILY, DATA, SCHEDULE, RUN = "model", "family", "data", "schedule", "run
 GROUPS = (MODEL, FAMILY, DATA, SCHEDULE, RUN)
 
 
+def _check_group(group: str) -> None:
+    if group not in GROUPS:
+        raise ValueError(f"group must be one of {list(GROUPS)}, got {group!r}")
+
+
 def _setting(default: Any, help: str, group: str, *, flag: bool = True, resumable: bool = False, grid: bool = False,
              inherited: bool = True):
     """A TrainConfig field and what the rest of s2hc needs to know of it (its metadata), stated once here.
@@ -72,8 +77,7 @@ def _setting(default: Any, help: str, group: str, *, flag: bool = True, resumabl
     not change what is computed). ``grid``: set per run by whoever lays out several runs (a study's grid),
     never by the shared ``train:`` settings. ``inherited``: copied from a source run to a run made from it
     (``s2hc upcycle`` of an s2hc run); off for what names the run itself."""
-    if group not in GROUPS:
-        raise ValueError(f"group must be one of {list(GROUPS)}, got {group!r}")
+    _check_group(group)
     metadata = {"help": help, "group": group, "flag": flag, "resumable": resumable, "grid": grid,
                 "inherited": inherited}
     if isinstance(default, dict):
@@ -363,8 +367,7 @@ def _names(keep) -> tuple[str, ...]:
 def fields_of(*groups: str) -> tuple[str, ...]:
     """The names of the TrainConfig fields in ``groups`` (of :data:`GROUPS`), in declaration order."""
     for group in groups:
-        if group not in GROUPS:
-            raise ValueError(f"group must be one of {list(GROUPS)}, got {group!r}")
+        _check_group(group)
     return _names(lambda meta: meta["group"] in groups)
 
 

@@ -24,7 +24,7 @@ from ..diagnostics.report import DEFAULT_TOKENS
 from ..mixers import RESIDUAL, default_streams
 from ..rundir import check_run_directory, holds_run
 from .runner import Run, run_study
-from .spec import GRID_KEYS, StudySpec, parse_spec
+from .spec import DEFAULT_BASELINES, GRID_KEYS, StudySpec, parse_spec
 
 TITLE = "s2hc compare"
 
@@ -51,7 +51,7 @@ def compare_spec(base: TrainConfig, families: list[str], seeds: int = 1, n_strea
         "train": train,
         "seeds": [base.seed + k for k in range(seeds)],
         "families": entries,
-        "baselines": [b for b in (RESIDUAL, "mhc") if b in families],
+        "baselines": [b for b in DEFAULT_BASELINES if b in families],
         "diagnostics_tokens": DEFAULT_TOKENS,
     }
     return parse_spec(values, source="s2hc compare", title=TITLE)

@@ -22,6 +22,7 @@ from ..io import atomic_write_text, fsync_path
 from ..mixers import RESIDUAL
 from ..reports import DASH, count, fixed, mean_std, p_value, ratio, sci, table
 from . import stats
+from .spec import DEFAULT_BASELINES
 from .stats import LEVEL, describe, holm, paired
 
 RESULTS = "results.json"
@@ -368,9 +369,9 @@ def _paired_lines(results: dict[str, Any]) -> list[str]:
     if not repeated(results):
         return ["One seed per configuration: no intervals or paired tests (they need two seeds or more).", ""]
     if not stats.available():
-        return [stats.NO_STATISTICS + ".", ""]
+        return [stats.NO_STATISTICS, ""]
     lines = []
-    for baseline in results["study"].get("baselines", [RESIDUAL, "mhc"]):
+    for baseline in results["study"].get("baselines", DEFAULT_BASELINES):
         lines += [f"## Paired differences against `{baseline}`", "",
                   "Per seed, configuration minus baseline (same seed, same data order); a negative Δ is a lower loss. "
                   "p: two-sided paired t-test; Holm: adjusted over the table; the verdict says whether the "

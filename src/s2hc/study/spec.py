@@ -41,13 +41,14 @@ from ..config import (
     parse_assignment,
 )
 from ..connection import HyperConnection
-from ..mixers import RESIDUAL, check_family, options
+from ..mixers import REFERENCE_FAMILY, RESIDUAL, check_family, options
 from ..rundir import load_checkpoint
 from ..train.init_from import upcycles
 
 KEYS = ("description", "train", "n_streams", "streams", "seeds", "families", "baselines", "diagnostics_tokens", "nproc")
 GRID_KEYS = grid_fields()  # set by the grid, not by `train:` (TrainConfig's field metadata says which)
 DEFAULT_DIAGNOSTICS_TOKENS = 2048
+DEFAULT_BASELINES = (RESIDUAL, REFERENCE_FAMILY)  # what every configuration is paired with, unless told
 #: Bounds of the counts a grid file sets beside its runs' (which TrainConfig bounds): the diagnostics hold
 #: per-token matrices of every connection in memory, and a run's processes are GPUs of one machine or more.
 MAX_DIAGNOSTICS_TOKENS, MAX_NPROC = 1_000_000, 1024
@@ -95,7 +96,7 @@ class StudySpec:
     train: dict[str, Any]
     configurations: tuple[Configuration, ...]
     seeds: tuple[int, ...]
-    baselines: tuple[str, ...] = (RESIDUAL, "mhc")
+    baselines: tuple[str, ...] = DEFAULT_BASELINES
     diagnostics_tokens: int = DEFAULT_DIAGNOSTICS_TOKENS
     description: str = ""
     nproc: int = 1
@@ -214,7 +215,7 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
             if configuration in configurations:
                 raise ValueError(f"{source}: {configuration.label!r} is listed twice")
             configurations.append(configuration)
-    baselines = values.get("baselines", [RESIDUAL, "mhc"])
+    baselines = values.get("baselines", list(DEFAULT_BASELINES))
     if not isinstance(baselines, list):
         raise ValueError(f"{source}: 'baselines' must be a list of families, got {baselines!r}")
     spec = StudySpec(

@@ -12,12 +12,11 @@ import math
 import statistics
 from typing import Any
 
-from ..extras import is_available, require
+from ..extras import MissingExtra, is_available, require
 
 LEVEL = 0.95
 #: What a report says where the intervals and tests are left out (``s2hc compare`` without the study extra).
-NO_STATISTICS = ("95 % intervals and paired t-tests are left out: they need the study extra (SciPy is not "
-                 "installed): pip install 's2hc[study]'")
+NO_STATISTICS = f"(No 95 % intervals or paired t-tests: {MissingExtra('scipy', 'the statistics')}.)"
 
 
 def available() -> bool:

@@ -14,7 +14,6 @@ checkpoint it keeps, which (like every checkpoint) was only written because all 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import signal
@@ -307,7 +306,7 @@ class _Run:
         self.checkpointer = Checkpointer(self.out, self.model, self.optimizer, self.loader, ctx)
         self.step = self.checkpointer.restore(saved) if saved is not None else 0
         # a finished run resumed (`train --resume` with the same max_steps) still reports its numbers
-        self.history = dataclasses.replace(saved.history) if saved is not None else History(train_loss=math.nan)
+        self.history = saved.history if saved is not None else History(train_loss=math.nan)
         self.metrics = None
         if ctx.is_main:
             write_config(self.out, config.to_dict())
@@ -415,8 +414,7 @@ class _Run:
 
     def save(self) -> None:
         checkpoint = Checkpoint(config=self.config.to_dict(), model_config=self.model_config.to_dict(),
-                                step=self.step, history=dataclasses.replace(self.history,
-                                                                            step_times=list(self.history.step_times)))
+                                step=self.step, history=self.history)
         try:
             self.checkpointer.save(checkpoint)
         except NonFiniteError as error:
