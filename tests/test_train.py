@@ -54,12 +54,11 @@ def test_weight_decay_only_on_matrices():
     from s2hc.models import Transformer, get_preset
 
     model = Transformer(get_preset("tiny", family="s2hc", n_streams=4, **SMALL_MODEL))
-    decay, no_decay = parameter_groups(model, 0.1)
+    decay, no_decay = parameter_groups(model, 0.1)  # every family and rule: tests/test_weight_decay.py
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
     hc = next(m for m in model.modules() if m.__class__.__name__ == "HyperConnection")
-    assert any(p is hc.projection for p in decay["params"])
-    assert any(p is hc.alpha_pre for p in no_decay["params"])
+    assert any(p is hc.projection for p in decay["params"]) and "blocks.0.attn_hc.projection" in decay["names"]
+    assert any(p is hc.alpha_pre for p in no_decay["params"]) and "blocks.0.attn_hc.alpha_pre" in no_decay["names"]
     assert sum(p.numel() for g in (decay, no_decay) for p in g["params"]) == sum(p.numel() for p in model.parameters())
 
 

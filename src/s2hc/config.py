@@ -34,6 +34,9 @@ from .models import get_preset
 from .params import check_countable
 
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
+#: Which parameters AdamW decays (s2hc.train.optim): weight matrices, embeddings and the connections' projections
+#: (s2hc's rule), or every parameter, as the s²HC authors' one group.
+WEIGHT_DECAY_RULES = ("matrices", "all")
 
 # The range of every number, checked before anything runs (types come from the field's annotation).
 NONNEGATIVE_INTS = (  # the other ints are >= 1 (n_streams also <= MAX_STREAMS, seed in [0, MAX_SEED])
@@ -54,7 +57,8 @@ FLOAT_RANGES: dict[str, dict[str, Any]] = {
     "grad_clip": dict(minimum=0.0),
 }
 # HyperConnection's own keywords, accepted in family_options beside the family's (see s2hc.models.ModelConfig).
-CONNECTION_OPTION_KINDS = {"eps": {"float"}, "transpose_res": {"bool"}}
+CONNECTION_OPTION_KINDS = {"eps": {"float"}, "transpose_res": {"bool"}, "projection_init": {"str"},
+                           "gate_init": {"str"}}
 
 
 # The groups of TrainConfig's fields (the metadata "group" of each): what makes the model, the residual family, the
@@ -117,7 +121,10 @@ class TrainConfig:
     lr: float = _setting(6e-4, "peak learning rate", SCHEDULE)
     min_lr_ratio: float = _setting(0.1, "floor of the cosine schedule, as a fraction of lr", SCHEDULE)
     warmup_steps: int = _setting(100, "linear warmup steps", SCHEDULE)
-    weight_decay: float = _setting(0.1, "AdamW weight decay (matrices only)", SCHEDULE)
+    weight_decay: float = _setting(0.1, "AdamW weight decay, of the parameters weight_decay_on names", SCHEDULE)
+    weight_decay_on: str = _setting(
+        "matrices", "which parameters decay: 'matrices' (weight matrices, embeddings, the connections' projections) "
+        "or 'all' (the s²HC authors' one group; connection norm weights toward 1)", SCHEDULE)
     beta1: float = _setting(0.9, "AdamW beta1", SCHEDULE)
     beta2: float = _setting(0.95, "AdamW beta2", SCHEDULE)
     grad_clip: float = _setting(1.0, "gradient-norm clipping (0: off)", SCHEDULE)
@@ -152,6 +159,8 @@ class TrainConfig:
             self.n_streams = default_streams(self.family)
         for f in fields(self):
             self._check_field(f.name, f.type)
+        if self.weight_decay_on not in WEIGHT_DECAY_RULES:
+            raise ValueError(f"weight_decay_on must be one of {list(WEIGHT_DECAY_RULES)}, got {self.weight_decay_on!r}")
         if self.parallel not in PARALLEL_MODES:
             raise ValueError(f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}")
         if self.dtype not in AUTOCAST_NAMES:

@@ -2,7 +2,7 @@
 
 Per token, with streams ``X ∈ R^{n×C}`` (docs/design.md section 1)::
 
-    x̃ = RMSNorm(vec(X));  d = x̃ W  (W zero-initialised, nC × (2n + K))
+    x̃ = RMSNorm(vec(X));  d = x̃ W  (W zero-initialised by default, nC × (2n + K))
     H_pre = gate(α_pre d_pre + b_pre);  H_post = 2·gate(α_post d_post + b_post);  H_res = M(d_res)
     X' = H_res X + H_postᵀ F(H_pre X)
 
@@ -34,7 +34,8 @@ Measurements of each: ``docs/benchmarks.md``.
 
 The modules: :mod:`~s2hc.connection.module` (:class:`HyperConnection` and its compute options),
 :mod:`~s2hc.connection.streams` (into and out of the streams), :mod:`~s2hc.connection.base` (what a compute
-path is), :mod:`~s2hc.connection.reference` and :mod:`~s2hc.connection.fused` (the paths),
+path is), :mod:`~s2hc.connection.init` (how a connection's projection and gates start: ``projection_init``,
+``gate_init``), :mod:`~s2hc.connection.reference` and :mod:`~s2hc.connection.fused` (the paths),
 :mod:`~s2hc.connection.paths` (which path a call takes) and :mod:`~s2hc.connection.kernels` (the Triton
 kernels; it needs ``triton`` and is imported only when ``kernels="triton"`` is first asked for).
 """
@@ -43,13 +44,15 @@ from __future__ import annotations
 
 from .base import ComputePath
 from .fused import CompiledPath, EagerPath, TritonPath
+from .init import GATE_INITS, PROJECTION_INITS, gate_biases, projection_std, residual_targets, upcycling_biases
 from .module import COMPUTE_OPTIONS, HyperConnection, set_connection_options
 from .paths import COMPILED, EAGER, KERNELS, REFERENCE, select_path
 from .reference import ReferencePath
 from .streams import HyperHead, expand_streams, reduce_streams
 
 __all__ = [
-    "COMPILED", "COMPUTE_OPTIONS", "EAGER", "KERNELS", "REFERENCE", "CompiledPath", "ComputePath", "EagerPath",
-    "HyperConnection", "HyperHead", "ReferencePath", "TritonPath", "expand_streams", "reduce_streams",
-    "select_path", "set_connection_options",
+    "COMPILED", "COMPUTE_OPTIONS", "EAGER", "GATE_INITS", "KERNELS", "PROJECTION_INITS", "REFERENCE", "CompiledPath",
+    "ComputePath", "EagerPath", "HyperConnection", "HyperHead", "ReferencePath", "TritonPath", "expand_streams",
+    "gate_biases", "projection_std", "reduce_streams", "residual_targets", "select_path", "set_connection_options",
+    "upcycling_biases",
 ]

@@ -17,6 +17,7 @@ from ..extras import check_available
 from ..mixers import RESIDUAL, check_family
 from ..mixers.base import coefficient_dtype, scale_parameter
 from .base import ComputePath, _stream_precision
+from .init import check_gate_init, check_projection_init, gate_biases, initial_projection
 from .paths import KERNELS, select_path
 
 COMPUTE_OPTIONS = ("fused", "recompute", "kernels")  # how a connection computes, not what: HyperConnection.set_options
@@ -59,6 +60,13 @@ class HyperConnection(nn.Module):
             matrices is closed under transposition, so only the parameterisation changes; for mhc it swaps
             which sums are exact (rows by default, columns when transposed). :meth:`coefficients` returns
             the matrix as applied.
+        projection_init: ``"zero"`` (default, the papers) or ``"normal"``, the s²HC authors' code: the
+            coefficient projection ~ N(0, 2 / (5·dim)), drawn from torch's global generator here (the same
+            std for HC's per-stream projection). See :mod:`s2hc.connection.init`.
+        gate_init: ``"papers"`` (default: sigmoid biases −1 / +1, HC's one-hot read and unit writes) or
+            ``"residual"``: ``H_pre = 1/n`` and ``Σ H_post = n`` at init, the gates upcycling sets, so that the
+            streams' mean follows a residual model at step 0 (:func:`s2hc.connection.init.gate_biases`; needs
+            ``n_streams >= 2``).
         **family_options: passed to the family (e.g. ``iterations`` for ``mhc``, ``rotation`` for ``s2hc``).
 
     ``forward(x, branch, *args, **kwargs)``: ``x`` ``(B, T, n, C)``, ``branch`` any callable
@@ -83,6 +91,8 @@ class HyperConnection(nn.Module):
         recompute: bool = False,
         kernels: str = "torch",
         transpose_res: bool = False,
+        projection_init: str = "zero",
+        gate_init: str = "papers",
         **family_options: Any,
     ):
         super().__init__()
@@ -95,13 +105,16 @@ class HyperConnection(nn.Module):
             raise ValueError(f"transpose_res must be True or False, got {transpose_res!r}")
         self.dim, self.n_streams, self.family, self.layer_index, self.eps = dim, n_streams, family, layer_index, eps
         self.transpose_res = transpose_res
+        self.projection_init, self.gate_init = check_projection_init(projection_init), check_gate_init(gate_init)
         self.fused, self.recompute, self.kernels = True, False, "torch"
         self.set_options(fused=fused, recompute=recompute, kernels=kernels)
         if family == RESIDUAL:
             if n_streams != 1:
                 raise ValueError(f"n_streams must be 1 for family='residual', got {n_streams}")
-            if family_options or transpose_res:
-                options = sorted({*family_options, *(["transpose_res"] if transpose_res else [])})
+            connection_options = {"transpose_res": transpose_res, "projection_init": projection_init != "zero",
+                                  "gate_init": gate_init != "papers"}  # those given a value other than the default
+            if family_options or any(connection_options.values()):
+                options = sorted({*family_options, *(name for name, given in connection_options.items() if given)})
                 raise ValueError(f"family='residual' takes no options, got {options}")
             self.mixer = None
             return
@@ -109,22 +122,19 @@ class HyperConnection(nn.Module):
         n, width = n_streams, n_streams * dim
         if self.per_stream:  # the HC paper's form: each stream normed and projected alone, by shared weights
             self.norm_weight = nn.Parameter(torch.ones(dim))
-            self.projection = nn.Parameter(torch.zeros(dim, 2 + n))
+            self.projection = nn.Parameter(initial_projection((dim, 2 + n), dim, projection_init))
         else:
             if self.mixer.weighted_norm:
                 self.norm_weight = nn.Parameter(torch.ones(width))
             else:  # DeepSeek-V4's mHC: the norm has no weight (a None parameter keeps the attribute)
                 self.register_parameter("norm_weight", None)
-            self.projection = nn.Parameter(torch.zeros(width, 2 * n + self.mixer.num_inputs))
+            self.projection = nn.Parameter(initial_projection((width, 2 * n + self.mixer.num_inputs), dim,
+                                                              projection_init))
         self.alpha_pre = scale_parameter(0.01)
         self.alpha_post = scale_parameter(0.01)
-        if self.mixer.gate == "tanh":  # HC: read one stream, write to all
-            b_pre, b_post = torch.zeros(n), torch.ones(n)
-            b_pre[layer_index % n] = 1.0
-        else:  # mHC and after: sigmoid gates, bias −1 except +1 at the favoured stream
-            b_pre = torch.full((n,), -1.0)
-            b_pre[layer_index % n] = 1.0
-            b_post = b_pre.clone()
+        if gate_init == "residual" and n < 2:
+            raise ValueError(f"gate_init='residual' needs n_streams >= 2 (H_pre = 1/n), got n_streams={n}")
+        b_pre, b_post = gate_biases(gate_init, self.mixer.gate, n, layer_index, self.mixer.pre_offset)
         self.bias_pre = nn.Parameter(b_pre)
         self.bias_post = nn.Parameter(b_post)
 
@@ -313,4 +323,6 @@ class HyperConnection(nn.Module):
             text += f", fused={self.fused}" + (", recompute=True" if self.recompute else "")
             text += ", kernels='triton'" if self.kernels == "triton" else ""
             text += ", transpose_res=True" if self.transpose_res else ""
+            text += f", projection_init={self.projection_init!r}" if self.projection_init != "zero" else ""
+            text += f", gate_init={self.gate_init!r}" if self.gate_init != "papers" else ""
         return text

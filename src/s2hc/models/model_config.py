@@ -18,6 +18,7 @@ from typing import Any
 
 from .. import mixers
 from ..checks import MAX_LAYERS, check_int
+from ..connection.init import check_gate_init, check_projection_init
 from ..mixers import RESIDUAL, check_family
 
 __all__ = ["ModelConfig", "PRESETS", "get_preset"]
@@ -28,8 +29,11 @@ POSITIONS = ("rope", "learned")
 STREAM_REDUCTIONS = ("sum", "mean", "head")
 # RoPE scalings the model computes (rope_type -> its keys besides rope_type); transformers' other types are refused.
 ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
-# HyperConnection's own keywords (its RMSNorm epsilon; mixing with H_resᵀ), accepted beside the family's options.
-CONNECTION_OPTIONS = ("eps", "transpose_res")
+# HyperConnection's own keywords (its RMSNorm epsilon; mixing with H_resᵀ; how its projection and its gates start),
+# accepted beside the family's options.
+CONNECTION_OPTIONS = ("eps", "transpose_res", "projection_init", "gate_init")
+# How Transformer.init_weights draws the weights outside the connections (see ModelConfig's docstring).
+WEIGHT_INITS = ("gpt2", "neox")
 
 
 def _fail(name: str, value: Any, allowed: str) -> ValueError:
@@ -98,11 +102,20 @@ class ModelConfig:
             pattern 6, five local layers to one global); pattern 0 means no global layer, every layer
             slides (Mistral). A local layer's query at position ``t`` sees the keys ``t - W < s <= t`` and uses
             RoPE base ``local_rope_theta``.
-        init_std: standard deviation of the normal initialisation (see ``Transformer.init_weights``).
+        weight_init: how ``Transformer.init_weights`` draws every weight outside the connections (C = ``dim``,
+            L = ``n_layers``; biases 0 and norms the identity either way). ``"gpt2"`` (default): linear and
+            embedding weights ~ N(0, init_std²), the residual output projections (``o_proj``, ``down_proj``)
+            ~ N(0, (init_std / sqrt(2L))²). ``"neox"``, the s²HC authors' code (``litgpt/pretrain.py``,
+            ``initialize_weights``; GPT-NeoX's small init and its ``wang_init``): linear and embedding weights,
+            the untied LM head's included, ~ N(0, 2 / (5C)), ``o_proj`` and ``down_proj`` ~ N(0, (1 / (sqrt(C) · L))²).
+            A model loaded from weights (upcycled, converted, ``--init-from``) does not depend on it.
+        init_std: the std of ``weight_init="gpt2"`` (unused by ``"neox"``, whose stds follow from C and L).
 
     Residual family: ``family`` (a name from :func:`s2hc.families`), ``n_streams`` (1 for ``"residual"``)
-    and ``family_options`` (the family's options, see :func:`s2hc.mixers.options`, plus ``eps``), passed
-    to every :class:`s2hc.HyperConnection` of the model. ``stream_reduce``: how the streams become one before
+    and ``family_options`` (the family's options, see :func:`s2hc.mixers.options`, plus the connection's own:
+    ``eps``, ``transpose_res``, ``projection_init``, ``gate_init``), passed to every :class:`s2hc.HyperConnection`
+    of the model; ``gate_init="residual"`` (a residual-equivalent start, :mod:`s2hc.connection.init`) needs
+    ``stream_reduce="mean"``. ``stream_reduce``: how the streams become one before
     the final norm, ``"sum"`` (the papers') or ``"mean"`` (the same up to the final norm's ε; upcycled models
     use it so that they compute exactly what their residual source computes, see :mod:`s2hc.models.widen`),
     or ``"head"``: a learned per-token weighting, DeepSeek-V4's ``HyperHead`` (:class:`s2hc.HyperHead`, its
@@ -135,6 +148,7 @@ class ModelConfig:
     sliding_window: int | None = None
     sliding_window_pattern: int = 6
     local_rope_theta: float | None = None
+    weight_init: str = "gpt2"
     init_std: float = 0.02
     family: str = RESIDUAL
     n_streams: int = 1
@@ -165,6 +179,7 @@ class ModelConfig:
         _check_choice("mlp", self.mlp, MLPS)
         _check_choice("pos", self.pos, POSITIONS)
         _check_choice("stream_reduce", self.stream_reduce, STREAM_REDUCTIONS)
+        _check_choice("weight_init", self.weight_init, WEIGHT_INITS)
         if self.ffn_dim is None:
             self.ffn_dim = 4 * self.dim if self.mlp == "gelu" else 64 * math.ceil(8 * self.dim / 3 / 64)
         check_int("ffn_dim", self.ffn_dim)
@@ -230,6 +245,19 @@ class ModelConfig:
         unknown = sorted(set(self.family_options) - set(allowed))
         if unknown:
             raise ValueError(f"unknown family_options {unknown} for family {self.family!r}; allowed: {allowed}")
+        self._check_initialisation()
+
+    def _check_initialisation(self) -> None:
+        """The connection's ``projection_init`` and ``gate_init`` values; a residual-equivalent start
+        (``gate_init="residual"``) makes the streams' mean the residual stream, so the output must be that mean."""
+        check_projection_init(self.family_options.get("projection_init", "zero"))
+        if check_gate_init(self.family_options.get("gate_init", "papers")) != "residual":
+            return
+        if self.stream_reduce != "mean":
+            raise ValueError(f"gate_init='residual' makes the streams' mean the residual stream: set "
+                             f"stream_reduce='mean', got stream_reduce={self.stream_reduce!r}")
+        if self.n_streams < 2:
+            raise ValueError(f"gate_init='residual' needs n_streams >= 2 (H_pre = 1/n), got n_streams={self.n_streams}")
 
     # ---- derived -------------------------------------------------------------------------------------
 

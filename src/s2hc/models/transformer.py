@@ -448,14 +448,19 @@ class Transformer(nn.Module):
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """Re-initialise every weight except the hyper-connections' (they keep theirs, docs/design.md section 1).
+        """Re-initialise every weight except the hyper-connections' and the :class:`s2hc.HyperHead`'s (they keep
+        theirs, docs/design.md section 1), as ``config.weight_init`` says (C = ``dim``, L = ``n_layers``):
 
-        Linear and embedding weights ~ N(0, init_std²); the residual output projections (attention ``o_proj``,
-        MLP ``down_proj``) ~ N(0, (init_std / sqrt(2 · n_layers))²) as in GPT-2; biases 0; norms to identity
-        (weight 1, or 0 for Gemma's ``1 + w`` RMSNorm; LayerNorm bias 0).
+        - ``"gpt2"`` (default): linear and embedding weights ~ N(0, init_std²); the residual output projections
+          (attention ``o_proj``, MLP ``down_proj``) ~ N(0, (init_std / sqrt(2L))²), as in GPT-2.
+        - ``"neox"``, the s²HC authors' ``initialize_weights`` (``litgpt/pretrain.py``): linear and embedding
+          weights (the untied LM head's too, an ``nn.Linear`` there) ~ N(0, 2 / (5C)); ``o_proj`` and
+          ``down_proj`` ~ N(0, (1 / (sqrt(C) · L))²). ``init_std`` is not used.
+
+        Either way biases are 0 and norms the identity (weight 1, or 0 for Gemma's ``1 + w`` RMSNorm; LayerNorm
+        bias 0).
         """
-        std = self.config.init_std
-        out_std = std / math.sqrt(2 * self.config.n_layers)
+        std, out_std = self._weight_stds()
 
         def linear(module: nn.Linear | None, sigma: float) -> None:
             if module is None:
@@ -480,6 +485,14 @@ class Transformer(nn.Module):
         self.norm.reset_parameters()
         if not self.config.tie_embeddings:
             linear(self.lm_head, std)
+
+    def _weight_stds(self) -> tuple[float, float]:
+        """``(std, out_std)`` of :meth:`init_weights`: every linear and embedding weight, and the residual output
+        projections."""
+        config = self.config
+        if config.weight_init == "neox":
+            return math.sqrt(2.0 / (5.0 * config.dim)), 1.0 / (math.sqrt(config.dim) * config.n_layers)
+        return config.init_std, config.init_std / math.sqrt(2 * config.n_layers)
 
     def num_params(self, exclude_embeddings: bool = False) -> int:
         """Number of parameters (shared ones counted once), hyper-connections included.

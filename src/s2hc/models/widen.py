@@ -15,7 +15,9 @@ With the coefficient projections at zero (their initial value) every ``H`` is it
 token. The read bias is ``logit(1/n)``; the write biases give the favoured stream ``layer_index mod n`` (as the
 paper's initialisation does) ``1 + spread`` and the others ``1 − spread/(n − 1)``. The writes are not uniform,
 so the streams separate after the first write and the mixing receives real gradients from the first step; with
-uniform writes they would stay copies, and ``H_res`` would never matter.
+uniform writes they would stay copies, and ``H_res`` would never matter. The biases are
+:func:`s2hc.connection.init.upcycling_biases`, which a model built from scratch gets too with the connection
+option ``gate_init="residual"``.
 
 Which families qualify each family's class says (:meth:`s2hc.mixers.Mixer.upcycle_refusal`): those whose
 ``H_res`` has rows and columns summing to 1 whatever its parameters are (``mhc-lite``, ``kromhc``, ``s2hc``,
@@ -31,11 +33,13 @@ import torch
 
 from .. import mixers
 from ..connection import HyperConnection
+from ..connection.init import DEFAULT_SPREAD, upcycling_biases  # their home is the connection (gate_init="residual")
 from ..mixers import RESIDUAL
 from .model_config import ModelConfig
 from .transformer import Transformer
 
-DEFAULT_SPREAD = 0.5
+__all__ = ["DEFAULT_SPREAD", "check_upcyclable", "upcyclable_families", "upcycle_model", "upcycling_biases"]
+
 _SAME_FAMILY = "it is the source's own family (one stream): there is nothing to upcycle"
 
 
@@ -59,21 +63,6 @@ def check_upcyclable(family: str, argument: str = "--family") -> str:
         raise ValueError(f"{argument} {family!r} cannot start from a residual model with the same function: "
                          f"{reason}; choose one of {upcyclable_families()}")
     return family
-
-
-def upcycling_biases(n_streams: int, layer_index: int, spread: float = DEFAULT_SPREAD,
-                     pre_offset: float = 0.0) -> tuple[torch.Tensor, ...]:
-    """``(bias_pre, bias_post)`` ``(n,)`` of a sigmoid-gated connection: ``H_pre = 1/n`` for every stream,
-    ``H_post = 1 + spread`` at stream ``layer_index mod n`` and ``1 − spread/(n − 1)`` elsewhere (sum ``n``).
-    ``pre_offset``: a constant the connection adds to ``H_pre`` after its gate (DeepSeek-V4's ``hc_eps``), taken
-    off the gate's target so that ``H_pre`` is still ``1/n``."""
-    if not 0 < spread < 1:
-        raise ValueError(f"spread must be in (0, 1) (so that every H_post lies in (0, 2)), got {spread!r}")
-    n = n_streams
-    post = torch.full((n,), 1.0 - spread / (n - 1), dtype=torch.float64)
-    post[layer_index % n] = 1.0 + spread
-    pre = torch.full((n,), 1.0 / n - pre_offset, dtype=torch.float64)
-    return torch.logit(pre).float(), torch.logit(post / 2).float()  # H_pre = σ(b) + offset, H_post = 2·σ(b)
 
 
 def upcycle_model(source: Transformer, family: str, n_streams: int, family_options: dict | None = None,

@@ -4,7 +4,8 @@
 
     RUN/
       config.yaml       the TrainConfig of the run (what `s2hc train --resume` must match)
-      metrics.jsonl     one JSON object per line: step, loss, lr, grad_norm, tokens, step_time; val_loss; diagnostics
+      metrics.jsonl     one JSON object per line: step, loss, lr, grad_norm, tokens, step_time; val_loss; diagnostics;
+                        the weight-decay rule (once per run)
       checkpoint.pt     one process: model, optimizer, data position, RNG, configs, history (torch.save)
       checkpoint.dcp/   several processes or FSDP: torch.distributed.checkpoint shards and extra.pt
       diagnostics/      written from the checkpoint by `s2hc diagnose` (and a study)

@@ -51,10 +51,14 @@ def _parse(path: Path) -> tuple[list[dict], str | None]:
 class MetricsLog:
     """Appends records to ``RUN/metrics.jsonl``. A new run starts it empty; a resumed run keeps the lines up
     to its checkpoint's step (``keep_until_step``) and drops the rest (a last line cut short by a kill
-    included, which ``log`` reports), so the file reads as if the run had never stopped."""
+    included, which ``log`` reports), so the file reads as if the run had never stopped.
+
+    ``kept_keys``: the keys of the records kept (empty for a new run), so that a record written once per run (the
+    weight-decay record) is not written again on resume."""
 
     def __init__(self, run_dir: Path, keep_until_step: int | None, log: Callable[[str], None] | None = None):
         self.path = Path(run_dir) / METRICS
+        self.kept_keys: set[str] = set()
         if keep_until_step is None or not self.path.exists():
             atomic_write_text(self.path, "")
             return
@@ -62,6 +66,7 @@ class MetricsLog:
         if partial is not None and log is not None:
             log(f"{str(self.path)!r}: dropped its last line, cut short by an interrupted write: {partial[:60]!r}")
         kept = [r for r in records if r["step"] <= keep_until_step]
+        self.kept_keys = {key for record in kept for key in record}
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
     def write(self, **record: Any) -> None:

@@ -42,6 +42,7 @@ from ..config import (
 )
 from ..connection import HyperConnection
 from ..mixers import REFERENCE_FAMILY, RESIDUAL, check_family, options
+from ..models.model_config import CONNECTION_OPTIONS
 from ..rundir import load_checkpoint
 from ..train.init_from import upcycles
 
@@ -55,7 +56,7 @@ MAX_DIAGNOSTICS_TOKENS, MAX_NPROC = 1_000_000, 1024
 #: HyperConnection's own options a grid entry may set (beside the family's), with their defaults.
 CONNECTION_DEFAULTS = {name: parameter.default for name, parameter in
                        inspect.signature(HyperConnection.__init__).parameters.items()
-                       if name in ("eps", "transpose_res")}
+                       if name in CONNECTION_OPTIONS}
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from ..rundir.guard import clear_run, notice
 from . import distributed
 from .checkpointer import Checkpointer
 from .init_from import load_initial_weights
-from .optim import learning_rate, make_optimizer
+from .optim import learning_rate, make_optimizer, weight_decay_record
 
 
 class TrainingError(RuntimeError):
@@ -117,6 +117,9 @@ def _check_resumable(before: dict, before_world_size: int, config: TrainConfig, 
     on ``before_world_size`` processes: the same settings but those that may change on ``--resume``
     (:func:`s2hc.config.resumable_fields`), and the same global batch (``batch_size × grad_accum ×
     processes``) even when the process count changed."""
+    # A field added since the run was configured reads as its default, which keeps what s2hc did before it existed
+    # (weight_decay_on="matrices" did so for every family but mhc's and hc's (n, n) matrices: docs/training.md).
+    before = {**TrainConfig().to_dict(), **before}
     changed = {k for k, v in config.to_dict().items() if before.get(k) != v} - set(resumable_fields())
     changed -= {"batch_size", "grad_accum"}  # checked below, as the global batch
     if changed:
@@ -301,7 +304,8 @@ class _Run:
         self.model = self._build_model(saved)
         self.params, self.hc_params = self.model.num_params(), self.model.num_connection_params()
         self.forward = distributed.wrap(self.model, ctx, config.compile, self.amp_dtype)
-        self.optimizer = make_optimizer(self.model, config.lr, config.weight_decay, (config.beta1, config.beta2))
+        self.optimizer = make_optimizer(self.model, config.lr, config.weight_decay, (config.beta1, config.beta2),
+                                        on=config.weight_decay_on)
         torch.manual_seed(config.seed + ctx.rank)  # per-rank streams from here on
         self.checkpointer = Checkpointer(self.out, self.model, self.optimizer, self.loader, ctx)
         self.step = self.checkpointer.restore(saved) if saved is not None else 0
@@ -311,6 +315,9 @@ class _Run:
         if ctx.is_main:
             write_config(self.out, config.to_dict())
             self.metrics = MetricsLog(self.out, keep_until_step=self.step if saved is not None else None, log=notice)
+            if "weight_decay" not in self.metrics.kept_keys:  # once per run (from its first step, or this resume's)
+                self.metrics.write(step=self.step, weight_decay=weight_decay_record(
+                    self.model, config.weight_decay, config.weight_decay_on))
         self.tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world_size
         self.lr = math.nan
         self.grad_norm = math.nan

@@ -1,29 +1,192 @@
-"""AdamW with weight decay on matrices only, and the cosine schedule with warmup and a floor."""
+"""AdamW with one weight-decay rule for every family, and the cosine schedule with warmup and a floor.
+
+Which parameters decay is decided by what each one is (the module that owns it and its attribute name), never
+by its shape, so the rule is the same whichever family the connections mix with (:data:`WEIGHT_DECAY_RULES`,
+``TrainConfig.weight_decay_on``):
+
+- ``"matrices"`` (default): the model's weight matrices and embeddings (every ``nn.Linear`` weight, the token
+  and learned position embeddings, the LM head; a tied head is the embedding, one parameter) and each
+  connection's dynamic projection (``HyperConnection.projection``, ``HyperHead.projection``) decay toward 0.
+  Nothing else does: no connection bias, scale α, γ, static matrix (mHC's ``(n, n)`` bias, HC's static matrix) or
+  norm weight, whatever its shape, and no norm weight or bias of the model.
+- ``"all"``: the s²HC authors' one AdamW group (their ``litgpt/pretrain.py`` passes ``model.parameters()``
+  with ``weight_decay: 0.1``): every parameter decays. Their connection norm is ``F.normalize(x) · sqrt(nC) ·
+  (1 + γ)`` with γ starting at 0, so their decay pulls its scale toward 1; s2hc stores that scale directly
+  (``HyperConnection.norm_weight``, starting at 1), so here it decays toward 1 (``"decay_toward": 1.0`` in its
+  group, applied by a hook :func:`make_optimizer` installs). Everything else decays toward 0, the model's own
+  norm weights included: litgpt's Qwen3 RMSNorm stores and applies its weight directly, as s2hc's does, so the
+  authors' runs decay it toward 0; Gemma's ``1 + w`` RMSNorm (``norm_unit_offset``) stores ``w``, whose decay
+  toward 0 pulls its scale toward 1.
+
+docs/training.md ("Weight decay") states both rules by parameter name and what each does to a family's biases.
+"""
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from ..config import WEIGHT_DECAY_RULES
+from ..connection import HyperConnection, HyperHead
+from ..models.transformer import RMSNorm
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two AdamW groups: matrices (embeddings, linear weights, hyper-connection projections) decay;
-    vectors and scalars (norm weights, biases, the α / b / γ of the mixers) do not."""
-    decay, no_decay = [], []
-    for p in model.parameters():
+CONNECTIONS = (HyperConnection, HyperHead)  # a parameter inside one of these belongs to a connection
+NORMS = (RMSNorm, nn.LayerNorm)
+#: The group settings the rule decides; restored after every ``load_state_dict`` (see :func:`make_optimizer`).
+RULE_KEYS = ("weight_decay", "decay_toward")
+
+
+def check_rule(on: str) -> str:
+    """``on`` when it names a rule of :data:`WEIGHT_DECAY_RULES`; ValueError naming the allowed ones otherwise."""
+    if on not in WEIGHT_DECAY_RULES:
+        raise ValueError(f"on must be one of {list(WEIGHT_DECAY_RULES)}, got {on!r}")
+    return on
+
+
+def _owned_parameters(model: nn.Module):
+    """``(name, parameter, owner, attribute, in_connection)`` for every parameter of ``model``, once each (a tied
+    parameter under its first name, as ``named_parameters`` gives it), in ``model.parameters()`` order."""
+    seen: set[int] = set()
+    connections: list[str] = []
+    for prefix, module in model.named_modules():
+        if isinstance(module, CONNECTIONS):
+            connections.append(prefix + ".")
+        inside = any((prefix + ".").startswith(c) for c in connections)
+        for attribute, p in module.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            yield (f"{prefix}.{attribute}" if prefix else attribute), p, module, attribute, inside
+
+
+def _matrices_rule(name: str, owner: nn.Module, attribute: str, in_connection: bool) -> bool:
+    """Whether the parameter decays under ``"matrices"``: what it is decides, not its shape."""
+    if in_connection:
+        return isinstance(owner, CONNECTIONS) and attribute == "projection"
+    if isinstance(owner, (nn.Linear, nn.Embedding)) and attribute == "weight":
+        return True
+    if isinstance(owner, NORMS) or (isinstance(owner, nn.Linear) and attribute == "bias"):
+        return False
+    raise ValueError(f"parameter {name!r} ({type(owner).__name__}.{attribute}) is none of the kinds the weight-decay "
+                     "rule knows (a Linear or Embedding weight, a Linear bias, a norm's weight or bias, or a "
+                     "connection's); say in s2hc.train.optim whether it decays")
+
+
+def decay_targets(model: nn.Module, on: str = "matrices") -> dict[str, float | None]:
+    """Parameter name -> the value rule ``on`` decays it toward (0.0, or 1.0 for a connection's norm weight under
+    ``"all"``), or None when it does not decay; every parameter of ``model`` once, in ``parameters()`` order.
+    ValueError for an unknown ``on``, and for a parameter whose kind the rule does not know."""
+    check_rule(on)
+    targets: dict[str, float | None] = {}
+    for name, _, owner, attribute, in_connection in _owned_parameters(model):
+        decays = _matrices_rule(name, owner, attribute, in_connection)  # also refuses an unknown kind
+        if on == "all":
+            targets[name] = 1.0 if isinstance(owner, HyperConnection) and attribute == "norm_weight" else 0.0
+        else:
+            targets[name] = 0.0 if decays else None
+    return targets
+
+
+def parameter_groups(model: nn.Module, weight_decay: float, on: str = "matrices") -> list[dict]:
+    """AdamW parameter groups for rule ``on`` (see the module docstring): each group a dict with ``params``, their
+    ``names``, ``weight_decay`` (``weight_decay`` or 0.0) and ``decay_toward`` (0.0, or 1.0 for the connections'
+    norm weights under ``"all"``). Empty groups are left out; every trainable parameter is in exactly one.
+
+    ``"decay_toward"`` other than 0 is honoured only by an optimizer from :func:`make_optimizer` (AdamW alone
+    decays toward 0); torch's AdamW accepts the extra keys, so ``torch.optim.AdamW(groups)`` also works."""
+    targets = decay_targets(model, on)
+    groups: dict[float | None, dict] = {}  # by target: toward 0, none, toward 1 (decaying first, as before)
+    for target in (0.0, None, 1.0):
+        rate = 0.0 if target is None else float(weight_decay)
+        groups[target] = {"params": [], "names": [], "weight_decay": rate, "decay_toward": target or 0.0}
+    for name, p, *_ in _owned_parameters(model):
         if p.requires_grad:
-            (decay if p.dim() >= 2 else no_decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+            groups[targets[name]]["params"].append(p)
+            groups[targets[name]]["names"].append(name)
+    return [group for group in groups.values() if group["params"]]
 
 
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float]) -> torch.optim.AdamW:
+def decayed_parameter_names(model: nn.Module, on: str = "matrices") -> list[str]:
+    """The names of the parameters rule ``on`` decays (toward 0 or 1), in ``parameters()`` order."""
+    return [name for name, target in decay_targets(model, on).items() if target is not None]
+
+
+def make_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
+                   on: str = "matrices") -> torch.optim.AdamW:
+    """AdamW over :func:`parameter_groups` (rule ``on``), with two hooks that stay with the optimizer: after each
+    step a group with ``decay_toward`` c ≠ 0 gets ``lr · weight_decay · c`` added, and after each
+    ``load_state_dict`` the rule's group settings (:data:`RULE_KEYS`) are set again from the rule.
+
+    AdamW's step is ``p ← p(1 − lr·wd) − lr·u``; adding ``lr·wd·c`` makes it ``p ← p − lr·wd·(p − c) − lr·u``,
+    decay toward c. The settings are restored after a load because the loaded ones come from the file (torch.
+    distributed.checkpoint maps them by parameter name, so a checkpoint from an earlier rule would bring its own).
+    """
+    groups = [{k: v for k, v in g.items() if k != "names"} for g in parameter_groups(model, weight_decay, on)]
     # The fused CPU/GPU kernel is numerically the same update; foreach is the portable default.
-    return torch.optim.AdamW(parameter_groups(model, weight_decay), lr=lr, betas=betas)
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas)
+    optimizer.register_step_post_hook(_decay_toward)
+    optimizer.register_load_state_dict_post_hook(_restore_rule([dict(g) for g in optimizer.param_groups]))
+    return optimizer
+
+
+@torch.no_grad()
+def _decay_toward(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+    for group in optimizer.param_groups:
+        shift = group["lr"] * group["weight_decay"] * group.get("decay_toward", 0.0)
+        if shift:
+            for p in group["params"]:
+                if p.grad is not None:  # AdamW leaves a parameter without a gradient alone: so does its decay
+                    p.add_(shift)
+
+
+def _restore_rule(settings: list[dict]) -> Callable[[torch.optim.Optimizer], None]:
+    """A load hook: every group gets the rule's settings back, and any setting the file lacked (an AdamW default:
+    betas, eps, ...) from the optimizer as it was made; ``params``, ``lr`` and the state are the file's."""
+
+    def restore(optimizer: torch.optim.Optimizer) -> None:
+        for group, made in zip(optimizer.param_groups, settings, strict=True):
+            for key, value in made.items():
+                if key in RULE_KEYS:
+                    group[key] = value
+                elif key != "params":
+                    group.setdefault(key, value)
+
+    return restore
+
+
+# ------------------------------------------------------------------------------------------- the run's record
+
+
+def weight_decay_record(model: nn.Module, weight_decay: float, on: str = "matrices") -> dict:
+    """What a run records of its weight decay (``metrics.jsonl``): the rule, the rate, and the names of the
+    parameters that decay (``decayed``; ``toward_one``: those of them decaying toward 1) and that do not
+    (``not_decayed``). Names are shortened to patterns where every layer agrees (``blocks.*.attn_hc.projection``
+    stands for that parameter of every block); a pattern whose instances differ is written out name by name."""
+    targets = decay_targets(model, on)
+    return {"on": on, "rate": float(weight_decay),
+            "decayed": _patterns(targets, lambda t: t is not None),
+            "toward_one": _patterns(targets, lambda t: t == 1.0),
+            "not_decayed": _patterns(targets, lambda t: t is None)}
+
+
+def _patterns(targets: dict[str, float | None], keep: Callable[[float | None], bool]) -> list[str]:
+    """The names whose target ``keep`` accepts, each index (``.3.``) as ``*`` where all names of that pattern share
+    their target, else in full; first-seen order."""
+    members: dict[str, list[str]] = {}
+    for name in targets:
+        members.setdefault(re.sub(r"(?<=\.)\d+(?=\.)", "*", name), []).append(name)
+    out: list[str] = []
+    for pattern, names in members.items():
+        kinds = {targets[n] for n in names}
+        if len(kinds) == 1:
+            out += [pattern] if keep(kinds.pop()) else []
+        else:
+            out += [n for n in names if keep(targets[n])]
+    return out
 
 
 def learning_rate(step: int, *, peak: float, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
