@@ -46,10 +46,11 @@ from s2hc.train import train
 
 MEASUREMENT_KEYS = {
     "row_sum_error", "col_sum_error", "spectral_norm", "deviation_singular_values", "identity_distance",
-    "negative_share", "forward_amax", "backward_amax", "column_sums", "composite_spectral_norm",
+    "negative_share", "rotation_angle", "spectrum_slope", "inert_layers", "negative_tolerance",
+    "forward_amax", "backward_amax", "column_sums", "composite_spectral_norm",
     "composite_forward_amax", "composite_backward_amax", "composite_col_sum_error", "cumulative_column_sums",
 }
-FIGURES = ("deviation_singular_values.png", "amax_gain.png", "column_sums.png")
+FIGURES = ("deviation_singular_values.png", "amax_gain.png", "column_sums.png", "mixing.png")
 
 
 def t(rows) -> torch.Tensor:
@@ -138,8 +139,9 @@ def test_attenuating_spectrum_and_signed_gains():
     M = t([[2.0, -3.0], [1.0, 1.0]])  # row sums −1, 2; column sums 3, −2
     gain = amax_gain(M)
     assert gain.forward.item() == 2.0 and gain.backward.item() == 3.0
-    assert negative_share(t([[1.0, -1e-9], [0.0, 1.0]]), tol=1e-6).item() == 0
-    assert negative_share(t([[1.0, -1e-9], [0.0, 1.0]])).item() == 0.25
+    assert negative_share(t([[1.0, -1e-9], [0.0, 1.0]]), tolerance=1e-6).item() == 0
+    assert negative_share(t([[1.0, -1e-9], [0.0, 1.0]]), tolerance=0).item() == 0.25
+    assert negative_share(t([[1.0, -1e-9], [0.0, 1.0]])).item() == 0  # the default 1e-3 ignores rounding
 
 
 def test_composite_order_is_later_layers_on_the_left():

@@ -3,8 +3,11 @@
 Three layers, each usable alone (see ``docs/diagnostics.md``):
 
 - :mod:`~s2hc.diagnostics.measures`: one function per measurement on tensors — :func:`row_col_sum_error`,
-  :func:`spectral_norm`, :func:`deviation_singular_values`, :func:`identity_distance`, :func:`negative_share`,
-  :func:`composite_product`, :func:`amax_gain`, :func:`cumulative_column_sums`, :func:`stream_similarity`.
+  :func:`spectral_norm`, :func:`deviation_singular_values`, :func:`spectrum_slope`, :func:`rotation_angle`,
+  :func:`identity_distance`, :func:`negative_share`, :func:`composite_product`, :func:`amax_gain`,
+  :func:`cumulative_column_sums`, :func:`stream_similarity`.
+- :mod:`~s2hc.diagnostics.inert`: which connections of a model cannot change its output whatever their
+  ``H_res`` (:func:`inert_connections`); the summaries report them apart.
 - :mod:`~s2hc.diagnostics.collect`: run a model on real tokens and capture every connection's streams and
   matrices (:class:`Recorder`, :func:`collect`), gradient norms per layer, the compact training record;
   :mod:`~s2hc.diagnostics.summary` turns the tensors into per-layer statistics (:func:`summarize`).
@@ -19,7 +22,9 @@ True
 """
 
 from .collect import Capture, Recorder, collect, gradient_norms, mixing_connections, training_diagnostics
+from .inert import inert_connections, model_inert_connections
 from .measures import (
+    NEGATIVE_TOLERANCE,
     AmaxGain,
     SumError,
     amax_gain,
@@ -30,9 +35,11 @@ from .measures import (
     deviation_singular_values,
     identity_distance,
     negative_share,
+    rotation_angle,
     row_col_sum_error,
     row_sums,
     spectral_norm,
+    spectrum_slope,
     stream_similarity,
 )
 from .report import diagnose_checkpoint, diagnose_synthetic
@@ -40,6 +47,7 @@ from .summary import guarantee_checks, summarize
 from .synthetic import logit_scale_sweep, scaled_mixer, synthetic_matrices, synthetic_summaries
 
 __all__ = [
+    "NEGATIVE_TOLERANCE",
     "AmaxGain",
     "Capture",
     "Recorder",
@@ -56,13 +64,17 @@ __all__ = [
     "gradient_norms",
     "guarantee_checks",
     "identity_distance",
+    "inert_connections",
     "logit_scale_sweep",
     "mixing_connections",
+    "model_inert_connections",
     "negative_share",
+    "rotation_angle",
     "row_col_sum_error",
     "row_sums",
     "scaled_mixer",
     "spectral_norm",
+    "spectrum_slope",
     "stream_similarity",
     "summarize",
     "synthetic_matrices",

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..connection import HyperConnection
 from . import measures
+from .inert import model_inert_connections
 from .summary import summarize
 
 __all__ = [
@@ -68,7 +69,9 @@ class Capture:
 
     ``res`` ``(L, N, n, n)``, ``pre`` / ``post`` ``(L, N, n)``: float32 (or the coefficient dtype) on the CPU.
     ``similarity`` ``(L + 1, N, n, n)`` float64: the stream cosine similarity at each connection's input and at
-    the last one's output. ``streams`` ``(L + 1, N, n, C)`` only with ``keep_streams``.
+    the last one's output. ``streams`` ``(L + 1, N, n, C)`` only with ``keep_streams``. ``inert``: the indices of
+    the connections whose ``H_res`` cannot change the model's output (:mod:`s2hc.diagnostics.inert`), which the
+    summary reports apart.
     """
 
     names: list[str]
@@ -79,6 +82,7 @@ class Capture:
     similarity: torch.Tensor
     streams: torch.Tensor | None = None
     transposed: list[bool] = field(default_factory=list)  # per connection: transpose_res
+    inert: list[int] = field(default_factory=list)
 
     @property
     def family(self) -> str | None:
@@ -89,7 +93,8 @@ class Capture:
         """Every measurement per layer and across depth: :func:`~s2hc.diagnostics.summary.summarize`."""
         family = self.family if len(set(self.transposed)) <= 1 else None
         return summarize(self.res, self.pre, self.post, self.similarity, names=self.names, family=family,
-                         transposed=any(self.transposed), similarity_names=self.names + ["output"], **options)
+                         transposed=any(self.transposed), similarity_names=self.names + ["output"],
+                         inert_layers=self.inert, **options)
 
 
 @dataclass
@@ -188,15 +193,17 @@ class Recorder(contextlib.AbstractContextManager):
         streams = None
         if self.keep_streams:
             streams = torch.stack([cat(r.x_in) for r in recs] + [cat(recs[-1].x_out)])
+        families, transposed = [r.family for r in recs], [r.transposed for r in recs]
         return Capture(
             names=list(self.order),
-            families=[r.family for r in recs],
+            families=families,
             res=torch.stack([cat(r.res) for r in recs]),
             pre=torch.stack([cat(r.pre) for r in recs]),
             post=torch.stack([cat(r.post) for r in recs]),
             similarity=torch.stack(sim),
             streams=streams,
-            transposed=[r.transposed for r in recs],
+            transposed=transposed,
+            inert=model_inert_connections(self.model, families, transposed),
         )
 
 
@@ -307,7 +314,9 @@ def training_diagnostics(
 
     Keys (lists are per connection, in depth order): ``tokens``, ``layers``, ``row_sum_error_max``,
     ``col_sum_error_max``, ``spectral_norm_max``, ``deviation_singular_values_mean``,
-    ``identity_distance_mean``, ``negative_share_mean``, ``stream_similarity_mean`` (mean off-diagonal cosine at
+    ``identity_distance_mean``, ``rotation_angle_mean`` (degrees), ``spectrum_slope_mean`` (``1 − σ²`` per
+    component), ``negative_share_mean`` (entries below −1e-3), ``inert_layers`` (the connections whose ``H_res``
+    cannot change the output), ``stream_similarity_mean`` (mean off-diagonal cosine at
     each connection's input, then the output), ``composite_spectral_norm_max``, ``composite_forward_amax_max``,
     ``composite_backward_amax_max``, ``cumulative_column_sum_max``, ``cumulative_column_sum_min``; and
     ``grad_norm``. A model without mixing connections gets only ``grad_norm``. Deterministic and free of the
@@ -330,7 +339,10 @@ def training_diagnostics(
             spectral_norm_max=s["spectral_norm"]["max"],
             deviation_singular_values_mean=s["deviation_singular_values"]["mean"],
             identity_distance_mean=s["identity_distance"]["mean"],
+            rotation_angle_mean=s["rotation_angle"]["mean"],
+            spectrum_slope_mean=s["spectrum_slope"]["mean"],
             negative_share_mean=s["negative_share"]["mean"],
+            inert_layers=s["inert_layers"],
             stream_similarity_mean=sim["offdiagonal"]["mean"] if sim.get("offdiagonal") else None,
             composite_spectral_norm_max=s["composite_spectral_norm"]["max"],
             composite_forward_amax_max=s["composite_forward_amax"]["max"],

@@ -14,6 +14,8 @@ whose shapes are given in each docstring. Conventions:
 >>> swap = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
 >>> spectral_norm(swap).item(), identity_distance(swap).item() ** 2
 (1.0, 4.0)
+>>> rotation_angle(swap).item()  # the swap flips the one direction of difference (x₁ − x₂ -> x₂ − x₁)
+180.0
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from ..mixers.orthomaps import helmert_basis
 
 __all__ = [
+    "NEGATIVE_TOLERANCE",
     "AmaxGain",
     "SumError",
     "amax_gain",
@@ -35,11 +38,20 @@ __all__ = [
     "deviation_singular_values",
     "identity_distance",
     "negative_share",
+    "rotation_angle",
     "row_col_sum_error",
     "row_sums",
     "spectral_norm",
+    "spectrum_slope",
     "stream_similarity",
 ]
+
+#: What :func:`negative_share` counts as negative: entries below −1e-3. An entry above that subtracts less than
+#: 0.1 % of a stream, which is no mixing worth the word. In the committed study's s²HC models the first and last
+#: connections, whose rotations get no gradient but float32 rounding noise (:mod:`s2hc.diagnostics.inert`),
+#: moved from their initialisation (no negative entry) to entries of −1e-5 to −3e-3, while the trained interior
+#: connections reach −0.5; counting every ``x < 0`` called 31 % of those near-identity matrices "negative".
+NEGATIVE_TOLERANCE = 1e-3
 
 
 def _matrices(H: torch.Tensor, name: str = "H") -> torch.Tensor:
@@ -119,14 +131,53 @@ def identity_distance(H: torch.Tensor) -> torch.Tensor:
     return torch.linalg.matrix_norm(H - eye, ord="fro")
 
 
-def negative_share(H: torch.Tensor, tol: float = 0.0) -> torch.Tensor:
-    """Fraction of the ``n²`` entries below ``−tol``: ``(..., n, n) -> (...)``, in ``[0, 1]``.
+def negative_share(H: torch.Tensor, tolerance: float = NEGATIVE_TOLERANCE) -> torch.Tensor:
+    """Fraction of the ``n²`` entries below ``−tolerance``: ``(..., n, n) -> (...)``, in ``[0, 1]``.
 
-    Always 0 for the doubly stochastic families (mhc, mhc-lite, kromhc); s²HC may subtract one stream from
-    another, so a positive share there is expected, not an error.
+    ``tolerance`` (default :data:`NEGATIVE_TOLERANCE`, 1e-3) keeps entries that are zero but for rounding or an
+    untrained initialisation out of the count; 0 counts every ``x < 0``. Always 0 for the doubly stochastic
+    families (mhc, mhc-lite, kromhc); s²HC may subtract one stream from another, so a positive share there is
+    expected, not an error. It cannot say how much is subtracted (``min_entry`` does) nor whether the matrix
+    rotates (:func:`rotation_angle` does).
     """
+    if not isinstance(tolerance, (int, float)) or isinstance(tolerance, bool) or not tolerance >= 0:
+        raise ValueError(f"tolerance must be a number >= 0, got {tolerance!r}")
     H = _matrices(H)
-    return (-tol > H).to(H.dtype).mean(dim=(-1, -2))
+    return (-tolerance > H).to(H.dtype).mean(dim=(-1, -2))
+
+
+def rotation_angle(H: torch.Tensor) -> torch.Tensor:
+    """The largest angle, in degrees, by which ``H`` turns a direction of difference between streams: ``(..., n, n)
+    -> (...)`` in ``[0, 180]``.
+
+    ``Q = U Vᵀ`` is the orthogonal polar factor of the :func:`deviation_block` ``M = U_Zᵀ H U_Z = U Σ Vᵀ`` (the
+    rotation left when the stretch ``Σ`` is taken out), and the angle is ``max |arg λ|`` over ``Q``'s eigenvalues
+    ``λ`` (they lie on the unit circle): a rotation by θ in one plane gives θ, a flip (reflection) 180°, ``H = I``
+    (and any ``M`` with ``U = V``, a pure stretch) 0. For s²HC, ``H = J + U_Z U diag(s) Vᵀ U_Zᵀ``, so ``M = U
+    diag(s) Vᵀ`` and the angle is that of its rotations ``U Vᵀ`` whatever the spectrum ``s > 0`` is: it shows what
+    the deviation singular values (1 for every rotation) cannot. With ``n = 1`` there is no difference to turn: 0.
+    When a singular value of ``M`` is 0 the polar factor is not unique (a direction erased has no angle): read
+    the angle beside :func:`deviation_singular_values`.
+    """
+    block = deviation_block(H)
+    if block.shape[-1] == 0:
+        return block.new_zeros(block.shape[:-2])
+    U, _, Vh = torch.linalg.svd(block)
+    eigenvalues = torch.linalg.eigvals(U @ Vh)
+    return torch.rad2deg(eigenvalues.angle().abs().amax(dim=-1))
+
+
+def spectrum_slope(H: torch.Tensor) -> torch.Tensor:
+    """``1 − σ²`` of each deviation singular value σ (:func:`deviation_singular_values`, descending σ): ``(..., n, n)
+    -> (..., n−1)``.
+
+    For s²HC, whose spectrum is ``s = tanh(a)``, this is exactly tanh's slope ``1 − tanh²(a)`` at the
+    pre-activation: how much the spectrum can still learn. Its initial bias 4 gives 1.3e-3 (saturated: the
+    gradient reaching ``a`` is scaled by that much). For any other family it is how far the deviation block is
+    from an isometry: 0 keeps a direction's length, 1 erases it, below 0 amplifies it. It cannot see rotations
+    (:func:`rotation_angle` does).
+    """
+    return 1 - deviation_singular_values(H).square()
 
 
 def composite_product(Hs: torch.Tensor) -> torch.Tensor:

@@ -6,6 +6,8 @@ Every function writes one PNG atomically (temporary file, then rename) and retur
 - ``amax_gain.png``: single-layer and composite forward / backward Amax gain and the composite spectral norm
   against depth (mHC paper, Fig. 3);
 - ``column_sums.png``: single-layer and cumulative (composite) column sums against depth (s²HC paper, Fig. 7);
+- ``mixing.png``: what each ``H_res`` does to the streams against depth (distance from the identity, rotation
+  angle, spectrum slope, negative share), the connections that cannot change the output drawn hollow;
 - ``stream_similarity.png``: cosine similarity of the streams per layer (model runs only);
 - ``logit_scale_sweep.png``: headline numbers against the logit scale (synthetic mode);
 - ``training_history.png``: diagnostics records of ``metrics.jsonl`` against the training step.
@@ -27,6 +29,7 @@ __all__ = [
     "plot_column_sums",
     "plot_deviation_singular_values",
     "plot_logit_scale_sweep",
+    "plot_mixing",
     "plot_stream_similarity",
     "plot_training_history",
 ]
@@ -35,6 +38,7 @@ FIGURES = {
     "deviation_singular_values": "deviation_singular_values.png",
     "amax_gain": "amax_gain.png",
     "column_sums": "column_sums.png",
+    "mixing": "mixing.png",
     "stream_similarity": "stream_similarity.png",
     "logit_scale_sweep": "logit_scale_sweep.png",
     "training_history": "training_history.png",
@@ -100,7 +104,8 @@ def _grid(count: int, width: float = 4.2, height: float = 3.3, max_cols: int = 4
 
 def plot_deviation_singular_values(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
     """One panel per family: each singular value of the deviation block against the layer, mean over tokens
-    (line) with the 10–90 % band (s²HC paper, Fig. 5)."""
+    (line) with the 10–90 % band (s²HC paper, Fig. 5); the connections whose ``H_res`` cannot change the output
+    (``inert_layers``, where the summary has them) shaded grey."""
     fig, axes = _grid(len(summaries))
     for ax, (family, s) in zip(axes, summaries.items()):
         sv = s["deviation_singular_values"]
@@ -111,6 +116,8 @@ def plot_deviation_singular_values(summaries: dict[str, dict[str, Any]], path: P
             ax.plot(layers, mean, marker="o", markersize=2.5, linewidth=1.2, label=f"σ{k + 1}")
             ax.fill_between(layers, [r[k] for r in sv["p10"]], [r[k] for r in sv["p90"]], alpha=0.15)
         ax.axhline(1.0, color="grey", linewidth=0.7, linestyle=":")
+        for layer in s.get("inert_layers", []):
+            ax.axvspan(layer - 0.5, layer + 0.5, color="grey", alpha=0.12, linewidth=0)
         top = max((v for row in sv["p90"] for v in row), default=1.0)
         ax.set_ylim(0.0, max(1.05, 1.05 * top))  # 0 to 1 at least: near-1 values must not be magnified
         ax.set_title(family)
@@ -197,6 +204,63 @@ def plot_column_sums(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     axes[0].set_ylabel("column sum (1 = mean preserved)")
+    return _save(fig, path)
+
+
+#: The panels of :func:`plot_mixing`: (summary key, title, log scale when every value is positive).
+MIXING_PANELS = (
+    ("identity_distance", "‖H − I‖_F (mean over tokens)", False),
+    ("rotation_angle", "rotation angle of the deviations, degrees (mean)", False),
+    ("spectrum_slope", "spectrum slope 1 − σ² (mean over tokens and components)", True),
+    ("negative_share", "share of entries below −{tolerance:g} (mean)", False),
+)
+
+
+def _per_layer(summary: dict[str, Any], key: str) -> list[float]:
+    """The token means of ``key`` per layer; a per-component measure averaged over its components."""
+    means = summary[key]["mean"]
+    return [sum(row) / len(row) if row else math.nan for row in means] if means and isinstance(means[0], list) \
+        else _finite(means)
+
+
+def has_mixing(summary: dict[str, Any]) -> bool:
+    """Whether ``summary`` holds every measure :func:`plot_mixing` draws (study rows before version 3 do not)."""
+    return all(key in summary for key, _, _ in MIXING_PANELS)
+
+
+def plot_mixing(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
+    """Four panels against the connection (depth), one colour per family: ``‖H − I‖_F``, the rotation angle, the
+    spectrum slope ``1 − σ²`` and the negative share, each the mean over tokens. The connections whose ``H_res``
+    cannot change the output (``inert_layers``) are drawn as hollow circles: their values are not learnt."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 4, figsize=(19, 4.2), layout="constrained")
+    tolerance = next(iter(summaries.values())).get("negative_tolerance", 0.0)
+    any_inert = False
+    for ax, (key, title, log) in zip(axes, MIXING_PANELS):
+        drawn = []
+        for index, (family, s) in enumerate(summaries.items()):
+            color = f"C{index % 10}"
+            values = _per_layer(s, key)
+            depth = list(range(len(values)))
+            ax.plot(depth, values, color=color, marker="o", markersize=3, linewidth=1.2, label=family)
+            inert = [i for i in s.get("inert_layers", []) if i < len(values)]
+            if inert:
+                any_inert = True
+                ax.scatter(inert, [values[i] for i in inert], s=70, facecolors="white", edgecolors=color, zorder=3)
+            drawn += [v for v in values if not math.isnan(v)]
+        if log and drawn and min(drawn) > 0:  # from far below to 1, so a saturated 1e-3 is not magnified
+            ax.set_yscale("log")
+            ax.set_ylim(min(1e-4, min(drawn) / 3), 1.5)
+        elif drawn and min(drawn) >= 0:
+            ax.set_ylim(bottom=0)
+        ax.locator_params(axis="x", integer=True)
+        ax.set_title(title.format(tolerance=tolerance), fontsize=10)
+        ax.set_xlabel("connection (depth)")
+        ax.grid(alpha=0.3)
+    if any_inert:  # an empty scatter: the legend's key for the hollow circles
+        axes[0].scatter([], [], s=70, facecolors="white", edgecolors="grey", label="cannot change the output")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("What each H_res does to the streams (hollow: a connection whose H_res cannot change the output)")
     return _save(fig, path)
 
 

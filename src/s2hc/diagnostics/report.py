@@ -27,6 +27,7 @@ from ..reports import DASH, number, table
 from ..rundir import METRICS, load_model, read_metrics, resolve_checkpoint
 from . import plots
 from .collect import collect, mixing_connections
+from .measures import NEGATIVE_TOLERANCE
 from .synthetic import DEFAULT_SWEEP, logit_scale_sweep, synthetic_summaries
 
 __all__ = ["default_out", "diagnose_checkpoint", "diagnose_synthetic", "write_json"]
@@ -72,6 +73,7 @@ def write_figures(out: Path, summaries: dict[str, dict[str, Any]], with_streams:
         "deviation_singular_values": plots.plot_deviation_singular_values(summaries, path["deviation_singular_values"]),
         "amax_gain": plots.plot_amax_gain(summaries, path["amax_gain"]),
         "column_sums": plots.plot_column_sums(summaries, path["column_sums"]),
+        "mixing": plots.plot_mixing(summaries, path["mixing"]),
     }
     if with_streams and any(s.get("stream_similarity", {}).get("offdiagonal") for s in summaries.values()):
         found["stream_similarity"] = plots.plot_stream_similarity(summaries, path["stream_similarity"])
@@ -84,6 +86,8 @@ FIGURE_CAPTIONS = {
     "amax_gain": "Forward / backward Amax gain of each H_res and of the composite, and the composite's spectral "
                  "norm, against depth (as mHC's Fig. 3)",
     "column_sums": "Column sums of each H_res and of the composite against depth (as the s²HC paper's Fig. 7)",
+    "mixing": "What each H_res does to the streams against depth: ‖H − I‖_F, the rotation angle, the spectrum slope "
+              "1 − σ² and the negative share (hollow: connections whose H_res cannot change the output)",
     "stream_similarity": "Cosine similarity between the streams at each connection's input",
     "logit_scale_sweep": "Headline numbers against the logit scale S",
     "training_history": "Diagnostics logged during training (diagnostics_every)",
@@ -100,15 +104,55 @@ def figure_lines(figures: dict[str, Path], relative_to: Path) -> list[str]:
     return lines
 
 
+def inert_text(summary: dict[str, Any]) -> str:
+    """``0 `blocks.0.attn_hc`, 7 `blocks.3.mlp_hc``` for the summary's inert connections; empty when none."""
+    return ", ".join(f"{i} `{summary['layers'][i]}`" for i in summary.get("inert_layers", []))
+
+
+def inert_lines(summary: dict[str, Any]) -> list[str]:
+    """One paragraph naming the connections whose ``H_res`` cannot change the output and why, or saying there are
+    none."""
+    inert = summary.get("inert_layers", [])
+    if not inert:
+        return ["Every connection's H_res can change the output: all are interior.", ""]
+    first = "the first sees identical copies of the embedding and its rows sum to 1"
+    last = "the last one's streams are summed (or averaged) and its columns sum to 1"
+    if summary["depth"] == 1:
+        reasons = [f"it is the first and the last: {first}, or {last}"]
+    else:
+        reasons = [reason for layer, reason in ((0, first), (summary["depth"] - 1, last)) if layer in inert]
+    every = len(inert) == summary["depth"]
+    return [f"Connection{'s' if len(inert) > 1 else ''} {inert_text(summary)} cannot change the model's output "
+            f"whatever {'their' if len(inert) > 1 else 'its'} H_res ({'; '.join(reasons)}; docs/diagnostics.md): "
+            + ("every connection is such, so there are no interior values." if every else
+               "the interior values leave them out, and their own are given apart."), ""]
+
+
 def summary_lines(summary: dict[str, Any], over: str, mean_note: str = "") -> list[str]:
-    """The headline table of a summary: each measurement's worst value ``over`` (the column's title); the mean
+    """The headline table of a summary: each measurement's worst value ``over`` (the column's title), what the
+    matrices do over the interior connections and, apart, over those that cannot change the output; the mean
     cosine between the output streams when the summary measured streams."""
     head = summary["headline"]
+    tolerance = summary.get("negative_tolerance", NEGATIVE_TOLERANCE)
     rows = [
         ["row-sum error of H_res", head["row_sum_error"]],
         ["column-sum error of H_res", head["col_sum_error"]],
         ["spectral norm of H_res", head["spectral_norm"]],
         [f"smallest deviation singular value{mean_note}", head["smallest_deviation_singular_value_mean"]],
+        ["‖H − I‖_F, largest token mean (interior connections)", head.get("identity_distance_mean")],
+        ["rotation angle of the deviations, degrees, largest token mean (interior)", head.get("rotation_angle_mean")],
+        ["spectrum slope 1 − σ², mean (interior)", head.get("spectrum_slope_mean")],
+        [f"share of entries below −{tolerance:g}, largest token mean (interior)", head.get("negative_share_mean")],
+    ]
+    if summary.get("inert_layers"):
+        where = f"(cannot change the output: {', '.join(map(str, summary['inert_layers']))})"
+        rows += [
+            [f"‖H − I‖_F {where}", head.get("identity_distance_inert")],
+            [f"rotation angle, degrees {where}", head.get("rotation_angle_inert")],
+            [f"spectrum slope 1 − σ² {where}", head.get("spectrum_slope_inert")],
+            [f"share of entries below −{tolerance:g} {where}", head.get("negative_share_inert")],
+        ]
+    rows += [
         [f"spectral norm of the composite of all {summary['depth']}", head["composite_spectral_norm_at_depth"]],
         ["composite forward Amax gain (any depth)", head["composite_forward_amax"]],
         ["composite backward Amax gain (any depth)", head["composite_backward_amax"]],
@@ -116,7 +160,7 @@ def summary_lines(summary: dict[str, Any], over: str, mean_note: str = "") -> li
     ]
     if "stream_similarity_output_mean" in head:
         rows.append(["mean cosine between the output streams", head["stream_similarity_output_mean"]])
-    return table(["measurement", over], rows) + [""]
+    return table(["measurement", over], rows) + [""] + inert_lines(summary)
 
 
 def guarantee_lines(summary: dict[str, Any]) -> list[str]:
@@ -130,11 +174,14 @@ def guarantee_lines(summary: dict[str, Any]) -> list[str]:
 
 
 def layer_lines(summary: dict[str, Any]) -> list[str]:
+    """One row per connection; the last column says whether its H_res can change the model's output."""
     sim = summary.get("stream_similarity") or {}
     off = sim.get("offdiagonal")
+    inert = set(summary.get("inert_layers", []))
     rows = []
     for i, name in enumerate(summary["layers"]):
         sv = summary["deviation_singular_values"]["mean"][i]
+        slope = summary["spectrum_slope"]["mean"][i] if "spectrum_slope" in summary else []
         rows.append([
             f"{i} `{name}`",
             summary["row_sum_error"]["max"][i],
@@ -142,16 +189,22 @@ def layer_lines(summary: dict[str, Any]) -> list[str]:
             summary["col_sum_error"]["p99"][i],
             summary["spectral_norm"]["max"][i],
             ", ".join(number(v) for v in sv) if sv else DASH,
+            sum(slope) / len(slope) if slope else None,
             summary["identity_distance"]["mean"][i],
+            summary["rotation_angle"]["mean"][i] if "rotation_angle" in summary else None,
             summary["negative_share"]["mean"][i],
+            summary["min_entry"]["min"][i],
             summary["h_pre"]["sum"]["mean"][i] if "h_pre" in summary else None,
             summary["h_post"]["sum"]["mean"][i] if "h_post" in summary else None,
             off["mean"][i] if off else None,
+            "no" if i in inert else "yes",
         ])
+    tolerance = summary.get("negative_tolerance", NEGATIVE_TOLERANCE)
     header = ["connection", "row-sum err max", "col-sum err max", "col-sum err p99", "‖H‖₂ max",
-              "deviation σ (mean)", "‖H − I‖_F mean", "negative share", "Σ H_pre mean", "Σ H_post mean",
-              "stream cosine mean"]
-    return table(header, rows) + [""]
+              "deviation σ (mean)", "1 − σ² (mean)", "‖H − I‖_F mean", "rotation angle ° (mean)",
+              f"share below −{tolerance:g}", "min entry", "Σ H_pre mean", "Σ H_post mean", "stream cosine mean",
+              "H_res can change the output"]
+    return table(header, rows, align="l" + "r" * (len(header) - 2) + "l") + [""]
 
 
 def depth_lines(summary: dict[str, Any]) -> list[str]:
@@ -412,10 +465,11 @@ def synthetic_table(summaries: dict[str, dict[str, Any]]) -> list[str]:
         h = s["headline"]
         rows.append([f"`{family}`", h["col_sum_error"], h["column_sum_max"], h["spectral_norm"],
                      h["composite_spectral_norm_at_depth"], h["composite_forward_amax"], h["composite_backward_amax"],
-                     h["cumulative_column_sum_max"], h["composite_col_sum_error"], h["negative_share_mean"]])
+                     h["cumulative_column_sum_max"], h["composite_col_sum_error"], h["rotation_angle_mean"],
+                     h["spectrum_slope_mean"], h["negative_share_mean"]])
     header = ["family", "col-sum err (1 layer)", "column sum max (1 layer)", "‖H‖₂ max", "‖P_L‖₂ max",
               "composite fwd Amax", "composite bwd Amax", "cumulative column sum max", "composite col-sum err",
-              "negative share"]
+              "rotation angle °", "1 − σ² (mean)", f"share below −{NEGATIVE_TOLERANCE:g}"]
     return table(header, rows)
 
 

@@ -3,8 +3,11 @@
 :func:`summarize` takes the matrices of ``L`` connections over the same ``N`` tokens (and optionally the read /
 write gates and the stream similarities) and returns a dict of plain Python lists, one key per measurement
 of :mod:`s2hc.diagnostics.measures`, each a distribution over tokens per layer (or per depth for the
-composite measures). :func:`guarantee_checks` compares what a family claims (``Mixer.guarantees``) with
-what was measured.
+composite measures). Connections whose ``H_res`` cannot change the model's output (``inert_layers``,
+:mod:`s2hc.diagnostics.inert`) are measured like the others, but the headline's measures of what the matrices
+do (distance from the identity, rotation angle, spectrum slope, negative share) are taken over the other,
+"interior", connections, with the inert ones' values beside them. :func:`guarantee_checks` compares what a
+family claims (``Mixer.guarantees``) with what was measured.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import torch
 from .. import mixers
 from . import measures
 
-__all__ = ["DEFAULT_TOLERANCE", "distribution", "guarantee_checks", "summarize", "vector_distribution"]
+__all__ = ["DEFAULT_TOLERANCE", "MIXING_HEADLINES", "distribution", "guarantee_checks", "headline", "mixing_headline",
+           "summarize", "vector_distribution"]
 
 #: What "holds" means in :func:`guarantee_checks`: float32 rounding of a 4 × 4 to 8 × 8 map is ~1e-6.
 DEFAULT_TOLERANCE = 1e-5
@@ -88,6 +92,7 @@ def summarize(
     similarity_names: Sequence[str] | None = None,
     tol: float = DEFAULT_TOLERANCE,
     transposed: bool = False,
+    inert_layers: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Every measurement of docs/design.md section 2 for ``L`` connections over the same ``N`` tokens.
 
@@ -100,16 +105,22 @@ def summarize(
             ``similarity`` (default ``names`` plus ``"output"``).
         family: the family's name, for :func:`guarantee_checks` (omitted when None or unknown);
             ``transposed``: the connections applied ``H_resᵀ`` (``transpose_res``).
+        inert_layers: indices of the connections whose ``H_res`` cannot change the model's output
+            (:func:`~s2hc.diagnostics.inert.inert_connections`; the collector computes them from the model):
+            the headline reports them apart.
 
-    Returns a JSON-ready dict: ``layers``, ``depth``, ``tokens``, ``n_streams``, and one key per measurement.
-    Per layer (distributions over tokens, see :func:`distribution`): ``row_sum_error``, ``col_sum_error``,
-    ``spectral_norm``, ``identity_distance``, ``negative_share``, ``min_entry``, ``forward_amax``,
-    ``backward_amax``, ``column_sums`` (over tokens and columns), ``deviation_singular_values``
-    (:func:`vector_distribution`, descending components), ``h_pre`` / ``h_post``. Across depth (composite
+    Returns a JSON-ready dict: ``layers``, ``depth``, ``tokens``, ``n_streams``, ``inert_layers`` (sorted),
+    ``negative_tolerance`` (what ``negative_share`` counts: entries below minus it), and one key per
+    measurement. Per layer (distributions over tokens, see :func:`distribution`): ``row_sum_error``,
+    ``col_sum_error``, ``spectral_norm``, ``identity_distance``, ``rotation_angle`` (degrees),
+    ``negative_share``, ``min_entry``, ``forward_amax``, ``backward_amax``, ``column_sums`` (over tokens and
+    columns), ``deviation_singular_values`` and ``spectrum_slope`` (``1 − σ²``; :func:`vector_distribution`,
+    components in the order of descending σ), ``h_pre`` / ``h_post``. Across depth (composite
     ``P_l = H_l ⋯ H_0``): ``composite_spectral_norm``, ``composite_forward_amax``, ``composite_backward_amax``,
     ``composite_row_sum_error``, ``composite_col_sum_error``, ``cumulative_column_sums``. Streams:
     ``stream_similarity`` (``offdiagonal`` distribution over tokens and pairs, ``pairwise_mean`` n × n per
-    entry). ``headline``: the worst value of each, and ``guarantees`` when ``family`` is a known family.
+    entry). ``headline`` (:func:`headline`): the worst value of each, and ``guarantees`` when ``family`` is a
+    known family.
     """
     res = measures._matrices(res, "res")
     if res.dim() != 4:
@@ -118,6 +129,9 @@ def summarize(
     names = [str(i) for i in range(L)] if names is None else list(names)
     if len(names) != L:
         raise ValueError(f"names must have one entry per layer ({L}), got {len(names)}")
+    inert = sorted(set(inert_layers))
+    if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < L for i in inert):
+        raise ValueError(f"inert_layers must be indices of the {L} layers (0 to {L - 1}), got {list(inert_layers)!r}")
     sums = measures.row_col_sum_error(res)
     gain = measures.amax_gain(res)
     norms = measures.spectral_norm(res)
@@ -130,11 +144,15 @@ def summarize(
         "depth": L,
         "tokens": N,
         "n_streams": n,
+        "inert_layers": inert,
+        "negative_tolerance": measures.NEGATIVE_TOLERANCE,
         "row_sum_error": distribution(sums.row),
         "col_sum_error": distribution(sums.col),
         "spectral_norm": distribution(norms),
         "deviation_singular_values": vector_distribution(measures.deviation_singular_values(res)),
+        "spectrum_slope": vector_distribution(measures.spectrum_slope(res)),
         "identity_distance": distribution(measures.identity_distance(res)),
+        "rotation_angle": distribution(measures.rotation_angle(res)),
         "negative_share": distribution(measures.negative_share(res)),
         "min_entry": distribution(res.amin(dim=(-1, -2))),
         "forward_amax": distribution(gain.forward),
@@ -166,8 +184,50 @@ def summarize(
     return out
 
 
+#: The headline's measures of what the matrices do, split into interior and inert connections:
+#: ``{headline name: (summary key, how the per-layer token means are combined)}``.
+MIXING_HEADLINES = {
+    "identity_distance": ("identity_distance", "largest"),
+    "rotation_angle": ("rotation_angle", "largest"),
+    "spectrum_slope": ("spectrum_slope", "mean"),
+    "negative_share": ("negative_share", "largest"),
+}
+
+
+def _layer_means(summary: dict[str, Any], key: str, layers: list[int]) -> list[float]:
+    """The token means of ``key`` at ``layers``; for a per-component measure every component of each."""
+    if key not in summary:
+        return []
+    means = summary[key]["mean"]
+    picked = [means[i] for i in layers]
+    return [v for row in picked for v in row] if picked and isinstance(picked[0], list) else picked
+
+
+def mixing_headline(summary: dict[str, Any]) -> dict[str, float | None]:
+    """What the matrices do, over the interior connections (``<name>_mean``) and, apart, over the connections whose
+    ``H_res`` cannot change the output (``<name>_inert``), from a :func:`summarize` dict.
+
+    ``identity_distance``, ``rotation_angle``, ``negative_share``: the largest per-layer token mean;
+    ``spectrum_slope``: the mean of ``1 − σ²`` over those connections and their components (one number for "can
+    the spectrum still learn": a mean of 1e-3 means every component is saturated or nearly). None where there
+    is no such connection (every connection inert, as in a one-block model; or none inert).
+    """
+    inert = set(summary.get("inert_layers", ()))
+    groups = {"mean": [i for i in range(summary["depth"]) if i not in inert], "inert": sorted(inert)}
+    out: dict[str, float | None] = {}
+    for name, (key, how) in MIXING_HEADLINES.items():
+        for suffix, layers in groups.items():
+            values = _layer_means(summary, key, layers)
+            if not values:
+                out[f"{name}_{suffix}"] = None
+            else:
+                out[f"{name}_{suffix}"] = max(values) if how == "largest" else sum(values) / len(values)
+    return out
+
+
 def headline(summary: dict[str, Any]) -> dict[str, float | None]:
-    """The worst value of each measurement over layers (and tokens), from a :func:`summarize` dict."""
+    """The worst value of each measurement over layers (and tokens), from a :func:`summarize` dict; the measures of
+    what the matrices do over the interior connections, with the inert ones apart (:func:`mixing_headline`)."""
 
     def worst(key: str, stat: str = "max", pick=max):
         return pick(summary[key][stat]) if key in summary and summary[key][stat] else None
@@ -179,7 +239,7 @@ def headline(summary: dict[str, Any]) -> dict[str, float | None]:
         "spectral_norm": worst("spectral_norm"),
         "column_sum_max": worst("column_sums"),
         "column_sum_min": worst("column_sums", "min", min),
-        "negative_share_mean": worst("negative_share", "mean"),
+        **mixing_headline(summary),
         "smallest_deviation_singular_value_mean": min((row[-1] for row in sv if row), default=None),
         "composite_spectral_norm": worst("composite_spectral_norm"),
         "composite_spectral_norm_at_depth": summary["composite_spectral_norm"]["max"][-1],

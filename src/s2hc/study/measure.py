@@ -31,10 +31,19 @@ from ..rundir.metrics import final_train_loss
 from ..train.init_from import load_initial_weights
 from .spec import Configuration
 
-ROW_VERSION = 2  # rows of another version are measured again from their run directories
-# Kept per layer from the trained model's diagnostics: what the report's tables and figures read.
+#: Rows of another version are measured again from their run directories (where there are none, as for the
+#: committed studies' results, the report still builds from them and says what they lack). 3: the rotation angle,
+#: the spectrum slope, negative entries counted below −1e-3 and the connections that cannot change the output.
+ROW_VERSION = 3
+#: The first row version whose headline holds :func:`s2hc.diagnostics.summary.mixing_headline`'s measures (the
+#: study report shows a dash for older rows rather than read a key that meant something else then:
+#: ``negative_share_mean`` counted every entry below 0 and took the largest over all connections, inert ones too).
+MIXING_VERSION = 3
+# Kept per layer from the trained model's diagnostics: what the report's tables and figures read (None: the
+# value as it is).
 DIAGNOSTIC_KEYS = {
     "deviation_singular_values": ("mean", "p10", "p90"),
+    "spectrum_slope": ("mean",),
     "column_sums": ("min", "max"),
     "cumulative_column_sums": ("min", "max"),
     "forward_amax": ("max",),
@@ -44,8 +53,11 @@ DIAGNOSTIC_KEYS = {
     "composite_spectral_norm": ("max",),
     "spectral_norm": ("max",),
     "identity_distance": ("mean",),
-    "negative_share": ("mean",),
+    "rotation_angle": ("mean",),
+    "negative_share": ("mean",),  # entries below −negative_tolerance
     "min_entry": ("min",),
+    "inert_layers": None,
+    "negative_tolerance": None,
 }
 
 
@@ -76,7 +88,7 @@ def compact_diagnostics(summary: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"layers": summary["layers"], "n_streams": summary["n_streams"],
                            "tokens": summary["tokens"], "headline": summary["headline"]}
     for key, stats in DIAGNOSTIC_KEYS.items():
-        out[key] = {stat: summary[key][stat] for stat in stats}
+        out[key] = summary[key] if stats is None else {stat: summary[key][stat] for stat in stats}
     similarity = summary.get("stream_similarity")
     if similarity and similarity.get("offdiagonal"):
         out["stream_similarity"] = {
@@ -121,8 +133,9 @@ def rotation_probe(trained: Transformer, config: TrainConfig, batch) -> dict[str
 
     The streams enter the first connection as identical copies, and an ``H_res`` whose rows sum to 1 maps
     identical streams to themselves; the last connection's streams are summed, and an ``H_res`` whose columns sum
-    to 1 keeps the sum. Neither connection's rotations can change the model's output: their gradient is zero in
-    exact arithmetic and what float32 computes is rounding noise. Measured per connection
+    to 1 keeps the sum (:func:`s2hc.diagnostics.inert.inert_connections` finds such connections, and the
+    diagnostics report them apart). Neither connection's rotations can change the model's output: their
+    gradient is zero in exact arithmetic and what float32 computes is rounding noise. Measured per connection
     (depth order): ``drift`` (norm of trained − initial rotation parameters; the initial model is rebuilt from
     the seed exactly as training built it, and loaded from ``init_from`` when the run started from another
     run's weights), ``grad_init_fp32`` / ``grad_init_fp64`` and ``grad_final_fp32`` /

@@ -22,6 +22,7 @@ from ..io import atomic_write_text, fsync_path
 from ..mixers import RESIDUAL
 from ..reports import DASH, count, fixed, mean_std, p_value, ratio, sci, table
 from . import stats
+from .measure import MIXING_VERSION
 from .spec import DEFAULT_BASELINES
 from .stats import LEVEL, describe, holm, paired
 
@@ -164,29 +165,86 @@ def training_table(results: dict[str, Any]) -> list[str]:
     return table(header, rows, align="lrrrrl")
 
 
+#: The trained matrices' columns, two tables: (title, headline key, first row version that measured it, what the
+#: column is, in one line). Values of rows older than that version are shown as a dash: such a row either lacks
+#: the key or held another measure under it.
+MIXING_COLUMNS = (
+    ("‖H − I‖_F", "identity_distance_mean", MIXING_VERSION,
+     "how far the matrices are from no mixing at all: the largest per-connection token mean of ‖H − I‖_F over the "
+     "interior connections (those whose H_res can change the output)"),
+    ("rotation angle (°)", "rotation_angle_mean", MIXING_VERSION,
+     "the largest angle by which H_res turns a difference between streams (the eigenvalues of the orthogonal polar "
+     "factor of U_Zᵀ H U_Z), largest token mean over interior connections: a rotation leaves every singular value "
+     "at 1, so the angle column shows what the σ column cannot"),
+    ("spectrum slope 1 − σ²", "spectrum_slope_mean", MIXING_VERSION,
+     "1 − σ² of the deviation singular values, mean over interior connections and components: for s²HC exactly "
+     "tanh's slope at its spectrum's pre-activation (1.3e-3 at its initial bias 4: saturated, the spectrum cannot "
+     "learn), for the others how far the deviations are from an isometry (0: kept, 1: erased)"),
+    ("smallest deviation σ", "smallest_deviation_singular_value_mean", 1,
+     "the smallest token-mean singular value of U_Zᵀ H U_Z over all connections: below 1 a difference between "
+     "streams is attenuated; a rotation leaves it at 1"),
+    ("negative entries (interior)", "negative_share_mean", MIXING_VERSION,
+     "the largest per-connection token-mean share of entries below −1e-3 over interior connections (an entry "
+     "closer to 0 subtracts less than 0.1 % of a stream)"),
+    ("negative entries (cannot change the output)", "negative_share_inert", MIXING_VERSION,
+     "the same at the connections whose H_res cannot change the output (the first when rows sum to 1: it sees "
+     "identical copies; the last when columns sum to 1 and the streams are summed): not learnt, since what feeds "
+     "only their H_res gets no gradient but rounding noise (– for a family with neither)"),
+)
+GUARANTEE_COLUMNS = (
+    ("column-sum error (1 layer)", "col_sum_error", 1,
+     "the largest |column sum − 1| of one H_res: what Sinkhorn leaves inexact (s²HC Fig. 7)"),
+    ("max ‖H‖₂", "spectral_norm", 1, "the largest spectral norm of one H_res: above 1 a direction is amplified"),
+    ("composite ‖P‖₂ at depth", "composite_spectral_norm_at_depth", 1,
+     "the spectral norm of the product of all the connections' H_res (worst token)"),
+    ("composite Amax (fwd)", "composite_forward_amax", 1,
+     "mHC's forward gain of the product over depth, the largest |row sum| at any depth"),
+    ("max cumulative column sum", "cumulative_column_sum_max", 1,
+     "the largest column sum of the product at any depth (1: the mean over streams is kept)"),
+    ("stream cosine at output", "stream_similarity_output_mean", 1,
+     "the mean cosine between the output streams (1: collapsed into one)"),
+)
+
+
+def _column_cells(runs: list[dict[str, Any]], columns) -> list[str]:
+    """Mean over the measured runs (of a version that has the measure) of each column's headline value."""
+    cells = []
+    for _, key, since, _ in columns:
+        values = [r["diagnostics"]["headline"].get(key) for r in runs if r.get("version", 1) >= since]
+        values = [v for v in values if v is not None]
+        cells.append(sci(statistics.fmean(values), 3) if values else DASH)
+    return cells
+
+
+def _older_rows_line(measured: list[dict[str, Any]]) -> list[str]:
+    """Which rows predate the measures of :data:`MIXING_VERSION` (shown as a dash); nothing when none does."""
+    older = [r for r in measured if r.get("version", 1) < MIXING_VERSION]
+    if not older:
+        return []
+    which = (f"all {len(older)} measured rows" if len(older) == len(measured) else
+             f"{len(older)} of {len(measured)} measured rows: " + ", ".join(f"`{r['name']}`" for r in older))
+    return [f"Rows measured before version {MIXING_VERSION} ({which}) lack the interior ‖H − I‖_F, the rotation "
+            "angle, the spectrum slope and the negative entries below −1e-3 apart from the connections that cannot "
+            "change the output (shown –; their old negative share counted every entry below 0 over all connections "
+            "and is not shown); re-run the study to measure them.", ""]
+
+
 def diagnostics_table(results: dict[str, Any]) -> list[str]:
-    """The trained models' matrices, mean over seeds of each run's worst (or mean) over layers and tokens."""
-    keys = [
-        ("column-sum error (1 layer)", "col_sum_error"),  # what Sinkhorn leaves inexact (s²HC Fig. 7)
-        ("negative entries (share)", "negative_share_mean"),
-        ("smallest deviation σ", "smallest_deviation_singular_value_mean"),
-        ("max ‖H‖₂", "spectral_norm"),
-        ("composite ‖P‖₂ at depth", "composite_spectral_norm_at_depth"),
-        ("composite Amax (fwd)", "composite_forward_amax"),
-        ("max cumulative column sum", "cumulative_column_sum_max"),
-        ("stream cosine at output", "stream_similarity_output_mean"),
-    ]
-    rows = []
-    for label, runs in _groups(results["rows"]).items():
-        heads = [r["diagnostics"]["headline"] for r in runs if r.get("diagnostics")]
-        if not heads:
-            continue
-        cells = []
-        for _, key in keys:
-            values = [h[key] for h in heads if h.get(key) is not None]
-            cells.append(sci(statistics.fmean(values), 3) if values else DASH)
-        rows.append([label, *cells])
-    return table(["configuration", *(name for name, _ in keys)], rows)
+    """The trained models' matrices, mean over seeds of each run's headline values: what the matrices do to the
+    streams (interior connections, and apart those that cannot change the output), then the guarantees and gains,
+    a line on rows that predate a measure, and one line per column saying what it is. Empty when no run was
+    measured."""
+    groups = {label: [r for r in runs if r.get("diagnostics")] for label, runs in _groups(results["rows"]).items()}
+    groups = {label: runs for label, runs in groups.items() if runs}
+    if not groups:
+        return []
+    lines = []
+    for columns in (MIXING_COLUMNS, GUARANTEE_COLUMNS):
+        rows = [[label, *_column_cells(runs, columns)] for label, runs in groups.items()]
+        lines += table(["configuration", *(name for name, *_ in columns)], rows) + [""]
+    lines += _older_rows_line([r for runs in groups.values() for r in runs])
+    lines += [f"- **{name}**: {meaning}." for name, _, _, meaning in (*MIXING_COLUMNS, *GUARANTEE_COLUMNS)] + [""]
+    return lines
 
 
 def rotation_lines(results: dict[str, Any]) -> list[str]:
@@ -333,6 +391,10 @@ def figures(results: dict[str, Any], out: Path) -> dict[str, Path]:
         made["column sums, single and cumulative (Fig. 7)"] = plots.plot_column_sums(
             diagnostics, directory / "column_sums.png")
         made["Amax gain and composite norm over depth"] = plots.plot_amax_gain(diagnostics, directory / "amax_gain.png")
+        with_mixing = {k: v for k, v in diagnostics.items() if plots.has_mixing(v)}  # rows of version 3 on
+        if with_mixing:
+            made["what each H_res does to the streams (hollow: cannot change the output)"] = plots.plot_mixing(
+                with_mixing, directory / plots.FIGURES["mixing"])
         with_streams = {k: v for k, v in diagnostics.items() if v.get("stream_similarity")}
         if with_streams:
             made["stream similarity"] = plots.plot_stream_similarity(with_streams, directory / "stream_similarity.png")
@@ -395,13 +457,14 @@ def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Pa
               "Gradient norms before clipping (mean over seeds of each run's statistic over logged steps); the "
               "largest loss spike is the largest rise of the logged train loss above its running minimum.", ""]
     lines += training_table(results) + [""]
-    table = diagnostics_table(results)
-    if len(table) > 2:
+    matrices = diagnostics_table(results)
+    if matrices:
         lines += ["## The trained residual matrices", "",
                   "Measured after training on validation tokens (`s2hc diagnose`), mean over seeds of each run's "
-                  "worst value over layers and tokens (negative share: mean). Figures: each configuration's first "
-                  "seed.", ""]
-        lines += table + [""]
+                  "headline value: the worst over layers and tokens, or, for what the matrices do to the streams, "
+                  "over the interior connections (a connection whose H_res cannot change the model's output is "
+                  "reported apart). Figures: each configuration's first seed.", ""]
+        lines += matrices
     rotations = rotation_lines(results)
     if rotations:
         lines += ["## Early training: the rotations of the first and last connections", "",
