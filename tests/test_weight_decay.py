@@ -129,11 +129,11 @@ def test_a_parameter_of_unknown_kind_is_refused_by_name():
 
 def test_bad_rules_are_refused_in_one_line():
     model = model_of("s2hc", 4, {}, {})
-    with pytest.raises(ValueError, match=r"^on must be one of \['matrices', 'all'\], got 'bias'$"):
+    with pytest.raises(ValueError, match=r"^on must be one of \['matrices', 'all', '2d'\], got 'bias'$"):
         parameter_groups(model, 0.1, on="bias")
-    with pytest.raises(ValueError, match=r"^on must be one of \['matrices', 'all'\], got 'bias'$"):
+    with pytest.raises(ValueError, match=r"^on must be one of \['matrices', 'all', '2d'\], got 'bias'$"):
         make_optimizer(model, 1e-3, 0.1, (0.9, 0.95), on="bias")
-    with pytest.raises(ValueError, match=r"^weight_decay_on must be one of \['matrices', 'all'\], got 'bias'$"):
+    with pytest.raises(ValueError, match=r"^weight_decay_on must be one of \['matrices', 'all', '2d'\], got 'bias'$"):
         TrainConfig(weight_decay_on="bias")
     assert TrainConfig().weight_decay_on == "matrices"
 
@@ -263,3 +263,14 @@ def test_a_run_from_before_the_rule_resumes_under_matrices_and_records_it_then(t
     train(config.replace(out=str(run), max_steps=3, data="embedded"), resume=True)
     records = [r for r in read_metrics(run) if "weight_decay" in r]
     assert [r["step"] for r in records] == [2] and records[0]["weight_decay"]["on"] == "matrices"
+
+
+def test_2d_rule_is_matrices_plus_the_two_dimensional_biases(model):
+    """The rule before these (every parameter of two or more dimensions): the same set as "matrices" plus a
+    connection's two-dimensional static matrices (mHC's (n, n) bias, HC's static matrix) and nothing else."""
+    old = set(decayed_parameter_names(model, on="2d"))
+    assert old == {name for name, p in model.named_parameters() if p.dim() >= 2}
+    extra = old - set(decayed_parameter_names(model, on="matrices"))
+    assert all(re.search(r"_hc\.mixer\.", name) for name in extra), extra
+    assert set(decayed_parameter_names(model, on="matrices")) <= old
+    assert bool(extra) == (model.config.family in ("mhc", "hc")), extra  # the only two-dimensional biases

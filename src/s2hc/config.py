@@ -35,8 +35,9 @@ from .params import check_countable
 
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
 #: Which parameters AdamW decays (s2hc.train.optim): weight matrices, embeddings and the connections' projections
-#: (s2hc's rule), or every parameter, as the s²HC authors' one group.
-WEIGHT_DECAY_RULES = ("matrices", "all")
+#: (s2hc's rule), every parameter (the s²HC authors' one group), or every parameter of two or more dimensions
+#: (s2hc's rule before these: the committed study of docs/results.md was trained with it).
+WEIGHT_DECAY_RULES = ("matrices", "all", "2d")
 
 # The range of every number, checked before anything runs (types come from the field's annotation).
 NONNEGATIVE_INTS = (  # the other ints are >= 1 (n_streams also <= MAX_STREAMS, seed in [0, MAX_SEED])
@@ -124,7 +125,8 @@ class TrainConfig:
     weight_decay: float = _setting(0.1, "AdamW weight decay, of the parameters weight_decay_on names", SCHEDULE)
     weight_decay_on: str = _setting(
         "matrices", "which parameters decay: 'matrices' (weight matrices, embeddings, the connections' projections) "
-        "or 'all' (the s²HC authors' one group; connection norm weights toward 1)", SCHEDULE)
+        "'all' (the s²HC authors' one group; connection norm weights toward 1) or '2d' (every parameter of two or "
+        "more dimensions: the rule before these, which also decays mHC's and HC's (n, n) biases)", SCHEDULE)
     beta1: float = _setting(0.9, "AdamW beta1", SCHEDULE)
     beta2: float = _setting(0.95, "AdamW beta2", SCHEDULE)
     grad_clip: float = _setting(1.0, "gradient-norm clipping (0: off)", SCHEDULE)

@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from ..diagnostics import plots
+from ..diagnostics.inert import inert_connections
 from ..extras import check_available
 from ..io import atomic_write_text, fsync_path
 from ..mixers import RESIDUAL
+from ..models.model_config import ModelConfig
 from ..reports import DASH, count, fixed, mean_std, p_value, ratio, sci, table
 from . import stats
 from .measure import MIXING_VERSION
@@ -169,7 +171,7 @@ def training_table(results: dict[str, Any]) -> list[str]:
 #: column is, in one line). Values of rows older than that version are shown as a dash: such a row either lacks
 #: the key or held another measure under it.
 MIXING_COLUMNS = (
-    ("‖H − I‖_F", "identity_distance_mean", MIXING_VERSION,
+    ("‖H − I‖_F", "identity_distance_mean", 1,
      "how far the matrices are from no mixing at all: the largest per-connection token mean of ‖H − I‖_F over the "
      "interior connections (those whose H_res can change the output)"),
     ("rotation angle (°)", "rotation_angle_mean", MIXING_VERSION,
@@ -186,6 +188,9 @@ MIXING_COLUMNS = (
     ("negative entries (interior)", "negative_share_mean", MIXING_VERSION,
      "the largest per-connection token-mean share of entries below −1e-3 over interior connections (an entry "
      "closer to 0 subtracts less than 0.1 % of a stream)"),
+    ("most negative entry (interior)", "min_entry_interior", 1,
+     "the most negative entry of any H_res at an interior connection, over every token: how much of one stream "
+     "another can subtract (mHC's, mHC-lite's and KromHC's are ≥ 0 by construction)"),
     ("negative entries (cannot change the output)", "negative_share_inert", MIXING_VERSION,
      "the same at the connections whose H_res cannot change the output (the first when rows sum to 1: it sees "
      "identical copies; the last when columns sum to 1 and the streams are summed): not learnt, since what feeds "
@@ -206,14 +211,52 @@ GUARANTEE_COLUMNS = (
 )
 
 
-def _column_cells(runs: list[dict[str, Any]], columns) -> list[str]:
-    """Mean over the measured runs (of a version that has the measure) of each column's headline value."""
+#: Columns computed from a row's per-layer statistics over its interior connections, not read from its headline,
+#: so that rows of every version have them: column key -> (per-layer key, statistic, how the layers combine).
+PER_LAYER_COLUMNS = {
+    "identity_distance_mean": ("identity_distance", "mean", max),
+    "min_entry_interior": ("min_entry", "min", min),
+}
+
+
+def _interior_layers(row: dict[str, Any], stream_reduce: str) -> list[int]:
+    """The connections of ``row`` whose ``H_res`` can change the output: every one but the row's recorded
+    ``inert_layers`` (version 3 on), or, for an older row, but those its family and the study's ``stream_reduce``
+    make inert (:func:`s2hc.diagnostics.inert.inert_connections`, what the collector computes since)."""
+    diagnostics = row["diagnostics"]
+    depth = len(diagnostics["layers"])
+    inert = diagnostics.get("inert_layers")
+    if inert is None:
+        transposed = bool(dict(row.get("options") or {}).get("transpose_res", False))
+        inert = inert_connections([row["family"]] * depth, [transposed] * depth, stream_reduce=stream_reduce)
+    return [i for i in range(depth) if i not in set(inert)]
+
+
+def _headline_value(row: dict[str, Any], key: str, stream_reduce: str) -> float | None:
+    """The value of column ``key`` for ``row``: from its per-layer statistics (:data:`PER_LAYER_COLUMNS`) or its
+    headline."""
+    if key not in PER_LAYER_COLUMNS:
+        return row["diagnostics"]["headline"].get(key)
+    source, stat, combine = PER_LAYER_COLUMNS[key]
+    per_layer = row["diagnostics"].get(source, {}).get(stat)
+    interior = _interior_layers(row, stream_reduce)
+    return combine(per_layer[i] for i in interior) if per_layer and interior else None
+
+
+def _column_cells(runs: list[dict[str, Any]], columns, stream_reduce: str) -> list[str]:
+    """Mean over the measured runs (of a version that has the measure) of each column's value."""
     cells = []
     for _, key, since, _ in columns:
-        values = [r["diagnostics"]["headline"].get(key) for r in runs if r.get("version", 1) >= since]
+        values = [_headline_value(r, key, stream_reduce) for r in runs if r.get("version", 1) >= since]
         values = [v for v in values if v is not None]
         cells.append(sci(statistics.fmean(values), 3) if values else DASH)
     return cells
+
+
+def _stream_reduce(results: dict[str, Any]) -> str:
+    """How the study's models reduce their streams (its ``train.model_overrides``, else ModelConfig's default)."""
+    overrides = results.get("study", {}).get("train", {}).get("model_overrides") or {}
+    return overrides.get("stream_reduce", ModelConfig.__dataclass_fields__["stream_reduce"].default)
 
 
 def _older_rows_line(measured: list[dict[str, Any]]) -> list[str]:
@@ -223,10 +266,11 @@ def _older_rows_line(measured: list[dict[str, Any]]) -> list[str]:
         return []
     which = (f"all {len(older)} measured rows" if len(older) == len(measured) else
              f"{len(older)} of {len(measured)} measured rows: " + ", ".join(f"`{r['name']}`" for r in older))
-    return [f"Rows measured before version {MIXING_VERSION} ({which}) lack the interior ‖H − I‖_F, the rotation "
-            "angle, the spectrum slope and the negative entries below −1e-3 apart from the connections that cannot "
-            "change the output (shown –; their old negative share counted every entry below 0 over all connections "
-            "and is not shown); re-run the study to measure them.", ""]
+    return [f"Rows measured before version {MIXING_VERSION} ({which}) lack the rotation angle, the spectrum slope "
+            "and the negative entries below −1e-3, interior and apart (shown –; their old negative share counted "
+            "every entry below 0 over all connections and is not shown); re-run the study to measure them. Their "
+            "‖H − I‖_F and most negative entry come from their per-layer statistics, the connections that cannot "
+            "change the output left out as the collector leaves them out now.", ""]
 
 
 def diagnostics_table(results: dict[str, Any]) -> list[str]:
@@ -240,7 +284,7 @@ def diagnostics_table(results: dict[str, Any]) -> list[str]:
         return []
     lines = []
     for columns in (MIXING_COLUMNS, GUARANTEE_COLUMNS):
-        rows = [[label, *_column_cells(runs, columns)] for label, runs in groups.items()]
+        rows = [[label, *_column_cells(runs, columns, _stream_reduce(results))] for label, runs in groups.items()]
         lines += table(["configuration", *(name for name, *_ in columns)], rows) + [""]
     lines += _older_rows_line([r for runs in groups.values() for r in runs])
     lines += [f"- **{name}**: {meaning}." for name, _, _, meaning in (*MIXING_COLUMNS, *GUARANTEE_COLUMNS)] + [""]

@@ -18,7 +18,11 @@ by its shape, so the rule is the same whichever family the connections mix with 
   authors' runs decay it toward 0; Gemma's ``1 + w`` RMSNorm (``norm_unit_offset``) stores ``w``, whose decay
   toward 0 pulls its scale toward 1.
 
-docs/training.md ("Weight decay") states both rules by parameter name and what each does to a family's biases.
+- ``"2d"``: every parameter with two or more dimensions, whatever it is: s2hc's rule before these two, kept to
+  reproduce runs trained with it (the committed study of docs/results.md). It is ``"matrices"`` plus mHC's and HC's
+  ``(n, n)`` static matrices, the only connection biases with two dimensions: not the same rule for every family.
+
+docs/training.md ("Weight decay") states the rules by parameter name and what each does to a family's biases.
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ def decay_targets(model: nn.Module, on: str = "matrices") -> dict[str, float | N
         decays = _matrices_rule(name, owner, attribute, in_connection)  # also refuses an unknown kind
         if on == "all":
             targets[name] = 1.0 if isinstance(owner, HyperConnection) and attribute == "norm_weight" else 0.0
+        elif on == "2d":
+            targets[name] = 0.0 if getattr(owner, attribute).dim() >= 2 else None
         else:
             targets[name] = 0.0 if decays else None
     return targets
