@@ -378,6 +378,9 @@ def test_diagnose_a_checkpoint(runs, corpus_file, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "s2hc (n = 4), 4 connections, 100 tokens" in printed and "report.md" in printed
     data = json.loads((out / "diagnostics.json").read_text())
+    head = data["headline"]  # the second line: the interior connections' measures, as the headline has them
+    assert (f"connections that can change the output: largest ‖H − I‖_F {head['identity_distance_mean']:.3g}, "
+            f"rotation angle {head['rotation_angle_mean']:.3g}°") in printed
     assert data["kind"] == "checkpoint" and data["family"] == "s2hc" and data["tokens"] == 100
     assert MEASUREMENT_KEYS | {"stream_similarity", "h_pre", "h_post"} <= set(data)
     assert data["layers"] == ["blocks.0.attn_hc", "blocks.0.mlp_hc", "blocks.1.attn_hc", "blocks.1.mlp_hc"]

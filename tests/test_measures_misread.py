@@ -259,12 +259,18 @@ def test_the_study_report_dashes_rows_written_before_the_measures():
     for key in ("identity_distance_mean", "rotation_angle_mean", "spectrum_slope_mean", "negative_share_inert"):
         del old["headline"][key]  # what a version-1 row holds: none of them, and negative_share_mean meaning other
     old["headline"]["negative_share_mean"] = 0.375
+    del old["inert_layers"]  # nor did it record which connections cannot change the output
     lines = study_report.diagnostics_table({"rows": [_row("s2hc-n4-seed0", 1, old)]})
     header, _, row = lines[:3]
     assert "rotation angle (°)" in header and "negative entries (cannot change the output)" in header
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[0] == "s2hc n=4" and cells[1:4] == [DASH] * 3 and cells[5:7] == [DASH] * 2
+    assert cells[0] == "s2hc n=4" and cells[2:4] == [DASH] * 2 and cells[5] == DASH and cells[7] == DASH
     assert cells[4] != DASH  # the smallest deviation σ was measured then too
+    # ‖H − I‖_F and the most negative entry come from the per-layer statistics, over the connections the family
+    # and the default stream_reduce ("sum") make interior: for s2hc all but the first and the last
+    interior = [1, 2]
+    assert cells[1] == f"{max(old['identity_distance']['mean'][i] for i in interior):.3g}"
+    assert cells[6] == f"{min(old['min_entry']['min'][i] for i in interior):.3g}"
     text = "\n".join(lines)
     assert "Rows measured before version 3 (all 1 measured rows)" in text and "re-run the study" in text
     assert "the angle column shows what the σ column cannot" in text
@@ -278,6 +284,7 @@ def test_the_study_report_shows_the_measures_of_a_version_3_row():
     lines = study_report.diagnostics_table({"rows": rows})
     cells = [c.strip() for c in lines[2].strip("|").split("|")]
     assert cells[1] == f"{head['identity_distance_mean']:.3g}" and cells[2] == f"{head['rotation_angle_mean']:.3g}"
-    assert cells[3] == f"{head['spectrum_slope_mean']:.3g}" and cells[6] == f"{head['negative_share_inert']:.3g}"
+    assert cells[3] == f"{head['spectrum_slope_mean']:.3g}" and cells[7] == f"{head['negative_share_inert']:.3g}"
+    assert cells[6] == f"{min(new['min_entry']['min'][i] for i in (1, 2)):.3g}"  # the recorded inert layers left out
     assert "1 of 2 measured rows: `s2hc-n4-seed1`" in "\n".join(lines)
     assert not any("before version" in line for line in study_report.diagnostics_table({"rows": rows[:1]}))

@@ -149,11 +149,24 @@ def _checkpoint(args: argparse.Namespace) -> int:
         f"composite ‖P‖₂ {head['composite_spectral_norm_at_depth']:.6g}, "
         f"composite Amax forward {head['composite_forward_amax']:.4g} / backward {head['composite_backward_amax']:.4g}"
     )
+    print(_mixing_line(head))
     failed = [c["property"] for c in result.get("guarantees", []) if not c["holds"]]
     if failed:
         print(f"claimed but not measured within tolerance: {'; '.join(failed)}")
     print(f"Report: {out / REPORT_NAME}")
     return 0
+
+
+def _mixing_line(head: dict) -> str:
+    """What the matrices do, over the connections whose H_res can change the output (the headline's interior
+    values; "none" when every connection is one that cannot, as in a one-block model)."""
+
+    def value(key: str, unit: str = "") -> str:
+        return "none" if head.get(key) is None else f"{head[key]:.3g}{unit}"
+
+    return (f"connections that can change the output: largest ‖H − I‖_F {value('identity_distance_mean')}, "
+            f"rotation angle {value('rotation_angle_mean', '°')}, spectrum slope 1 − σ² "
+            f"{value('spectrum_slope_mean')}, negative entries below −1e-3 {value('negative_share_mean')}")
 
 
 def _synthetic(args: argparse.Namespace) -> int:

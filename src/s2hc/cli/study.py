@@ -19,7 +19,7 @@ def register(subparsers) -> None:
         "study", help="train a grid of families × streams × seeds and report with statistics",
         description="Train every configuration of the grid in CONFIG (see configs/study-*.yaml) for every seed, "
         "each as an ordinary run directory under DIR/runs/, then write DIR/results.json and DIR/report.md "
-        "(means, 95 %% intervals, paired tests against the baselines, the trained matrices, figures). Calling it "
+        "(means, 95 % intervals, paired tests against the baselines, the trained matrices, figures). Calling it "
         "again finishes an interrupted study; a finished one is left as it is.",
     )
     parser.add_argument("config", nargs="?", metavar="CONFIG", help="the study's YAML grid (not with --report-only)")
