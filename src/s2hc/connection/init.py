@@ -20,9 +20,10 @@
   ``1 − spread/(n − 1)``. With the projection at zero and ``H_res``'s columns summing to 1 (every family at
   init), the streams' mean follows a residual model's stream exactly, so a model whose output is that mean
   (``stream_reduce="mean"``) computes its residual counterpart's function at step 0 while its streams separate
-  after the first write (so ``H_res`` gets gradients). Sigmoid gates get the logits of the targets
-  (:func:`upcycling_biases`); tanh gates (``b + α tanh(d)``, ``b`` is the value at ``d = 0``) the targets
-  themselves.
+  after the first write. ``H_res``'s gradient is zero at step 0 (the loss sees only the streams' mean, which
+  ``H_res`` keeps) and grows as the read gates learn to differ, as after upcycling. Sigmoid gates get the logits
+  of the targets (:func:`upcycling_biases`); tanh gates (``b + α tanh(d)``, ``b`` is the value at ``d = 0``) the
+  targets themselves.
 """
 
 from __future__ import annotations

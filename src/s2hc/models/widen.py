@@ -14,7 +14,8 @@ keeps the streams' mean the mixing's fixed point, so the streams are free to dif
 With the coefficient projections at zero (their initial value) every ``H`` is its bias alone, the same for every
 token. The read bias is ``logit(1/n)``; the write biases give the favoured stream ``layer_index mod n`` (as the
 paper's initialisation does) ``1 + spread`` and the others ``1 − spread/(n − 1)``. The writes are not uniform,
-so the streams separate after the first write and the mixing receives real gradients from the first step; with
+so the streams separate after the first write and the mixing receives real gradients from the second step (at
+step 0 the loss sees only the streams' mean, which ``H_res`` keeps); with
 uniform writes they would stay copies, and ``H_res`` would never matter. The biases are
 :func:`s2hc.connection.init.upcycling_biases`, which a model built from scratch gets too with the connection
 option ``gate_init="residual"``.
