@@ -210,6 +210,11 @@ def test_a_diverged_run_is_recorded_not_averaged(tmp_path, monkeypatch):
         ("families: [mhc, mhc]", "'mhc n=4' is listed twice"),
         ("families: ['residual:x=1']", "residual takes no options"),
         ("families: [residual]\nbaselines: [nope]", "baselines must be one of"),
+        ("families: [residual]\nsettings: [{seed: 1}]", "settings[0] sets ['seed'], which the grid sets"),
+        ("families: [residual, mhc]\nsettings: [{lr: 0}]", "residual [lr=0]: lr must be"),
+        ("families: [residual, mhc]\nfactorial: [{factors: {family: [mhc, hc]}}]",
+         "factorial[0]: the cell {'family': 'hc'} (with no condition) must match exactly one configuration; it "
+         "matches none"),
     ],
 )
 def test_a_bad_study_config_is_refused_before_anything_runs(text, message, tmp_path, capsys):

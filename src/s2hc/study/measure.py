@@ -164,6 +164,31 @@ def rotation_probe(trained: Transformer, config: TrainConfig, batch) -> dict[str
     }, digits=4)
 
 
+def trajectory(records: list[dict[str, Any]]) -> dict[str, list] | None:
+    """What the matrices did over training, from the run's ``diagnostics`` records (``diagnostics_every``): per
+    recorded step the smallest deviation singular value (token mean, smallest over the interior connections, those
+    whose ``H_res`` can change the output), the largest rotation angle over them (degrees), the composite forward
+    Amax gain and the mean cosine between the output streams. None for a run without such records."""
+    out: dict[str, list] = {"steps": [], "smallest_deviation_singular_value": [], "rotation_angle": [],
+                            "composite_forward_amax": [], "stream_similarity_output": []}
+    for record in records:
+        d = record.get("diagnostics") or {}
+        if "deviation_singular_values_mean" not in d:
+            continue
+        inert = set(d.get("inert_layers") or ())
+        values = d["deviation_singular_values_mean"]  # per connection, its components largest first
+        interior = [i for i in range(len(values)) if i not in inert]
+        smallest = [values[i][-1] for i in interior if values[i]]
+        angles = [d["rotation_angle_mean"][i] for i in interior] if d.get("rotation_angle_mean") else []
+        similarity = d.get("stream_similarity_mean") or [None]
+        out["steps"].append(record["step"])
+        out["smallest_deviation_singular_value"].append(min(smallest) if smallest else None)
+        out["rotation_angle"].append(max(angles) if angles else None)
+        out["composite_forward_amax"].append(max(d["composite_forward_amax_max"]))
+        out["stream_similarity_output"].append(similarity[-1])
+    return out if out["steps"] else None
+
+
 def _timing(payload: Checkpoint | None, records: list[dict], tokens_per_step: int) -> dict[str, float | None]:
     """Tokens/s from the median step time (every step's time is in the checkpoint ``payload``; the logged ones
     otherwise)."""
@@ -189,6 +214,7 @@ def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnost
     row: dict[str, Any] = {
         "name": run_dir.name, "label": configuration.label, "family": configuration.family,
         "options": dict(configuration.options), "n_streams": configuration.n_streams, "seed": seed,
+        "settings": dict(configuration.settings),
         "steps": config.max_steps, "tokens": config.max_steps * tokens_per_step,
         "status": "diverged" if diverged else "finished",
         "diverged_at": diverged["step"] if diverged else None,
@@ -202,6 +228,7 @@ def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnost
         } if grad_norms else None,
         "loss_spike": loss_spike([loss for _, loss in train_points]),
         "curves": {"train": [list(p) for p in train_points], "val": [list(p) for p in val_points]},
+        "trajectory": trajectory(records),
         "params": None, "hc_params": None, "diagnostics": None, "rotations": None,
     }
     row["val_ppl"] = math.exp(row["val_loss"]) if row["val_loss"] is not None else None

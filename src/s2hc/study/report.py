@@ -24,7 +24,10 @@ from ..mixers import RESIDUAL
 from ..models.model_config import ModelConfig
 from ..reports import DASH, count, fixed, mean_std, p_value, ratio, sci, table
 from . import stats
+from .factorial import design_lines
+from .figures import FIGURES, figures
 from .measure import MIXING_VERSION
+from .rows import by_configuration, finished_values
 from .spec import DEFAULT_BASELINES
 from .stats import LEVEL, describe, holm, paired
 
@@ -32,7 +35,6 @@ RESULTS = "results.json"
 #: What the report's statistics (SciPy's t distribution) and figures need: the study extra.
 REPORT_PACKAGES = ("scipy", "matplotlib")
 REPORT = "report.md"
-FIGURES = "figures"
 RUNS = "runs"  # each run's directory is RUNS/NAME under the study's
 
 
@@ -43,30 +45,19 @@ def _summary_cell(summary: dict[str, Any], digits: int = 4) -> str:
     return mean_std(summary["mean"], summary["std"], summary["ci95"], digits)
 
 
-def _groups(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Rows by configuration label, in grid order."""
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for row in rows:
-        groups.setdefault(row["label"], []).append(row)
-    return groups
-
-
-def _finished(runs: list[dict[str, Any]], key: str) -> dict[int, float]:
-    return {r["seed"]: r[key] for r in runs if r["status"] == "finished" and r[key] is not None}
-
-
 def repeated(results: dict[str, Any]) -> bool:
     """Whether some configuration has two finished seeds or more (what intervals and paired tests need)."""
-    return any(len(_finished(runs, "val_loss")) >= 2 for runs in _groups(results["rows"]).values())
+    return any(len(finished_values(runs, "val_loss")) >= 2 for runs in by_configuration(results["rows"]).values())
 
 
 def _baseline_label(baseline: str, runs: list[dict[str, Any]], groups: dict[str, list[dict]]) -> str | None:
     """The configuration a family is paired with: ``residual``, or the baseline family without options at the same
-    stream count."""
-    n = runs[0]["n_streams"]
+    stream count, trained under the same settings."""
+    n, settings = runs[0]["n_streams"], runs[0].get("settings") or {}
     for label, candidates in groups.items():
         first = candidates[0]
-        if first["family"] == baseline and not first["options"] and (baseline == RESIDUAL or first["n_streams"] == n):
+        if (first["family"] == baseline and not first["options"] and (first.get("settings") or {}) == settings
+                and (baseline == RESIDUAL or first["n_streams"] == n)):
             return label
     return None
 
@@ -89,7 +80,7 @@ def _tokens_per_s(runs: list[dict[str, Any]]) -> float | None:
 
 def summary_table(results: dict[str, Any]) -> list[str]:
     """The per-configuration table (the headline the README shows)."""
-    groups = _groups(results["rows"])
+    groups = by_configuration(results["rows"])
     reference = groups.get(RESIDUAL)
     intervals = stats.available()
     rows = []
@@ -99,8 +90,8 @@ def summary_table(results: dict[str, Any]) -> list[str]:
         runs_text = f"{len(finished)}" + (f" (+{diverged} diverged)" if diverged else "")
         rows.append([
             label, runs_text,
-            _summary_cell(describe(list(_finished(runs, "val_loss").values()), intervals)),
-            _summary_cell(describe(list(_finished(runs, "train_loss").values()), intervals)),
+            _summary_cell(describe(list(finished_values(runs, "val_loss").values()), intervals)),
+            _summary_cell(describe(list(finished_values(runs, "train_loss").values()), intervals)),
             count(_tokens_per_s(runs)), count(runs[0]["params"] or 0), count(runs[0]["hc_params"] or 0),
             ratio(_step_time_ratio(runs, reference)),
         ])
@@ -111,14 +102,14 @@ def summary_table(results: dict[str, Any]) -> list[str]:
 
 def paired_table(results: dict[str, Any], baseline: str) -> list[str]:
     """Paired differences (validation and train loss) of every configuration against ``baseline`` (SciPy)."""
-    groups = _groups(results["rows"])
+    groups = by_configuration(results["rows"])
     entries = []
     for label, runs in groups.items():
         base = _baseline_label(baseline, runs, groups)
         if base is None or base == label:
             continue
-        val = paired(_finished(runs, "val_loss"), _finished(groups[base], "val_loss"))
-        train = paired(_finished(runs, "train_loss"), _finished(groups[base], "train_loss"))
+        val = paired(finished_values(runs, "val_loss"), finished_values(groups[base], "val_loss"))
+        train = paired(finished_values(runs, "train_loss"), finished_values(groups[base], "train_loss"))
         if val is not None:
             entries.append((label, base, val, train))
     if not entries:
@@ -141,8 +132,8 @@ def _interval(comparison: dict[str, Any]) -> str:
 
 def noise_lines(results: dict[str, Any]) -> list[str]:
     """How large the seed-to-seed spread is, measured."""
-    stds = [describe(list(_finished(runs, "val_loss").values()), interval=False)["std"]
-            for runs in _groups(results["rows"]).values()]
+    stds = [describe(list(finished_values(runs, "val_loss").values()), interval=False)["std"]
+            for runs in by_configuration(results["rows"]).values()]
     stds = [s for s in stds if s is not None]
     if not stds:
         return []
@@ -154,7 +145,7 @@ def noise_lines(results: dict[str, Any]) -> list[str]:
 def training_table(results: dict[str, Any]) -> list[str]:
     """Stability per configuration: gradient norms, loss spikes, divergences."""
     rows = []
-    for label, runs in _groups(results["rows"]).items():
+    for label, runs in by_configuration(results["rows"]).items():
         grads = [r["grad_norm"] for r in runs if r["grad_norm"]]
         diverged = [f"seed {r['seed']} at step {r['diverged_at']}" for r in runs if r["status"] == "diverged"]
 
@@ -278,7 +269,8 @@ def diagnostics_table(results: dict[str, Any]) -> list[str]:
     streams (interior connections, and apart those that cannot change the output), then the guarantees and gains,
     a line on rows that predate a measure, and one line per column saying what it is. Empty when no run was
     measured."""
-    groups = {label: [r for r in runs if r.get("diagnostics")] for label, runs in _groups(results["rows"]).items()}
+    groups = {label: [r for r in runs if r.get("diagnostics")]
+              for label, runs in by_configuration(results["rows"]).items()}
     groups = {label: runs for label, runs in groups.items() if runs}
     if not groups:
         return []
@@ -295,7 +287,7 @@ def rotation_lines(results: dict[str, Any]) -> list[str]:
     """The early-training question: the rotation gradients and drift of the first and last connections (whose
     ``H_res`` cannot change the output) against the others'."""
     rows = []
-    for label, runs in _groups(results["rows"]).items():
+    for label, runs in by_configuration(results["rows"]).items():
         probes = [r["rotations"] for r in runs if r.get("rotations")]
         if not probes:
             continue
@@ -320,7 +312,7 @@ def runs_table(results: dict[str, Any]) -> list[str]:
     ``export`` read them), relative to the study's directory, and which hold a diagnostics report. Paths, not
     links: the report is a function of results.json alone, and a committed study keeps no run directories."""
     rows = []
-    for label, runs in _groups(results["rows"]).items():
+    for label, runs in by_configuration(results["rows"]).items():
         directories = ", ".join(f"`{RUNS}/{r['name']}/`" + ("" if r["status"] == "finished" else f" ({r['status']})")
                                 for r in runs)
         measured = [r for r in runs if r.get("diagnostics")]
@@ -332,117 +324,6 @@ def runs_table(results: dict[str, Any]) -> list[str]:
             reports = "nothing to measure" if runs[0]["family"] == RESIDUAL else DASH
         rows.append([label, directories, reports])
     return table(["configuration", "run directories", "diagnostics reports"], rows, align="lll")
-
-
-# ----------------------------------------------------------------------------------------------- figures
-
-
-def _bands(ax, groups: dict[str, list[dict]], key: str, title: str) -> None:
-    for index, (label, runs) in enumerate(groups.items()):
-        curves = [dict(map(tuple, r["curves"][key])) for r in runs if r["status"] == "finished"]
-        if not curves:
-            continue
-        steps = sorted(set.intersection(*(set(c) for c in curves)))
-        means = [statistics.fmean(c[s] for c in curves) for s in steps]
-        low = [min(c[s] for c in curves) for s in steps]
-        high = [max(c[s] for c in curves) for s in steps]
-        color = f"C{index % 10}"
-        style = "-" if index < 10 else "--"
-        ax.plot(steps, means, color=color, linestyle=style, linewidth=1.3, label=label)
-        ax.fill_between(steps, low, high, color=color, alpha=0.15)
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("step")
-    ax.grid(alpha=0.3)
-
-
-CURVES = {"val": "validation loss", "train": "train loss"}
-
-
-def _has_curve(results: dict[str, Any], key: str) -> bool:
-    return any(r["curves"][key] for r in results["rows"] if r["status"] == "finished")
-
-
-def plot_curves(results: dict[str, Any], path: Path, key: str = "val") -> Path:
-    """Validation (``key="val"``) or train loss against step, mean over seeds with the seeds' range as a band; the
-    last steps enlarged."""
-    plt = plots._pyplot()
-    groups = _groups(results["rows"])
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), layout="constrained")
-    _bands(axes[0], groups, key, f"{CURVES[key]} (mean over seeds, band: min–max)")
-    _bands(axes[1], groups, key, "the last half, enlarged")
-    last = max(s for runs in groups.values() for r in runs for s, _ in r["curves"][key])
-    finals = [v for runs in groups.values() for r in runs if r["status"] == "finished"
-              for s, v in r["curves"][key] if s >= last / 2]
-    if finals and last > 0:
-        axes[1].set_xlim(last / 2, last * 1.01)
-        spread = max(finals) - min(finals)
-        if spread > 0:
-            axes[1].set_ylim(min(finals) - 0.05 * spread, max(finals) + 0.05 * spread)
-    axes[0].set_ylabel("cross-entropy (nats/token)")
-    axes[1].legend(fontsize=7, ncol=1, loc="upper right")
-    return plots._save(fig, path)
-
-
-def plot_final(results: dict[str, Any], path: Path) -> Path:
-    """Final validation loss per configuration: each seed (dots), mean and 95 % interval (bar)."""
-    plt = plots._pyplot()
-    groups = _groups(results["rows"])
-    fig, ax = plt.subplots(figsize=(8, 0.38 * len(groups) + 1.4), layout="constrained")
-    for y, runs in enumerate(groups.values()):
-        values = list(_finished(runs, "val_loss").values())
-        if not values:
-            continue
-        summary = describe(values)
-        ax.scatter(values, [y] * len(values), color="C0", s=14, alpha=0.7, zorder=3)
-        if summary["ci95"]:
-            low, high = summary["ci95"]
-            ax.plot([low, high], [y, y], color="black", linewidth=1.5)
-        ax.plot([summary["mean"]], [y], marker="|", color="black", markersize=12)
-    ax.set_yticks(range(len(groups)))
-    ax.set_yticklabels(list(groups), fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("final validation loss (dots: seeds; bar: mean and 95 % interval)")
-    ax.grid(alpha=0.3, axis="x")
-    return plots._save(fig, path)
-
-
-def _first_seed_diagnostics(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each configuration's first measured run's diagnostics (the figures draw one model per configuration)."""
-    out = {}
-    for label, runs in _groups(results["rows"]).items():
-        measured = [r for r in runs if r.get("diagnostics")]
-        if measured:
-            out[label] = measured[0]["diagnostics"]
-    return out
-
-
-def figures(results: dict[str, Any], out: Path) -> dict[str, Path]:
-    """Every figure of the report, under ``out/figures/``; empty without matplotlib."""
-    if not plots.have_matplotlib():
-        return {}
-    directory = out / FIGURES
-    directory.mkdir(parents=True, exist_ok=True)
-    made = {}
-    if _has_curve(results, "val"):
-        made["validation loss curves"] = plot_curves(results, directory / "validation_curves.png")
-    if _has_curve(results, "train"):
-        made["train loss curves"] = plot_curves(results, directory / "train_curves.png", "train")
-    made["final validation loss"] = plot_final(results, directory / "final_validation_loss.png")
-    diagnostics = _first_seed_diagnostics(results)
-    if diagnostics:
-        made["deviation singular values per layer (s²HC paper Fig. 5)"] = plots.plot_deviation_singular_values(
-            diagnostics, directory / "deviation_singular_values.png")
-        made["column sums, single and cumulative (Fig. 7)"] = plots.plot_column_sums(
-            diagnostics, directory / "column_sums.png")
-        made["Amax gain and composite norm over depth"] = plots.plot_amax_gain(diagnostics, directory / "amax_gain.png")
-        with_mixing = {k: v for k, v in diagnostics.items() if plots.has_mixing(v)}  # rows of version 3 on
-        if with_mixing:
-            made["what each H_res does to the streams (hollow: cannot change the output)"] = plots.plot_mixing(
-                with_mixing, directory / plots.FIGURES["mixing"])
-        with_streams = {k: v for k, v in diagnostics.items() if v.get("stream_similarity")}
-        if with_streams:
-            made["stream similarity"] = plots.plot_stream_similarity(with_streams, directory / "stream_similarity.png")
-    return made
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -497,6 +378,7 @@ def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Pa
               "same seed (runs on a shared machine: a rough measure; `s2hc bench` is the careful one).", ""]
     lines += summary_table(results) + [""] + noise_lines(results)
     lines += _paired_lines(results)
+    lines += design_lines(results)
     lines += ["## Training stability", "",
               "Gradient norms before clipping (mean over seeds of each run's statistic over logged steps); the "
               "largest loss spike is the largest rise of the logged train loss above its running minimum.", ""]
@@ -550,7 +432,8 @@ def write_report(out: str | Path, strict: bool = True) -> Path:
         raise ValueError(f"{str(path)!r} is not the results of a finished study (it needs 'study' and 'rows')")
     report = out / REPORT
     _remove_durably(report)  # complete or absent, see below
-    made = figures(results, out)
+    groups = by_configuration(results["rows"])
+    made = figures(results, out, baseline_of=lambda label, runs: _baseline_label(RESIDUAL, runs, groups))
     _sync([*made.values(), *([out / FIGURES] if made else [])])  # the figures and their names
     atomic_write_text(report, build_report(results, made, out))  # last: it names the figures
     return report

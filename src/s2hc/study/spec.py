@@ -11,9 +11,20 @@ A study config (``configs/study-*.yaml``)::
       - mhc
       - s2hc:rotation=expm                        # FAMILY:KEY=VALUE[,KEY=VALUE]
       - {family: s2hc, n_streams: [2, 4, 8]}      # or a mapping: family, options, n_streams
+    settings:                                     # optional: every family is trained under each of these
+      - {weight_decay_on: matrices}               # (TrainConfig keys over `train:`; model_overrides merge key by key)
+      - {weight_decay_on: all, weight_decay: 1.5}
+    factorial:                                    # optional: main effects and interactions of two-level factors
+      - factors: {projection_init: [zero, normal], weight_decay_on: [matrices, all]}
+        where: {family: s2hc}                     # which configurations make the cells (see .factorial)
     baselines: [residual, mhc]                    # paired differences against these (default)
     diagnostics_tokens: 2048                      # positions measured by the trained-model diagnostics
     nproc: 1                                      # processes (GPUs) per run: `s2hc train --nproc N` (torchrun)
+
+A configuration is a family with its options at one stream count under one of the ``settings`` (none given: the
+``train:`` settings alone); ``settings`` make the axes that are not the family's (a depth sweep:
+``{model_overrides: {n_layers: 8}}``, ``{model_overrides: {n_layers: 16}}``), and a configuration is paired only
+with a baseline trained under the same settings.
 
 ``n_streams`` is ``n_streams`` of a training config; the older name ``streams`` is read with a notice on
 stderr. Every grid point becomes a :class:`~s2hc.config.TrainConfig` here, so an unknown key, family or option, or a
@@ -45,8 +56,11 @@ from ..mixers import REFERENCE_FAMILY, RESIDUAL, check_family, options
 from ..models.model_config import CONNECTION_OPTIONS
 from ..rundir import load_checkpoint
 from ..train.init_from import upcycles
+from .factorial import parse_designs
 
-KEYS = ("description", "train", "n_streams", "streams", "seeds", "families", "baselines", "diagnostics_tokens", "nproc")
+KEYS = ("description", "train", "n_streams", "streams", "seeds", "families", "settings", "factorial", "baselines",
+        "diagnostics_tokens", "nproc")
+MODEL_OVERRIDES = "model_overrides"  # the TrainConfig key whose settings merge key by key (``model_overrides.dim``)
 GRID_KEYS = grid_fields()  # set by the grid, not by `train:` (TrainConfig's field metadata says which)
 DEFAULT_DIAGNOSTICS_TOKENS = 2048
 DEFAULT_BASELINES = (RESIDUAL, REFERENCE_FAMILY)  # what every configuration is paired with, unless told
@@ -66,20 +80,27 @@ class Configuration:
     family: str
     options: tuple[tuple[str, Any], ...]
     n_streams: int
+    #: Training settings of this configuration over the study's ``train:`` (``("weight_decay_on", "all")``,
+    #: ``("model_overrides.n_layers", 16)``), in the order the study config gives them.
+    settings: tuple[tuple[str, Any], ...] = ()
 
     @property
     def label(self) -> str:
-        """``"s2hc n=4"``, ``"s2hc (rotation=expm) n=4"``, ``"residual"``: how tables name it."""
+        """``"s2hc n=4"``, ``"s2hc (rotation=expm) n=4"``, ``"residual"``, ``"mhc n=4 [n_layers=16]"``: how tables
+        name it."""
+        settings = ", ".join(f"{_short(k)}={_word(v)}" for k, v in self.settings)
+        suffix = f" [{settings}]" if settings else ""
         if self.family == RESIDUAL:
-            return RESIDUAL
+            return RESIDUAL + suffix
         options = ", ".join(f"{k}={_word(v)}" for k, v in self.options)
-        return f"{self.family}{f' ({options})' if options else ''} n={self.n_streams}"
+        return f"{self.family}{f' ({options})' if options else ''} n={self.n_streams}{suffix}"
 
     @property
     def slug(self) -> str:
-        """``"s2hc-n4-rotation-expm"``: the label as a file name."""
+        """``"s2hc-n4-rotation-expm"``, ``"mhc-n4-n_layers-16"``: the label as a file name."""
         parts = [self.family] + ([] if self.family == RESIDUAL else [f"n{self.n_streams}"])
         parts += [f"{k}-{_word(v)}" for k, v in self.options]
+        parts += [f"{_short(k)}-{_word(v)}" for k, v in self.settings]
         return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(parts))
 
     def run_name(self, seed: int) -> str:
@@ -90,6 +111,25 @@ def _word(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def _short(key: str) -> str:
+    """A setting's name in labels: ``model_overrides.n_layers`` is ``n_layers``."""
+    return key.removeprefix(f"{MODEL_OVERRIDES}.")
+
+
+def apply_settings(train: dict[str, Any], settings) -> dict[str, Any]:
+    """``train`` with ``settings`` (``(key, value)`` pairs, ``model_overrides.KEY`` merged into its mapping) set
+    over it; ``train`` is left as it was."""
+    merged = {**train, MODEL_OVERRIDES: dict(train.get(MODEL_OVERRIDES) or {})}
+    for key, value in settings:
+        if key.startswith(f"{MODEL_OVERRIDES}."):
+            merged[MODEL_OVERRIDES][_short(key)] = value
+        else:
+            merged[key] = value
+    if not merged[MODEL_OVERRIDES] and MODEL_OVERRIDES not in train:
+        del merged[MODEL_OVERRIDES]
+    return merged
+
+
 @dataclass(frozen=True)
 class StudySpec:
     """A checked study: the shared training settings, the configurations and the seeds."""
@@ -98,6 +138,8 @@ class StudySpec:
     configurations: tuple[Configuration, ...]
     seeds: tuple[int, ...]
     baselines: tuple[str, ...] = DEFAULT_BASELINES
+    #: The two-level designs whose main effects and interactions the report computes (:mod:`.factorial`).
+    factorial: tuple[dict[str, Any], ...] = ()
     diagnostics_tokens: int = DEFAULT_DIAGNOSTICS_TOKENS
     description: str = ""
     nproc: int = 1
@@ -106,7 +148,8 @@ class StudySpec:
     def run_config(self, configuration: Configuration, seed: int, out: str | Path) -> TrainConfig:
         """The TrainConfig of one run, written to ``out``."""
         return TrainConfig.from_dict({
-            **self.train, "family": configuration.family, "n_streams": configuration.n_streams,
+            **apply_settings(self.train, configuration.settings), "family": configuration.family,
+            "n_streams": configuration.n_streams,
             "family_options": dict(configuration.options), "seed": seed, "out": str(out),
         })
 
@@ -123,9 +166,13 @@ class StudySpec:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["configurations"] = [
-            {"family": c.family, "options": dict(c.options), "n_streams": c.n_streams, "label": c.label}
+            {"family": c.family, "options": dict(c.options), "n_streams": c.n_streams, "label": c.label,
+             **({"settings": dict(c.settings)} if c.settings else {})}  # absent without: older grids still grow
             for c in self.configurations
         ]
+        data["factorial"] = list(self.factorial)
+        if not data["factorial"]:
+            del data["factorial"]
         return data
 
 
@@ -211,11 +258,13 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
     given = _n_streams(values, source)
     default_streams = _streams([4] if given is None else given, f"{source}: n_streams")
     configurations: list[Configuration] = []
-    for index, entry in enumerate(families):
-        for configuration in _entry(entry, default_streams, f"{source}: families[{index}]"):
-            if configuration in configurations:
-                raise ValueError(f"{source}: {configuration.label!r} is listed twice")
-            configurations.append(configuration)
+    for settings in _settings(values.get("settings"), source):
+        for index, entry in enumerate(families):
+            for configuration in _entry(entry, default_streams, f"{source}: families[{index}]"):
+                configuration = dataclasses.replace(configuration, settings=settings)
+                if configuration in configurations:
+                    raise ValueError(f"{source}: {configuration.label!r} is listed twice")
+                configurations.append(configuration)
     baselines = values.get("baselines", list(DEFAULT_BASELINES))
     if not isinstance(baselines, list):
         raise ValueError(f"{source}: 'baselines' must be a list of families, got {baselines!r}")
@@ -237,14 +286,48 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
             config = spec.run_config(configuration, spec.seeds[0], "unused")
         except ValueError as error:
             raise ValueError(f"{source}: {configuration.label}: {error}") from None
-        model = _model_key(config)
+        model = (_model_key(config), configuration.settings)
         if model in seen:
             raise ValueError(f"{source}: {seen[model].label!r} and {configuration.label!r} are the same configuration "
                              "once the family's defaults are applied (it would be trained twice); list it once")
         seen[model] = configuration
+    spec = dataclasses.replace(spec, factorial=parse_designs(values.get("factorial"), spec, source))
     if train.get("init_from"):
         _check_init_from(str(train["init_from"]), spec.configurations, source)
     return spec
+
+
+def _settings(value: Any, source: str) -> list[tuple[tuple[str, Any], ...]]:
+    """The ``settings:`` list as ``(key, value)`` tuples (``model_overrides`` flattened to
+    ``model_overrides.KEY``); one empty tuple when none are given. ValueError naming the entry for a key the grid
+    sets, a mapping that is not one, or a settings entry given twice; values are checked by the runs' TrainConfig."""
+    if value is None:
+        return [()]
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{source}: 'settings' must be a non-empty list of mappings of TrainConfig keys, e.g. "
+                         f"[{{weight_decay_on: matrices}}, {{weight_decay_on: all}}]; got {value!r}")
+    out: list[tuple[tuple[str, Any], ...]] = []
+    for index, entry in enumerate(value):
+        where = f"{source}: settings[{index}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: expected a mapping of TrainConfig keys, got {entry!r}")
+        fixed = sorted(set(entry) & set(GRID_KEYS))
+        if fixed:
+            raise ValueError(f"{where} sets {fixed}, which the grid sets for every run (families, n_streams, seeds, "
+                             "--out); list families under 'families' instead")
+        pairs: list[tuple[str, Any]] = []
+        for key, setting in entry.items():
+            if key == MODEL_OVERRIDES:
+                if not isinstance(setting, dict) or not setting:
+                    raise ValueError(f"{where}: {MODEL_OVERRIDES} must be a non-empty mapping of ModelConfig keys, "
+                                     f"got {setting!r}")
+                pairs += [(f"{MODEL_OVERRIDES}.{k}", v) for k, v in setting.items()]
+            else:
+                pairs.append((str(key), setting))
+        if tuple(pairs) in out:
+            raise ValueError(f"{where} repeats an earlier entry: {entry!r}")
+        out.append(tuple(pairs))
+    return out
 
 
 def _model_key(config: TrainConfig) -> tuple:
