@@ -11,7 +11,8 @@ A factor (and a ``where`` key) is ``family``, ``n_streams``, a family or connect
 in: ``projection_init`` is ``zero`` for a configuration that does not set it), a TrainConfig key or
 ``model_overrides.KEY`` (the value the run trains with, the study's ``train:`` and the configuration's settings
 applied). Each factor has two levels, low then high; every combination of levels must match exactly one
-configuration (the cells, resolved here, so that the report needs only ``results.json``).
+configuration (the cells, resolved here from :func:`.spec.configuration_value`, so that the report needs only
+``results.json``).
 
 Effects are computed per seed, on the seeds every cell finished (same seed = same data order and the same
 initial weights wherever the models share them), so that the seed-to-seed spread cancels as in a paired test:
@@ -30,15 +31,12 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-from ..mixers import RESIDUAL, options
 from ..reports import DASH, mean_std, p_value, table
 from . import stats
 from .rows import MEASURES, by_configuration, per_seed
-
-if TYPE_CHECKING:  # spec imports this module
-    from .spec import StudySpec
 
 DESIGN_KEYS = ("name", "factors", "where")
 MAX_FACTORS = 4  # 16 cells; a larger design is a study of its own
@@ -48,27 +46,11 @@ def _word(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def configuration_value(spec: StudySpec, configuration, key: str) -> Any:
-    """What ``configuration`` has for ``key`` (see the module); KeyError when it is none of those."""
-    from .spec import CONNECTION_DEFAULTS, MODEL_OVERRIDES  # spec imports this module
-
-    config = spec.run_config(configuration, spec.seeds[0], "unused")
-    if key == "family":
-        return config.family
-    if key == "n_streams":
-        return config.n_streams
-    if key.startswith(f"{MODEL_OVERRIDES}."):
-        return getattr(config.model_config(), key.removeprefix(f"{MODEL_OVERRIDES}."))
-    family_options = {} if config.family == RESIDUAL else {**CONNECTION_DEFAULTS, **options(config.family)}
-    family_options.update(config.family_options)
-    if key in family_options:
-        return family_options[key]
-    if key in config.to_dict():
-        return getattr(config, key)
-    raise KeyError(key)
+#: What a configuration has for a factor's key: ``value_of(configuration, key)``, KeyError for a key it lacks.
+ValueOf = Callable[[Any, str], Any]
 
 
-def _design(entry: Any, spec: StudySpec, where: str) -> dict[str, Any]:
+def _design(entry: Any, configurations: tuple, value_of: ValueOf, where: str) -> dict[str, Any]:
     if not isinstance(entry, dict) or "factors" not in entry or set(entry) - set(DESIGN_KEYS):
         raise ValueError(f"{where}: a design is a mapping with 'factors' (required), 'name' and 'where'; got {entry!r}")
     factors, condition = entry["factors"], entry.get("where") or {}
@@ -82,21 +64,21 @@ def _design(entry: Any, spec: StudySpec, where: str) -> dict[str, Any]:
     values: dict[str, list[str | None]] = {}
     for key in [*factors, *condition]:
         column = []
-        for configuration in spec.configurations:
+        for configuration in configurations:
             try:
-                column.append(_word(configuration_value(spec, configuration, key)))
+                column.append(_word(value_of(configuration, key)))
             except (KeyError, AttributeError):
                 column.append(None)
         if all(v is None for v in column):
             raise ValueError(f"{where}: {key!r} is not a family, option, TrainConfig key or model_overrides.KEY of "
                              "any configuration")
         values[key] = column
-    chosen = [i for i in range(len(spec.configurations))
+    chosen = [i for i in range(len(configurations))
               if all(values[k][i] == _word(v) for k, v in condition.items())]
     cells = []
     for combination in itertools.product(*(range(2) for _ in factors)):
         levels = {key: factors[key][level] for key, level in zip(factors, combination)}
-        matches = [spec.configurations[i].label for i in chosen
+        matches = [configurations[i].label for i in chosen
                    if all(values[k][i] == _word(v) for k, v in levels.items())]
         if len(matches) != 1:
             found = f"{len(matches)} ({', '.join(matches)})" if matches else "none"
@@ -108,14 +90,15 @@ def _design(entry: Any, spec: StudySpec, where: str) -> dict[str, Any]:
             "cells": cells}
 
 
-def parse_designs(value: Any, spec: StudySpec, source: str) -> tuple[dict[str, Any], ...]:
-    """The ``factorial:`` list, each design with its cells resolved to configuration labels; ValueError naming the
-    design otherwise."""
+def parse_designs(value: Any, configurations: tuple, value_of: ValueOf, source: str) -> tuple[dict[str, Any], ...]:
+    """The ``factorial:`` list over ``configurations`` (a study's, each with a ``label``), each design with its
+    cells resolved to configuration labels; ValueError naming the design otherwise."""
     if value is None:
         return ()
     if not isinstance(value, list) or not value:
         raise ValueError(f"{source}: 'factorial' must be a non-empty list of designs, got {value!r}")
-    designs = tuple(_design(entry, spec, f"{source}: factorial[{index}]") for index, entry in enumerate(value))
+    designs = tuple(_design(entry, configurations, value_of, f"{source}: factorial[{index}]")
+                    for index, entry in enumerate(value))
     names = [d["name"] for d in designs]
     if len(set(names)) != len(names):
         raise ValueError(f"{source}: factorial designs share a name ({names}); name each one")
@@ -205,4 +188,4 @@ def _mean_cell(values: dict[int, float]) -> str:
     return mean_std(statistics.fmean(summary), std, None, 4)
 
 
-__all__ = ["configuration_value", "design_lines", "effects", "parse_designs"]
+__all__ = ["design_lines", "effects", "parse_designs"]

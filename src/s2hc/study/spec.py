@@ -291,7 +291,9 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
             raise ValueError(f"{source}: {seen[model].label!r} and {configuration.label!r} are the same configuration "
                              "once the family's defaults are applied (it would be trained twice); list it once")
         seen[model] = configuration
-    spec = dataclasses.replace(spec, factorial=parse_designs(values.get("factorial"), spec, source))
+    designs = parse_designs(values.get("factorial"), spec.configurations,
+                            lambda configuration, key: configuration_value(spec, configuration, key), source)
+    spec = dataclasses.replace(spec, factorial=designs)
     if train.get("init_from"):
         _check_init_from(str(train["init_from"]), spec.configurations, source)
     return spec
@@ -328,6 +330,26 @@ def _settings(value: Any, source: str) -> list[tuple[tuple[str, Any], ...]]:
             raise ValueError(f"{where} repeats an earlier entry: {entry!r}")
         out.append(tuple(pairs))
     return out
+
+
+def configuration_value(spec: StudySpec, configuration: Configuration, key: str) -> Any:
+    """What ``configuration`` trains with for ``key`` (a factorial design's factor): ``family``, ``n_streams``, a
+    family or connection option (its default filled in), ``model_overrides.KEY`` (the model's value) or a
+    TrainConfig key; KeyError when it is none of those."""
+    config = spec.run_config(configuration, spec.seeds[0], "unused")
+    if key == "family":
+        return config.family
+    if key == "n_streams":
+        return config.n_streams
+    if key.startswith(f"{MODEL_OVERRIDES}."):
+        return getattr(config.model_config(), _short(key))
+    family_options = {} if config.family == RESIDUAL else {**CONNECTION_DEFAULTS, **options(config.family)}
+    family_options.update(config.family_options)
+    if key in family_options:
+        return family_options[key]
+    if key in config.to_dict():
+        return getattr(config, key)
+    raise KeyError(key)
 
 
 def _model_key(config: TrainConfig) -> tuple:
