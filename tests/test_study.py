@@ -147,6 +147,20 @@ def test_a_study_directory_in_use_is_refused_and_nothing_is_lost(smoke, capsys):
     assert comparable(smoke) == before
 
 
+def test_a_committed_study_grows_from_its_results_alone(smoke, tmp_path, capsys):
+    """docs/ keeps a finished study's study.json and results.json, not its run directories or rows: copied to a
+    new directory, the grown grid trains only its new runs (the rows come from results.json)."""
+    for name in ("study.json", "results.json"):
+        shutil.copy(smoke / name, tmp_path / name)
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(SMOKE.read_text().replace("seeds: 2", "seeds: 3"))
+    capsys.readouterr()
+    assert main(["study", str(grown), "--out", str(tmp_path), "--print-commands"]) == 0
+    commands = capsys.readouterr().out.split("\n")
+    assert [c.split("--out ")[1] for c in commands if c.startswith("s2hc train")] == [
+        str(tmp_path / "runs" / name) for name in ("residual-seed2", "mhc-n4-seed2", "s2hc-n4-seed2")]
+
+
 def test_print_commands_lists_plain_train_commands(smoke, tmp_path, capsys):
     assert main(["study", str(SMOKE), "--out", str(tmp_path / "new"), "--print-commands"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -360,7 +374,7 @@ def test_the_first_and_last_connections_rotation_gradients_are_rounding_noise():
     assert probe["drift"] == [0.0] * 6  # the model is its own initialisation
 
 
-@pytest.mark.parametrize("committed", ["study", "start", "upcycling", "upcycling/scratch"])
+@pytest.mark.parametrize("committed", ["study", "start", "recipe", "upcycling", "upcycling/scratch"])
 def test_the_committed_reports_are_what_their_results_give(committed, tmp_path):
     """docs/ holds studies' results.json and report.md: the report must be what `--report-only` builds from the
     results with the code as it is (so the numbers quoted in docs/ trace back to data, and the code still reads

@@ -81,10 +81,10 @@ def _tokens_per_s(runs: list[dict[str, Any]]) -> float | None:
 def summary_table(results: dict[str, Any]) -> list[str]:
     """The per-configuration table (the headline the README shows)."""
     groups = by_configuration(results["rows"])
-    reference = groups.get(RESIDUAL)
     intervals = stats.available()
     rows = []
     for label, runs in groups.items():
+        reference = groups.get(_baseline_label(RESIDUAL, runs, groups))  # residual under the same settings
         finished = [r for r in runs if r["status"] == "finished"]
         diverged = len(runs) - len(finished)
         runs_text = f"{len(finished)}" + (f" (+{diverged} diverged)" if diverged else "")

@@ -107,10 +107,22 @@ def _read_object(path: Path, what: str) -> dict[str, Any]:
 
 
 def _row(run: Run) -> dict[str, Any] | None:
-    if not run.row_path.is_file():
-        return None
-    row = _read_object(run.row_path, "measures that run again")
-    return row if row.get("version") == ROW_VERSION else None
+    """The run's measured row (of this version): its ``rows/NAME.json``, else its row in the directory's
+    ``results.json`` (a committed study keeps only that: copied to a new directory, it grows without training
+    its measured runs again)."""
+    if run.row_path.is_file():
+        row = _read_object(run.row_path, "measures that run again")
+    else:
+        row = _recorded_rows(run.out / RESULTS).get(run.name)
+    return row if row is not None and row.get("version") == ROW_VERSION else None
+
+
+def _recorded_rows(path: Path) -> dict[str, dict[str, Any]]:
+    """The rows of the ``results.json`` at ``path`` by run name; empty when there is none."""
+    if not path.is_file():
+        return {}
+    rows = _read_object(path, "results: the study writes them again").get("rows") or []
+    return {row["name"]: row for row in rows if isinstance(row, dict) and "name" in row}
 
 
 def _state(run: Run, spec: StudySpec) -> str:

@@ -13,7 +13,7 @@ A study config (``configs/study-*.yaml``)::
       - {family: s2hc, n_streams: [2, 4, 8]}      # or a mapping: family, options, n_streams
     settings:                                     # optional: every family is trained under each of these
       - {weight_decay_on: matrices}               # (TrainConfig keys over `train:`; model_overrides merge key by key)
-      - {weight_decay_on: all, weight_decay: 1.5}
+      - {weight_decay_on: all, weight_decay: 1.43}
     factorial:                                    # optional: main effects and interactions of two-level factors
       - factors: {projection_init: [zero, normal], weight_decay_on: [matrices, all]}
         where: {family: s2hc}                     # which configurations make the cells (see .factorial)
