@@ -283,7 +283,7 @@ class Killed(BaseException):
 def test_a_report_cut_while_its_figures_are_redrawn_is_absent_not_stale(tmp_path, monkeypatch):
     pytest.importorskip("matplotlib")
     pytest.importorskip("scipy")
-    from s2hc.study import report
+    from s2hc.study import figures, report
 
     out = tmp_path / "study"
     out.mkdir()
@@ -296,7 +296,7 @@ def test_a_report_cut_while_its_figures_are_redrawn_is_absent_not_stale(tmp_path
     def cut(*args, **kwargs):  # the curves are redrawn from the new results; the kill lands on the next figure
         raise Killed
 
-    monkeypatch.setattr(report, "plot_final", cut)
+    monkeypatch.setattr(figures, "plot_final", cut)
     with pytest.raises(Killed):
         report.write_report(out)
     assert not (out / "report.md").exists()  # not the old report beside the new curves
