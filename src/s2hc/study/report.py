@@ -2,9 +2,10 @@
 
 ``report.md`` has: the setup; per configuration the validation and train loss (mean ± std, 95 % interval),
 tokens/s, parameters, step time against residual, gradient norms and the largest loss spike; paired differences
-against each baseline with the paired t-test and Holm's correction (two seeds or more, SciPy); the trained models'
-residual matrices; the rotation probe (the early-training question); figures under ``figures/`` (matplotlib);
-and every run's directory and diagnostics report. ``s2hc compare`` writes the same report (one axis, families).
+against each baseline trained under the same settings, with the paired t-test and Holm's correction (two seeds or
+more, SciPy); the factorial designs' effects (:mod:`.factorial`); the trained models' residual matrices; the
+rotation probe (the early-training question); figures under ``figures/`` (:mod:`.figures`, matplotlib); and every
+run's directory and diagnostics report. ``s2hc compare`` writes the same report (one axis, families).
 The same ``results.json`` always gives the same ``report.md``.
 """
 
