@@ -34,7 +34,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from ..reports import DASH, mean_std, p_value, table
+from ..reports import mean_std, p_value, table
 from . import stats
 from .rows import MEASURES, by_configuration, per_seed
 
@@ -128,8 +128,6 @@ def effects(design: dict[str, Any], per_cell: dict[str, dict[int, float]]) -> li
     return out
 
 
-
-
 def design_lines(results: dict[str, Any]) -> list[str]:
     """The report's section on the study's factorial designs: per design the cell means, then per measure the
     effects with their intervals and tests (Holm over the design's effects). Empty when the study has none."""
@@ -181,11 +179,8 @@ def _signed_interval(mean: float, low: float, high: float) -> str:
 
 
 def _mean_cell(values: dict[int, float]) -> str:
-    if not values:
-        return DASH
-    summary = list(values.values())
-    std = statistics.stdev(summary) if len(summary) > 1 else None
-    return mean_std(statistics.fmean(summary), std, None, 4)
+    summary = stats.describe(list(values.values()), interval=False)
+    return mean_std(summary["mean"], summary["std"], None, 4)
 
 
 __all__ = ["design_lines", "effects", "parse_designs"]
