@@ -41,6 +41,8 @@ REFUSED = {
     "following the source's residual stream",
     "orthogonal": "an orthogonal H_res keeps norms, not sums (its columns do not sum to 1), so the streams' sum "
     "stops following the source's residual stream",
+    "gated-residual": "its gates start random, so its start is not the source's function; the start that is (zero "
+    "gate projections) keeps the streams identical copies under every gradient step",
 }
 
 

@@ -33,14 +33,17 @@ FORMS = [(name, name, 1 if name == "residual" else 4, {}, {}) for name in s2hc.f
     ("mhc-gpt2-like", "mhc", 3, {}, {"norm": "layernorm", "qkv_bias": True, "out_bias": True, "mlp_bias": True,
                                      "pos": "learned", "mlp": "gelu"}),
     ("kromhc-6", "kromhc", 6, {}, {}),
+    ("gated-residual-sum", "gated-residual", 3, {"rank": 4}, {"stream_reduce": "sum"}),
+    ("mhc-lss", "mhc", 4, {}, {"lss_init": 0.6}),
 ]
 
 # What decays under "matrices", stated by name independently of s2hc.train.optim: the model's weight matrices and
-# embeddings, and the connections' projections; nothing else.
+# embeddings, and the connections' projections (the gated residual's three); nothing else.
+PROJECTIONS = r"(projection|read_down|read_up|write)"
 MATRICES = re.compile(r"(^(embed|pos_embed|lm_head)\.weight"
                       r"|\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight"
-                      r"|_hc\.projection|^stream_head\.projection)$")
-CONNECTION_NORMS = re.compile(r"_hc\.norm_weight$")  # decay toward 1 under "all"
+                      rf"|_hc\.{PROJECTIONS}|^stream_head\.{PROJECTIONS})$")
+CONNECTION_NORMS = re.compile(r"_hc\.norm_weight$")  # decay toward 1 under "all", but the gated residual's (1 + w)
 
 
 def model_of(family, n_streams, options, fields) -> Transformer:
@@ -84,12 +87,13 @@ def test_matrices_decay_and_nothing_else_whatever_the_family(model):
     # each kind by name: connection biases, scales, γ, static matrices and norm weights stay; so do model norms
     kept = set(by_name) - decayed
     assert all(MATRICES.search(name) is None for name in kept)
-    connection = {name for name in by_name if "_hc." in name or name.startswith("stream_head.")}
-    assert {name for name in connection if name.endswith("projection")} <= decayed
-    assert connection - {name for name in connection if name.endswith("projection")} <= kept
+    connection = {name for name in by_name if "_hc." in name or name.startswith(("stream_head.", "stream_scale."))}
+    projections = {name for name in connection if re.search(rf"\.{PROJECTIONS}$", name)}
+    assert projections <= decayed
+    assert connection - projections <= kept
     assert all(name in kept for name in by_name if re.search(r"norm\.(weight|bias)$|_proj\.bias$", name))
     if model.config.family != "residual":
-        assert any(name.endswith("_hc.projection") for name in decayed)
+        assert any(re.search(rf"_hc\.{PROJECTIONS}$", name) for name in decayed)
 
 
 @pytest.mark.parametrize("family, options, static", [("mhc", {}, "mixer.bias"), ("hc", {}, "mixer.bias"),
@@ -107,10 +111,11 @@ def test_all_decays_every_parameter_and_the_connection_norms_toward_one(model):
     by_name = check_every_parameter_once(model, groups)
     assert all(group["weight_decay"] == 0.1 for group in groups)
     toward_one = {name for name, group in by_name.items() if group["decay_toward"] == 1.0}
-    assert toward_one == {name for name in by_name if CONNECTION_NORMS.search(name)}
+    stored_offset = model.config.family == "gated-residual"  # Qwen's 1 + w: w decays toward 0
+    assert toward_one == {name for name in by_name if CONNECTION_NORMS.search(name) and not stored_offset}
     assert all(by_name[name]["decay_toward"] == 0.0 for name in set(by_name) - toward_one)
     assert decayed_parameter_names(model, "all") == [name for name, _ in model.named_parameters()]
-    if model.config.family != "residual" and model.blocks[0].attn_hc.norm_weight is not None:
+    if model.config.family != "residual" and model.blocks[0].attn_hc.norm_weight is not None and not stored_offset:
         assert toward_one
 
 
@@ -267,10 +272,13 @@ def test_a_run_from_before_the_rule_resumes_under_matrices_and_records_it_then(t
 
 def test_2d_rule_is_matrices_plus_the_two_dimensional_biases(model):
     """The rule before these (every parameter of two or more dimensions): the same set as "matrices" plus a
-    connection's two-dimensional static matrices (mHC's (n, n) bias, HC's static matrix) and nothing else."""
+    connection's two-dimensional static matrices (mHC's (n, n) bias, HC's static matrix) and the learned stream
+    scaling (n, C), and nothing else."""
     old = set(decayed_parameter_names(model, on="2d"))
     assert old == {name for name, p in model.named_parameters() if p.dim() >= 2}
     extra = old - set(decayed_parameter_names(model, on="matrices"))
-    assert all(re.search(r"_hc\.mixer\.", name) for name in extra), extra
+    assert all(re.search(r"_hc\.mixer\.|^stream_scale\.scale$", name) for name in extra), extra
     assert set(decayed_parameter_names(model, on="matrices")) <= old
-    assert bool(extra) == (model.config.family in ("mhc", "hc")), extra  # the only two-dimensional biases
+    assert ("stream_scale.scale" in extra) == (model.config.lss_init is not None)
+    static = extra - {"stream_scale.scale"}
+    assert bool(static) == (model.config.family in ("mhc", "hc")), extra  # the only two-dimensional biases

@@ -8,9 +8,12 @@ torch.Size([2, 8, 4, 64])
 """
 
 from . import mixers
-from .connection import HyperConnection, HyperHead, expand_streams, reduce_streams
+from .connection import GatedHead, GatedResidual, HyperConnection, HyperHead, expand_streams, reduce_streams
 from .mixers import families
 
 __version__ = "0.1.0"
 
-__all__ = ["HyperConnection", "HyperHead", "expand_streams", "families", "mixers", "reduce_streams", "__version__"]
+__all__ = [
+    "GatedHead", "GatedResidual", "HyperConnection", "HyperHead", "expand_streams", "families", "mixers",
+    "reduce_streams", "__version__",
+]

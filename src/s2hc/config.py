@@ -29,7 +29,7 @@ from .data.sources import required_packages as data_packages
 from .data.tokenizer import required_packages as tokenizer_packages
 from .devices import AUTOCAST_NAMES, DEVICE_NAME
 from .extras import check_available
-from .mixers import RESIDUAL, check_family, default_streams
+from .mixers import GATED_RESIDUAL, RESIDUAL, check_family, default_streams
 from .models import get_preset
 from .params import check_countable
 
@@ -298,6 +298,13 @@ def check_family_options(family: str, n_streams: int, options: dict[str, Any]) -
     float options converted. Unknown options are left to :class:`~s2hc.models.ModelConfig`, which names them."""
     if family == RESIDUAL:
         return options
+    if family == GATED_RESIDUAL:  # no mixer to build: its two options checked here, the rest by ModelConfig
+        checked = dict(options)
+        if "rank" in checked:
+            checked["rank"] = check_int(f"family option 'rank' of {family!r}", checked["rank"])
+        if "eps" in checked:
+            checked["eps"] = _check_option(family, "eps", checked["eps"], CONNECTION_OPTION_KINDS["eps"])
+        return checked
     check_countable(family, n_streams, built=True)  # n! permutations refused before they are built, even on meta
     kinds = _option_kinds(family)
     checked = dict(options)

@@ -28,8 +28,8 @@ import torch
 
 from . import mixers
 from .checks import MAX_LAYERS, check_int, check_streams
-from .connection import HyperConnection
-from .mixers import REFERENCE_FAMILY, RESIDUAL, check_family, families
+from .connection import build_connection
+from .mixers import GATED_RESIDUAL, REFERENCE_FAMILY, RESIDUAL, check_family, families
 from .mixers.mhc_lite import MAX_COUNTED_PERMUTATION_SIZE, permutation_limit_error
 from .reports import count, human, ratio, table
 
@@ -71,7 +71,7 @@ def build_options(family: str, **family_options: Any) -> dict[str, Any]:
     if family == RESIDUAL:
         return dict(family_options)
     options = dict(family_options)
-    if "allow_large" in mixers.options(family):
+    if family != GATED_RESIDUAL and "allow_large" in mixers.options(family):
         options.setdefault("allow_large", True)
     return options
 
@@ -96,10 +96,10 @@ def _count(
     sublayers = layers * sublayers_per_layer
     with torch.device("meta"):
         connections = [
-            HyperConnection(dim, n_streams, family=family, layer_index=index, **options) for index in range(sublayers)
+            build_connection(dim, n_streams, family=family, layer_index=index, **options) for index in range(sublayers)
         ]
-    first = connections[0]
-    num_inputs = 0 if first.mixer is None else first.mixer.num_inputs
+    mixer = getattr(connections[0], "mixer", None)  # the gated residual has none
+    num_inputs = 0 if mixer is None else mixer.num_inputs
     counts = [sum(p.numel() for p in connection.parameters()) for connection in connections]
     total = sum(counts)
     return {

@@ -32,6 +32,10 @@ The n-wide work (norm and projection, read and mix, write) has four implementati
 
 Measurements of each: ``docs/benchmarks.md``.
 
+Qwen's gated residual (``family="gated-residual"``) is a connection form of its own, :class:`GatedResidual` with its
+final read :class:`GatedHead` (:mod:`~s2hc.connection.gated`: no compute paths, it has one);
+:func:`build_connection` (:mod:`~s2hc.connection.build`) builds the right module for a family.
+
 The modules: :mod:`~s2hc.connection.module` (:class:`HyperConnection` and its compute options),
 :mod:`~s2hc.connection.streams` (into and out of the streams), :mod:`~s2hc.connection.base` (what a compute
 path is), :mod:`~s2hc.connection.init` (how a connection's projection and gates start: ``projection_init``,
@@ -43,16 +47,19 @@ kernels; it needs ``triton`` and is imported only when ``kernels="triton"`` is f
 from __future__ import annotations
 
 from .base import ComputePath
+from .build import CONNECTIONS, HEADS, build_connection, is_mixing_connection
 from .fused import CompiledPath, EagerPath, TritonPath
+from .gated import GatedHead, GatedResidual
 from .init import GATE_INITS, PROJECTION_INITS, gate_biases, projection_std, residual_targets, upcycling_biases
 from .module import COMPUTE_OPTIONS, HyperConnection, set_connection_options
 from .paths import COMPILED, EAGER, KERNELS, REFERENCE, select_path
 from .reference import ReferencePath
-from .streams import HyperHead, expand_streams, reduce_streams
+from .streams import HyperHead, StreamScaling, expand_streams, reduce_streams
 
 __all__ = [
-    "COMPILED", "COMPUTE_OPTIONS", "EAGER", "GATE_INITS", "KERNELS", "PROJECTION_INITS", "REFERENCE", "CompiledPath",
-    "ComputePath", "EagerPath", "HyperConnection", "HyperHead", "ReferencePath", "TritonPath", "expand_streams",
-    "gate_biases", "projection_std", "reduce_streams", "residual_targets", "select_path", "set_connection_options",
-    "upcycling_biases",
+    "COMPILED", "COMPUTE_OPTIONS", "CONNECTIONS", "EAGER", "GATE_INITS", "HEADS", "KERNELS", "PROJECTION_INITS",
+    "REFERENCE", "CompiledPath", "ComputePath", "EagerPath", "GatedHead", "GatedResidual", "HyperConnection",
+    "HyperHead", "ReferencePath", "StreamScaling", "TritonPath", "build_connection", "expand_streams", "gate_biases",
+    "is_mixing_connection", "projection_std", "reduce_streams", "residual_targets", "select_path",
+    "set_connection_options", "upcycling_biases",
 ]

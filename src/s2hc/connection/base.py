@@ -1,5 +1,6 @@
 """What every compute path is (docs/design.md section 3): :class:`ComputePath`, the three n-wide operations
-a connection runs, and the precision they run in (:func:`_stream_precision`)."""
+a connection runs, and the precision they run in (:func:`_stream_precision`); what every connection form checks
+(:func:`check_stream_tensor`, :func:`call_branch`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,49 @@ def _stream_precision(x: torch.Tensor):
     every sublayer; only the branch, called outside this context, should see autocast."""
     return torch.autocast(x.device.type, enabled=False)
 
+
+def check_stream_tensor(x: torch.Tensor, n_streams: int, dim: int) -> None:
+    """TypeError for anything but a floating tensor, ValueError for a shape other than ``(B, T, n_streams, dim)``
+    (what every connection's ``forward`` checks first)."""
+    if not isinstance(x, torch.Tensor):
+        hint = " (convert it with torch.from_numpy)" if type(x).__module__ == "numpy" else ""
+        raise TypeError(f"x must be a torch.Tensor of shape (batch, time, n_streams, dim), got "
+                        f"{type(x).__module__}.{type(x).__name__}{hint}")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"x must be a floating-point tensor (float32, bfloat16, float16 or float64: the connection computes "
+            f"in x's dtype, its coefficients in at least float32), got dtype {x.dtype}"
+        )
+    if x.dim() != 4:
+        raise ValueError(f"x must have shape (batch, time, n_streams, dim), got shape {tuple(x.shape)}")
+    if x.shape[-2:] != (n_streams, dim):
+        raise ValueError(
+            f"x must have n_streams={n_streams} and dim={dim} in its last two dimensions, "
+            f"got shape {tuple(x.shape)}"
+        )
+
+
+def call_branch(branch, h: torch.Tensor, args, kwargs) -> torch.Tensor:
+    """``branch(h, *args, **kwargs)``, checked: a tensor of h's shape, or an error saying what came back (a dtype
+    error from inside the branch gets a note on where h's dtype came from)."""
+    if torch.compiler.is_compiling():
+        out = branch(h, *args, **kwargs)
+    else:
+        try:
+            out = branch(h, *args, **kwargs)
+        except RuntimeError as error:  # e.g. a float32 nn.LayerNorm given float64 streams: say where h came from
+            if "dtype" in str(error) and hasattr(error, "add_note"):
+                error.add_note(f"s2hc: the branch was called with h of dtype {h.dtype}, the streams' dtype; "
+                               "give the streams the branch's dtype, or call the connection under torch.autocast")
+            raise
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(
+            f"branch must return a tensor of the shape it was given, {tuple(h.shape)}, got "
+            f"{type(out).__name__}" + (" (return only the hidden states)" if isinstance(out, tuple) else "")
+        )
+    if out.shape != h.shape:
+        raise ValueError(f"branch must return the shape it was given, {tuple(h.shape)}, got {tuple(out.shape)}")
+    return out
 
 
 class ComputePath:

@@ -14,9 +14,9 @@ from torch.utils.checkpoint import checkpoint
 from .. import mixers
 from ..checks import check_float, check_int, check_streams
 from ..extras import check_available
-from ..mixers import RESIDUAL, check_family
+from ..mixers import GATED_RESIDUAL, RESIDUAL, check_family
 from ..mixers.base import coefficient_dtype, scale_parameter
-from .base import ComputePath, _stream_precision
+from .base import ComputePath, _stream_precision, call_branch, check_stream_tensor
 from .init import check_gate_init, check_projection_init, gate_biases, initial_projection
 from .paths import KERNELS, select_path
 
@@ -100,6 +100,9 @@ class HyperConnection(nn.Module):
         check_streams("n_streams", n_streams)  # before anything n-sized is built
         check_int("layer_index", layer_index, minimum=0)
         check_family(family)
+        if family == GATED_RESIDUAL:
+            raise ValueError(f"family={GATED_RESIDUAL!r} is a connection form of its own: build it with "
+                             "s2hc.GatedResidual or s2hc.connection.build_connection")
         eps = check_float("eps", eps, positive=True)  # 0, a negative or NaN eps gives NaN streams silently
         if not isinstance(transpose_res, bool):
             raise ValueError(f"transpose_res must be True or False, got {transpose_res!r}")
@@ -172,42 +175,10 @@ class HyperConnection(nn.Module):
         return select_path(fused, self.kernels, x.device, torch.compiler.is_compiling())
 
     def _check_streams(self, x: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor):
-            hint = " (convert it with torch.from_numpy)" if type(x).__module__ == "numpy" else ""
-            raise TypeError(f"x must be a torch.Tensor of shape (batch, time, n_streams, dim), got "
-                            f"{type(x).__module__}.{type(x).__name__}{hint}")
-        if not x.is_floating_point():
-            raise TypeError(
-                f"x must be a floating-point tensor (float32, bfloat16, float16 or float64: the connection computes "
-                f"in x's dtype, its coefficients in at least float32), got dtype {x.dtype}"
-            )
-        if x.dim() != 4:
-            raise ValueError(f"x must have shape (batch, time, n_streams, dim), got shape {tuple(x.shape)}")
-        if x.shape[-2:] != (self.n_streams, self.dim):
-            raise ValueError(
-                f"x must have n_streams={self.n_streams} and dim={self.dim} in its last two dimensions, "
-                f"got shape {tuple(x.shape)}"
-            )
+        check_stream_tensor(x, self.n_streams, self.dim)
 
     def _call_branch(self, branch, h: torch.Tensor, args, kwargs) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            out = branch(h, *args, **kwargs)
-        else:
-            try:
-                out = branch(h, *args, **kwargs)
-            except RuntimeError as error:  # e.g. a float32 nn.LayerNorm given float64 streams: say where h came from
-                if "dtype" in str(error) and hasattr(error, "add_note"):
-                    error.add_note(f"s2hc: the branch was called with h of dtype {h.dtype}, the streams' dtype; "
-                                   "give the streams the branch's dtype, or call the connection under torch.autocast")
-                raise
-        if not isinstance(out, torch.Tensor):
-            raise TypeError(
-                f"branch must return a tensor of the shape it was given, {tuple(h.shape)}, got "
-                f"{type(out).__name__}" + (" (return only the hidden states)" if isinstance(out, tuple) else "")
-            )
-        if out.shape != h.shape:
-            raise ValueError(f"branch must return the shape it was given, {tuple(h.shape)}, got {tuple(out.shape)}")
-        return out
+        return call_branch(branch, h, args, kwargs)
 
     def coefficients(
         self, x: torch.Tensor, fused: bool | None = None

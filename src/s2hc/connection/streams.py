@@ -1,5 +1,6 @@
-"""Into and out of the streams: :func:`expand_streams` after the embedding, and :func:`reduce_streams` or a
-learned :class:`HyperHead` before the final norm (docs/design.md section 1.1)."""
+"""Into and out of the streams: :func:`expand_streams` after the embedding (and optionally a learned
+:class:`StreamScaling`), and :func:`reduce_streams` or a learned :class:`HyperHead` before the final norm
+(docs/design.md section 1.1)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,37 @@ def expand_streams(h: torch.Tensor, n_streams: int) -> torch.Tensor:
     if h.dim() != 3:
         raise ValueError(f"h must have shape (batch, time, dim), got shape {tuple(h.shape)}")
     return h.unsqueeze(-2).expand(*h.shape[:-1], n_streams, h.shape[-1]).contiguous()
+
+
+class StreamScaling(nn.Module):
+    """Learned stream scaling (LSS; brain-lab-research/hc-stream-collapse, ``StreamExpandLSS``): the expanded
+    streams ``x`` ``(B, T, n, C)`` times a learned scale ``λ`` ``(n, C)``, per stream and channel, so that the
+    streams start different instead of as n copies (against "stream collapse", one stream carrying the signal).
+
+    ``λ`` starts at ``init`` plus Xavier-uniform noise, U(−a, a) with ``a = sqrt(6 / (n + C))`` (torch's
+    ``xavier_uniform_`` on an ``(n, C)`` tensor), drawn from torch's global generator, as that code does; its
+    default ``init`` there is 0.6. That code applies it after the embedding (and its dropout), before the first
+    layer, and only for mHC-lite; s2hc offers it to every multi-stream family (``ModelConfig.lss_init``).
+    """
+
+    def __init__(self, dim: int, n_streams: int, init: float = 0.6):
+        super().__init__()
+        self.dim, self.n_streams = check_int("dim", dim), check_streams("n_streams", n_streams)
+        self.init = check_float("init", init)
+        self.scale = nn.Parameter(torch.empty(n_streams, dim))
+        with torch.no_grad():
+            nn.init.xavier_uniform_(self.scale)
+            self.scale.add_(self.init)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-2:] != (self.n_streams, self.dim):
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"x must have shape (batch, time, n_streams={self.n_streams}, dim={self.dim}), "
+                             f"got {shape}")
+        return x * self.scale.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, n_streams={self.n_streams}, init={self.init}"
 
 
 def reduce_streams(x: torch.Tensor) -> torch.Tensor:

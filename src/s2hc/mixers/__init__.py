@@ -39,15 +39,27 @@ REGISTRY: dict[str, type[Mixer]] = {
 
 
 RESIDUAL = "residual"  # the plain one-stream residual: a family with no mixer
+#: Qwen's gated residual (transformers' qwen4_exp): a connection form of its own, s2hc.connection.GatedResidual,
+#: whose H_res is I and whose read is a gate per stream and channel; a family with no mixer.
+GATED_RESIDUAL = "gated-residual"
+#: Its options and their defaults: the read gates' rank r, transformers' Qwen4ExpTextConfig.hc_lowrank default.
+GATED_RESIDUAL_OPTIONS: dict[str, object] = {"rank": 320}
 #: The mixing family the parameter and coefficient-path tables give ratios against (their ``vs_mhc`` and
 #: ``ratio_vs_mhc`` columns): mHC, the baseline of the papers.
 REFERENCE_FAMILY = MHCMixer.name
 
 
 def families() -> list[str]:
-    """Every family name ``HyperConnection(family=...)`` accepts: ``"residual"``, then the mixing families
-    (the keys of :data:`REGISTRY`) in the order of the design document's table."""
-    return [RESIDUAL, *REGISTRY]
+    """Every family name a model accepts (``ModelConfig.family``): ``"residual"``, the mixing families (the keys of
+    :data:`REGISTRY`) in the order of the design document's table, then :data:`GATED_RESIDUAL`. All but the last
+    are :class:`s2hc.HyperConnection`'s; the gated residual is :class:`s2hc.GatedResidual`
+    (:func:`s2hc.connection.build_connection` builds either)."""
+    return [RESIDUAL, *REGISTRY, GATED_RESIDUAL]
+
+
+def mixing_families() -> list[str]:
+    """The families with an ``H_res`` constraint map, a :class:`Mixer` (the keys of :data:`REGISTRY`)."""
+    return list(REGISTRY)
 
 
 def check_family(name: object, argument: str = "family") -> str:
@@ -63,7 +75,10 @@ def default_streams(family: str) -> int:
 
 
 def options(name: str) -> dict[str, object]:
-    """The keyword options family ``name`` accepts, with their defaults."""
+    """The keyword options family ``name`` accepts, with their defaults (the connection's own, ``eps`` and those
+    of :data:`s2hc.models.model_config.CONNECTION_OPTIONS`, aside)."""
+    if name == GATED_RESIDUAL:
+        return dict(GATED_RESIDUAL_OPTIONS)
     signature = inspect.signature(get(name).__init__)
     return {p: v.default for p, v in signature.parameters.items() if p not in ("self", "n_streams")}
 
@@ -90,6 +105,8 @@ def build(name: str, n_streams: int, **family_options) -> Mixer:
 
 
 __all__ = [
+    "GATED_RESIDUAL",
+    "GATED_RESIDUAL_OPTIONS",
     "Guarantees",
     "Mixer",
     "REGISTRY",
@@ -103,5 +120,6 @@ __all__ = [
     "default_streams",
     "families",
     "get",
+    "mixing_families",
     "options",
 ]

@@ -19,7 +19,7 @@ from typing import Any
 from .. import mixers
 from ..checks import MAX_LAYERS, check_int
 from ..connection.init import check_gate_init, check_projection_init
-from ..mixers import RESIDUAL, check_family
+from ..mixers import GATED_RESIDUAL, RESIDUAL, check_family
 
 __all__ = ["ModelConfig", "PRESETS", "get_preset"]
 
@@ -115,11 +115,21 @@ class ModelConfig:
     and ``family_options`` (the family's options, see :func:`s2hc.mixers.options`, plus the connection's own:
     ``eps``, ``transpose_res``, ``projection_init``, ``gate_init``), passed to every :class:`s2hc.HyperConnection`
     of the model; ``gate_init="residual"`` (a residual-equivalent start, :mod:`s2hc.connection.init`) needs
-    ``stream_reduce="mean"``. ``stream_reduce``: how the streams become one before
-    the final norm, ``"sum"`` (the papers') or ``"mean"`` (the same up to the final norm's ε; upcycled models
-    use it so that they compute exactly what their residual source computes, see :mod:`s2hc.models.widen`),
-    or ``"head"``: a learned per-token weighting, DeepSeek-V4's ``HyperHead`` (:class:`s2hc.HyperHead`, its
-    ``hc_eps`` from ``family_options``, else 1e-6); needs a multi-stream family.
+    ``stream_reduce="mean"``. ``family="gated-residual"`` is Qwen's gated residual (:class:`s2hc.GatedResidual`,
+    options ``rank`` and ``eps`` only, ``n_streams >= 2``): as in transformers' ``qwen4_exp`` layer its branches
+    have no pre-norm (the connection's read is normalised), and with its head the model has no final norm.
+
+    ``stream_reduce``: how the streams become one before the final norm, ``"sum"`` (the papers') or ``"mean"``
+    (the same up to the final norm's ε; upcycled models use it so that they compute exactly what their residual
+    source computes, see :mod:`s2hc.models.widen`), or ``"head"``: the family's learned read, DeepSeek-V4's
+    ``HyperHead`` (:class:`s2hc.HyperHead`, its ``hc_eps`` from ``family_options``, else 1e-6) for a mixing
+    family, Qwen's gated read (:class:`s2hc.GatedHead`, which replaces the final norm) for ``"gated-residual"``.
+    None (the default) resolves to ``"head"`` for ``"gated-residual"`` (Qwen's model) and ``"sum"`` otherwise.
+
+    ``lss_init``: None (default: the embedding copied into every stream, as the papers and Qwen do) or a number
+    ``λ₀``: learned stream scaling (LSS, brain-lab-research/hc-stream-collapse), each stream the embedding times a
+    learned per-stream, per-channel scale ``λ ∈ R^{n×C}`` starting at ``λ₀`` plus Xavier-uniform noise (that code's
+    default ``λ₀`` is 0.6; :class:`s2hc.connection.StreamScaling`). A multi-stream family only.
     """
 
     vocab_size: int = 4096
@@ -153,7 +163,8 @@ class ModelConfig:
     family: str = RESIDUAL
     n_streams: int = 1
     family_options: dict[str, Any] = field(default_factory=dict)
-    stream_reduce: str = "sum"
+    stream_reduce: str | None = None
+    lss_init: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "dim", "n_heads", "max_seq_len", "n_streams"):
@@ -178,6 +189,8 @@ class ModelConfig:
         _check_choice("norm", self.norm, NORMS)
         _check_choice("mlp", self.mlp, MLPS)
         _check_choice("pos", self.pos, POSITIONS)
+        if self.stream_reduce is None:
+            self.stream_reduce = "head" if self.family == GATED_RESIDUAL else "sum"
         _check_choice("stream_reduce", self.stream_reduce, STREAM_REDUCTIONS)
         _check_choice("weight_init", self.weight_init, WEIGHT_INITS)
         if self.ffn_dim is None:
@@ -240,6 +253,19 @@ class ModelConfig:
                 raise ValueError(f"n_streams must be 1 for family='residual', got n_streams={self.n_streams}")
             if self.family_options:
                 raise ValueError(f"family='residual' takes no family_options, got {sorted(self.family_options)}")
+            if self.lss_init is not None:
+                raise ValueError(f"lss_init scales several streams; family='residual' has one, got lss_init="
+                                 f"{self.lss_init!r} (leave it None or choose a multi-stream family)")
+            return
+        if self.lss_init is not None:
+            self.lss_init = _check_float("lss_init", self.lss_init)
+        if self.family == GATED_RESIDUAL:
+            allowed = sorted({*mixers.options(self.family), "eps"})
+            unknown = sorted(set(self.family_options) - set(allowed))
+            if unknown:
+                raise ValueError(f"unknown family_options {unknown} for family {self.family!r}; allowed: {allowed}")
+            if self.n_streams < 2:
+                raise ValueError(f"n_streams must be at least 2 for family={self.family!r}, got {self.n_streams}")
             return
         allowed = sorted({*mixers.options(self.family), *CONNECTION_OPTIONS})
         unknown = sorted(set(self.family_options) - set(allowed))

@@ -2,13 +2,15 @@
 
 Data flow (``n = config.n_streams``)::
 
-    ids (B, T) -> embed (· sqrt(C) for Gemma) [+ learned positions] -> expand_streams -> (B, T, n, C)
+    ids (B, T) -> embed (· sqrt(C) for Gemma) [+ learned positions] -> expand_streams [· LSS] -> (B, T, n, C)
       -> per layer: attention sublayer, then MLP sublayer, each  X <- hc(X, branch)
-      -> reduce_streams (sum, mean or HyperHead: ``stream_reduce``) (B, T, C) -> final norm -> LM head
+      -> reduce_streams (sum, mean or a learned head: ``stream_reduce``) (B, T, C) -> final norm -> LM head
       -> logits (B, T, vocab)
 
 A branch is everything between the connection's read and write: the pre-norm, the sublayer and, with
-``post_norms`` (Gemma3), the norm on its output. With ``family="residual"`` the model is the plain pre-norm
+``post_norms`` (Gemma3), the norm on its output. Qwen's gated residual (``family="gated-residual"``) reads
+normalised streams, so its branches have no pre-norm, and its head (:class:`s2hc.GatedHead`) takes the final
+norm's place, as in transformers' ``qwen4_exp``. With ``family="residual"`` the model is the plain pre-norm
 architecture of GPT-2, Qwen2.5, Qwen3 or Gemma3 (``tests/test_hf_parity.py`` checks the last three against
 Hugging Face ``transformers`` logit for logit).
 
@@ -37,7 +39,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..connection import HyperConnection, HyperHead, expand_streams, reduce_streams
+from ..connection import (
+    CONNECTIONS,
+    HEADS,
+    GatedHead,
+    HyperHead,
+    StreamScaling,
+    build_connection,
+    expand_streams,
+    reduce_streams,
+)
+from ..mixers import GATED_RESIDUAL
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from .model_config import ModelConfig
 
@@ -378,30 +390,32 @@ class Block(nn.Module):
 
     ``forward(x, rope, mask, cache)``: streams ``x`` ``(B, T, n, C)`` -> ``(B, T, n, C)``. Both connections get
     ``layer_index = layer``, as in the s²HC authors' code (the block index for both sublayers), so both start
-    favouring stream ``layer mod n``; the attention uses layer ``layer`` of ``cache``.
+    favouring stream ``layer mod n``; the attention uses layer ``layer`` of ``cache``. With
+    ``family="gated-residual"`` the connections are :class:`s2hc.GatedResidual` and the pre-norms None.
     """
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer, self.local = layer, config.is_local_layer(layer)
-        self.attn_norm = make_norm(config)
+        pre_norms = config.family != GATED_RESIDUAL  # the gated residual's read is normalised already
+        self.attn_norm = make_norm(config) if pre_norms else None
         self.attn = Attention(config, local=self.local)
         self.attn_post_norm = make_norm(config) if config.post_norms else None
-        self.mlp_norm = make_norm(config)
+        self.mlp_norm = make_norm(config) if pre_norms else None
         self.mlp = MLP(config)
         self.mlp_post_norm = make_norm(config) if config.post_norms else None
         options = dict(family=config.family, **config.family_options)
-        self.attn_hc = HyperConnection(config.dim, config.n_streams, layer_index=layer, **options)
-        self.mlp_hc = HyperConnection(config.dim, config.n_streams, layer_index=layer, **options)
+        self.attn_hc = build_connection(config.dim, config.n_streams, layer_index=layer, **options)
+        self.mlp_hc = build_connection(config.dim, config.n_streams, layer_index=layer, **options)
 
     def attention_branch(self, h: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
-        """Pre-norm, attention, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
-        y = self.attn(self.attn_norm(h), rope, mask, cache, self.layer)
+        """Pre-norm (if any), attention, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
+        y = self.attn(h if self.attn_norm is None else self.attn_norm(h), rope, mask, cache, self.layer)
         return y if self.attn_post_norm is None else self.attn_post_norm(y)
 
     def mlp_branch(self, h: torch.Tensor) -> torch.Tensor:
-        """Pre-norm, MLP, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
-        y = self.mlp(self.mlp_norm(h))
+        """Pre-norm (if any), MLP, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
+        y = self.mlp(h if self.mlp_norm is None else self.mlp_norm(h))
         return y if self.mlp_post_norm is None else self.mlp_post_norm(y)
 
     def forward(self, x: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
@@ -435,12 +449,19 @@ class Transformer(nn.Module):
         self.config = config
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.pos_embed = nn.Embedding(config.max_seq_len, config.dim) if config.pos == "learned" else None
+        self.stream_scale = None
+        if config.lss_init is not None:
+            self.stream_scale = StreamScaling(config.dim, config.n_streams, init=config.lss_init)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.stream_head = None
-        if config.stream_reduce == "head":
+        gated_head = config.stream_reduce == "head" and config.family == GATED_RESIDUAL
+        if gated_head:
+            self.stream_head = GatedHead(config.dim, config.n_streams, **config.family_options)
+        elif config.stream_reduce == "head":
             hc_eps = config.family_options.get("hc_eps", DEEPSEEK_V4_EPS)
             self.stream_head = HyperHead(config.dim, config.n_streams, eps=config.norm_eps, hc_eps=hc_eps)
-        self.norm = make_norm(config)
+        # Qwen's gated read is normalised (its own RMSNorm with 1 + w): the model has no final norm after it.
+        self.norm = nn.Identity() if gated_head else make_norm(config)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -482,7 +503,8 @@ class Transformer(nn.Module):
                          attn.q_norm, attn.k_norm):  # fmt: skip
                 if norm is not None:
                     norm.reset_parameters()
-        self.norm.reset_parameters()
+        if not isinstance(self.norm, nn.Identity):
+            self.norm.reset_parameters()
         if not self.config.tie_embeddings:
             linear(self.lm_head, std)
 
@@ -508,8 +530,9 @@ class Transformer(nn.Module):
         return total
 
     def num_connection_params(self) -> int:
-        """Number of parameters of the :class:`s2hc.HyperConnection` modules and the :class:`s2hc.HyperHead`
-        (0 for ``family="residual"``). The parameters themselves: :meth:`hyper_connection_parameters`.
+        """Number of parameters of the connections (:class:`s2hc.HyperConnection` or :class:`s2hc.GatedResidual`),
+        the learned head and the stream scaling (0 for ``family="residual"``). The parameters themselves:
+        :meth:`hyper_connection_parameters`.
         """
         return sum(p.numel() for p in self.hyper_connection_parameters())
 
@@ -520,11 +543,11 @@ class Transformer(nn.Module):
         return self.num_connection_params()
 
     def hyper_connection_parameters(self) -> list[nn.Parameter]:
-        """The parameters of every :class:`s2hc.HyperConnection` and of the :class:`s2hc.HyperHead` (empty for
+        """The parameters of every connection, of the learned head and of the stream scaling (empty for
         ``family="residual"``), e.g. for an optimiser group of their own; :meth:`init_weights` never touches
         them."""
-        return [p for module in self.modules() if isinstance(module, (HyperConnection, HyperHead))
-                for p in module.parameters()]
+        kinds = (*CONNECTIONS, *HEADS, StreamScaling)
+        return [p for module in self.modules() if isinstance(module, kinds) for p in module.parameters()]
 
     def forward(
         self,
@@ -544,12 +567,19 @@ class Transformer(nn.Module):
             raise ValueError(f"input_ids has {T} positions, more than max_seq_len={self.config.max_seq_len}")
         positions = torch.arange(T, device=input_ids.device)
         h = self._embed(input_ids, positions)
-        x = self.run_blocks(expand_streams(h, self.config.n_streams), attention_inputs(self.config, positions))
+        x = self.run_blocks(self.expand_streams(h), attention_inputs(self.config, positions))
         return self.lm_head(self.norm(self.reduce_streams(x)))
+
+    def expand_streams(self, h: torch.Tensor) -> torch.Tensor:
+        """Embeddings ``(B, T, C)`` -> streams ``(B, T, n, C)``: n copies, times the learned stream scaling when
+        ``lss_init`` is set."""
+        x = expand_streams(h, self.config.n_streams)
+        return x if self.stream_scale is None else self.stream_scale(x)
 
     def reduce_streams(self, x: torch.Tensor) -> torch.Tensor:
         """Streams ``(B, T, n, C)`` -> ``(B, T, C)``: their sum, their mean with ``stream_reduce="mean"``, or
-        the :class:`s2hc.HyperHead`'s weighted sum with ``stream_reduce="head"``."""
+        the learned head's read with ``stream_reduce="head"`` (:class:`s2hc.HyperHead`'s weighted sum, or
+        :class:`s2hc.GatedHead`'s gated read)."""
         if self.stream_head is not None:
             return self.stream_head(x)
         reduced = reduce_streams(x)
@@ -602,7 +632,7 @@ class Transformer(nn.Module):
                 positions = positions[0]
         h = self._embed(input_ids, positions)
         inputs = attention_inputs(config, positions, past=past, attention_mask=attention_mask)
-        x = self.run_blocks(expand_streams(h, config.n_streams), inputs, cache)
+        x = self.run_blocks(self.expand_streams(h), inputs, cache)
         return self.lm_head(self.norm(self.reduce_streams(x)))
 
     def extra_repr(self) -> str:

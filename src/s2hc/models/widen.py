@@ -42,6 +42,8 @@ from .transformer import Transformer
 __all__ = ["DEFAULT_SPREAD", "check_upcyclable", "upcyclable_families", "upcycle_model", "upcycling_biases"]
 
 _SAME_FAMILY = "it is the source's own family (one stream): there is nothing to upcycle"
+_GATED_REFUSAL = ("its gates start random, so its start is not the source's function; the start that is (zero gate "
+                  "projections) keeps the streams identical copies under every gradient step")
 
 
 def upcyclable_families() -> list[str]:
@@ -53,6 +55,8 @@ def _reason(family: str) -> str | None:
     """Why ``family`` cannot be upcycled into, or None: its class says (``residual``, with none, is the source's)."""
     if family == RESIDUAL:
         return _SAME_FAMILY
+    if family == mixers.GATED_RESIDUAL:
+        return _GATED_REFUSAL
     return mixers.get(family).upcycle_refusal()
 
 

@@ -6,9 +6,10 @@ by its shape, so the rule is the same whichever family the connections mix with 
 
 - ``"matrices"`` (default): the model's weight matrices and embeddings (every ``nn.Linear`` weight, the token
   and learned position embeddings, the LM head; a tied head is the embedding, one parameter) and each
-  connection's dynamic projection (``HyperConnection.projection``, ``HyperHead.projection``) decay toward 0.
-  Nothing else does: no connection bias, scale α, γ, static matrix (mHC's ``(n, n)`` bias, HC's static matrix) or
-  norm weight, whatever its shape, and no norm weight or bias of the model.
+  connection's dynamic projection (``HyperConnection.projection``, ``HyperHead.projection``; the gated
+  residual's ``read_down``, ``read_up``, ``write``) decay toward 0. Nothing else does: no connection bias, scale
+  α, γ, static matrix (mHC's ``(n, n)`` bias, HC's static matrix) or norm weight, whatever its shape, no learned
+  stream scaling (LSS, a scale like a norm's weight), and no norm weight or bias of the model.
 - ``"all"``: the s²HC authors' one AdamW group (their ``litgpt/pretrain.py`` passes ``model.parameters()``
   with ``weight_decay: 0.1``): every parameter decays. Their connection norm is ``F.normalize(x) · sqrt(nC) ·
   (1 + γ)`` with γ starting at 0, so their decay pulls its scale toward 1; s2hc stores that scale directly
@@ -16,11 +17,13 @@ by its shape, so the rule is the same whichever family the connections mix with 
   group, applied by a hook :func:`make_optimizer` installs). Everything else decays toward 0, the model's own
   norm weights included: litgpt's Qwen3 RMSNorm stores and applies its weight directly, as s2hc's does, so the
   authors' runs decay it toward 0; Gemma's ``1 + w`` RMSNorm (``norm_unit_offset``) stores ``w``, whose decay
-  toward 0 pulls its scale toward 1.
+  toward 0 pulls its scale toward 1. The gated residual's norm weight is stored as Qwen stores it (``1 + w``, w
+  at 0), so it decays toward 0.
 
 - ``"2d"``: every parameter with two or more dimensions, whatever it is: s2hc's rule before these two, kept to
   reproduce runs trained with it (the committed study of docs/results.md). It is ``"matrices"`` plus mHC's and HC's
-  ``(n, n)`` static matrices, the only connection biases with two dimensions: not the same rule for every family.
+  ``(n, n)`` static matrices, the only connection biases with two dimensions, and the ``(n, C)`` learned stream
+  scaling (which hc-stream-collapse's ``p.dim() >= 2`` rule decays too): not the same rule for every family.
 
 docs/training.md ("Weight decay") states the rules by parameter name and what each does to a family's biases.
 """
@@ -35,10 +38,12 @@ import torch
 from torch import nn
 
 from ..config import WEIGHT_DECAY_RULES
-from ..connection import HyperConnection, HyperHead
+from ..connection import CONNECTIONS as CONNECTION_FORMS
+from ..connection import HEADS, HyperConnection, StreamScaling
 from ..models.transformer import RMSNorm
 
-CONNECTIONS = (HyperConnection, HyperHead)  # a parameter inside one of these belongs to a connection
+# A parameter inside one of these belongs to the multi-stream machinery: a connection, a learned head, the stream scaling.
+CONNECTIONS = (*CONNECTION_FORMS, *HEADS, StreamScaling)
 NORMS = (RMSNorm, nn.LayerNorm)
 #: The group settings the rule decides; restored after every ``load_state_dict`` (see :func:`make_optimizer`).
 RULE_KEYS = ("weight_decay", "decay_toward")
@@ -69,8 +74,8 @@ def _owned_parameters(model: nn.Module):
 
 def _matrices_rule(name: str, owner: nn.Module, attribute: str, in_connection: bool) -> bool:
     """Whether the parameter decays under ``"matrices"``: what it is decides, not its shape."""
-    if in_connection:
-        return isinstance(owner, CONNECTIONS) and attribute == "projection"
+    if in_connection:  # the token-driven projections decay; gates' biases, scales and norm weights do not
+        return isinstance(owner, CONNECTIONS) and attribute in getattr(owner, "projections", ("projection",))
     if isinstance(owner, (nn.Linear, nn.Embedding)) and attribute == "weight":
         return True
     if isinstance(owner, NORMS) or (isinstance(owner, nn.Linear) and attribute == "bias"):
