@@ -143,29 +143,34 @@ def count_hc_params(family: str, **kwargs: Any) -> int:
 
 
 def param_table(
-    names: Iterable[str] | None = None,
+    names: Iterable[str | tuple[str, dict[str, Any]]] | None = None,
     *,
     layers: int,
     dim: int,
     n_streams: int,
     sublayers_per_layer: int = 2,
 ) -> list[dict[str, Any]]:
-    """One row per family in ``names`` (default: every name in :func:`s2hc.families`), in that order.
+    """One row per family in ``names`` (default: every name in :func:`s2hc.families`), in that order; an entry may
+    be ``(family, options)`` to count a family with options (``("gated-residual", {"rank": 16})``).
 
-    Each row has ``family``, ``K`` (inputs per token of the constraint map, 0 for residual),
+    Each row has ``family``, ``label`` (the family and its options, ``gated-residual:rank=16``), ``K`` (inputs per
+    token of the constraint map, 0 for residual),
     ``per_sublayer``, ``hc_params`` (the total), ``n_streams`` (1 for residual), ``layers``, ``dim``,
     ``sublayers_per_layer``, ``sublayers`` and ``vs_mhc``: the ratio to ``mhc``'s total
     (:data:`s2hc.mixers.REFERENCE_FAMILY`) when ``mhc`` is in the table, else None.
     """
-    names = families() if names is None else list(dict.fromkeys(names))
+    names = families() if names is None else list(names)
     if not names:
         raise ValueError("names must name at least one family, got none")
-    for name in names:
-        check_family(name)
-    rows = [
-        _count(name, layers=layers, dim=dim, n_streams=n_streams, sublayers_per_layer=sublayers_per_layer)
-        for name in names
-    ]
+    variants = [(name, {}) if isinstance(name, str) else (name[0], dict(name[1])) for name in names]
+    rows = []
+    for family, options in variants:
+        check_family(family)
+        row = _count(family, layers=layers, dim=dim, n_streams=n_streams, sublayers_per_layer=sublayers_per_layer,
+                     **options)
+        row["label"] = family + "".join(f":{key}={value}" for key, value in options.items())
+        if all(row["label"] != other["label"] for other in rows):
+            rows.append(row)
     reference = next((row["hc_params"] for row in rows if row["family"] == REFERENCE_FAMILY), None)
     for row in rows:
         row["vs_mhc"] = row["hc_params"] / reference if reference else None
@@ -188,6 +193,6 @@ def format_table(rows: list[dict]) -> str:
     for row in rows:
         per = row["per_sublayer"]
         per_text = f"{human(per)} ({per:,})" if isinstance(per, int) else f"{human(per)} ({per:,.1f})"
-        cells.append([row["family"], count(row["K"]), per_text, f"{human(row['hc_params'])} ({row['hc_params']:,})",
-                      ratio(row["vs_mhc"])])
+        total = f"{human(row['hc_params'])} ({row['hc_params']:,})"
+        cells.append([row.get("label", row["family"]), count(row["K"]), per_text, total, ratio(row["vs_mhc"])])
     return "\n".join(lines + table(["family", "K", "per sublayer", "total", "vs mHC"], cells))

@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import parse_assignment
-from ..connection import HyperConnection, set_connection_options
+from ..connection import COMPUTE_OPTIONS, GatedResidual, HyperConnection, set_connection_options
 from ..extras import is_available, require
-from ..mixers import REFERENCE_FAMILY, RESIDUAL, check_family
+from ..mixers import GATED_RESIDUAL, REFERENCE_FAMILY, RESIDUAL, check_family
 from ..mixers import get as mixer_class
 from ..models import Transformer, get_preset
 from ..reports import count, mib, ratio, table
@@ -39,7 +39,9 @@ _PEER_PACKAGE, _PEER_KIND = PEER.split(":")  # how "hyper-connections:mhc:KEY=VA
 
 @dataclass(frozen=True)
 class Variant:
-    """One model to time: a family (or :data:`PEER`), its stream count and HyperConnection options."""
+    """One model to time: a family (or :data:`PEER`), its stream count and options: how the connections compute
+    (:data:`s2hc.connection.COMPUTE_OPTIONS`) or the family's own (``family_options``, e.g. ``rank`` of
+    ``gated-residual``)."""
 
     family: str
     n_streams: int
@@ -140,10 +142,12 @@ def build_model(preset: str, variant: Variant, overrides: dict | None = None) ->
         if config.sliding_window is not None or config.embed_scale:
             raise ValueError(f"the {PEER} peer supports presets without sliding windows or embedding scaling")
         return PeerTransformer(config, variant.n_streams, **variant.options)
-    config = get_preset(preset, family=variant.family, n_streams=variant.n_streams, **overrides)
-    model = Transformer(config)
-    try:  # how connections compute is not a ModelConfig field
-        return set_connection_options(model, **variant.options)
+    compute = {k: v for k, v in variant.options.items() if k in COMPUTE_OPTIONS}  # how connections compute
+    family_options = {k: v for k, v in variant.options.items() if k not in COMPUTE_OPTIONS}  # what they compute
+    try:
+        config = get_preset(preset, family=variant.family, n_streams=variant.n_streams,
+                            **{"family_options": family_options, **overrides})
+        return set_connection_options(Transformer(config), **compute)
     except ValueError as error:
         raise ValueError(f"{variant.label!r}: {error}") from error
 
@@ -352,7 +356,9 @@ def benchmark_coefficients(
 ) -> list[dict[str, Any]]:
     """Forward + backward time of the coefficient path alone (norm, projection, gates, constraint map) per
     token, for each family and implementation (``fused`` True: fast path, False: reference), on random
-    streams ``(tokens, 1, n_streams, dim)`` on ``device`` (synchronised around every timing on CUDA).
+    streams ``(tokens, 1, n_streams, dim)`` on ``device`` (synchronised around every timing on CUDA). The gated
+    residual's coefficient path is its norm and its two gates (:meth:`s2hc.GatedResidual.gates`), its one
+    implementation, timed once.
 
     Interleaved like :func:`benchmark_steps`; ``ratio_vs_mhc`` compares with ``mhc``'s time of the same
     implementation in the same repetition (None without ``mhc``). Rows: ``family``, ``fused``,
@@ -366,16 +372,23 @@ def benchmark_coefficients(
     x = torch.randn(tokens, 1, n_streams, dim, generator=generator).to(device).requires_grad_()
     cases = []
     for name in names:
-        options = mixer_class(check_family(name)).options_for_size(n_streams)  # allow_large for big mixtures
         torch.manual_seed(0)
-        hc = HyperConnection(dim, n_streams, family=name, **options)
-        with torch.no_grad():  # away from the zero initialisation, so no path is trivially skipped
-            hc.projection.normal_(0, 0.1, generator=generator)
+        if check_family(name) == GATED_RESIDUAL:
+            hc = GatedResidual(dim, n_streams)  # its projections start random already
+        else:
+            options = mixer_class(name).options_for_size(n_streams)  # allow_large for big mixtures
+            hc = HyperConnection(dim, n_streams, family=name, **options)
+            with torch.no_grad():  # away from the zero initialisation, so no path is trivially skipped
+                hc.projection.normal_(0, 0.1, generator=generator)
         hc.to(device)
-        for fused in fused_options:
+        for fused in fused_options[:1] if isinstance(hc, GatedResidual) else fused_options:  # it has one path
             cases.append((name, fused, hc))
 
-    def run(hc: HyperConnection, fused: bool) -> None:
+    def run(hc: HyperConnection | GatedResidual, fused: bool) -> None:
+        if isinstance(hc, GatedResidual):
+            gates = hc.gates(x)
+            (gates["read"].sum() + gates["write"].sum()).backward()
+            return
         pre, post, res = hc.coefficients(x, fused)
         (pre.sum() + post.sum() + res.square().sum()).backward()
 
@@ -451,7 +464,7 @@ def format_coefficient_table(rows: list[dict[str, Any]]) -> str:
         f"n = {first['n_streams']}, C = {first['dim']}: time per token, median [min, max]",
         "",
     ]
-    cells = [[row["family"], "fast" if row["fused"] else "reference",
+    cells = [[row["family"], "one path" if row["family"] == GATED_RESIDUAL else "fast" if row["fused"] else "reference",
               f"{count(row['ns_per_token'])} [{count(row['ns_min'])}, {count(row['ns_max'])}]",
               ratio(row["ratio_vs_mhc"])] for row in rows]
     return "\n".join(lines + table(["family", "implementation", "ns / token", "vs mhc (same implementation)"], cells,

@@ -6,9 +6,25 @@ import argparse
 import json
 
 from ..checks import check_streams
+from ..config import parse_assignment
 from ..mixers import families
 from ..params import format_table, param_table
 from .common import parse_families, positive_int
+
+
+def parse_variants(text: str | None) -> list[tuple[str, dict]]:
+    """``"mhc,gated-residual:rank=16"`` -> ``[("mhc", {}), ("gated-residual", {"rank": 16})]`` (None: every family);
+    ValueError naming ``--families`` for an unknown family or an option without ``=``."""
+    entries = None if text is None else ",".join(entry.split(":")[0] for entry in text.split(","))
+    names = parse_families(entries)  # checks the names
+    if text is None:
+        return [(name, {}) for name in names]
+    variants = []
+    for entry in (part.strip() for part in text.split(",") if part.strip()):
+        name, *assignments = [part.strip() for part in entry.split(":")]
+        options = dict(parse_assignment(a, f"argument --families: option {a!r} of {name!r}") for a in assignments)
+        variants.append((name, options))
+    return variants
 
 
 def register(subparsers) -> None:
@@ -34,7 +50,8 @@ def register(subparsers) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--families", default=None, metavar="A,B,...",
-        help=f"comma-separated families (default: all of {','.join(families())})",
+        help=f"comma-separated families, optionally NAME:KEY=VALUE with a family option, e.g. gated-residual:rank=16 "
+             f"(default: all of {','.join(families())})",
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="print the rows as a JSON list instead of a table")
     parser.set_defaults(func=run, subparser=parser)
@@ -44,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_streams("argument --streams", args.streams)
         rows = param_table(
-            parse_families(args.families), layers=args.layers, dim=args.dim, n_streams=args.streams,
+            parse_variants(args.families), layers=args.layers, dim=args.dim, n_streams=args.streams,
             sublayers_per_layer=args.sublayers_per_layer,
         )  # fmt: skip
     except ValueError as error:

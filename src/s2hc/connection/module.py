@@ -17,6 +17,7 @@ from ..extras import check_available
 from ..mixers import GATED_RESIDUAL, RESIDUAL, check_family
 from ..mixers.base import coefficient_dtype, scale_parameter
 from .base import ComputePath, _stream_precision, call_branch, check_stream_tensor
+from .gated import GatedResidual
 from .init import check_gate_init, check_projection_init, gate_biases, initial_projection
 from .paths import KERNELS, select_path
 
@@ -30,6 +31,9 @@ def set_connection_options(model: nn.Module, **options: Any) -> nn.Module:
     unknown = sorted(set(options) - set(COMPUTE_OPTIONS))
     if unknown:
         raise ValueError(f"unknown connection options {unknown}; allowed: {list(COMPUTE_OPTIONS)}")
+    if options and any(isinstance(module, GatedResidual) for module in model.modules()):
+        raise ValueError(f"the gated residual has one way to compute: connection options {sorted(options)} do not "
+                         "apply to it")
     for module in model.modules():
         if isinstance(module, HyperConnection) and not module.is_residual:
             module.set_options(**options)

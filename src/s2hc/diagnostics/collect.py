@@ -1,9 +1,11 @@
 """Model-level collectors: what each hyper-connection of a model computes on real tokens, and gradient norms.
 
-:class:`Recorder` is a context manager that hooks every :class:`s2hc.HyperConnection` that mixes streams: on
-each call it takes the connection's input streams ``x`` ``(B, T, n, C)``, keeps a subsample of token positions,
-and computes ``matrices(x)`` on them (under ``no_grad``, in the autocast state the model runs in) and the
-cosine similarity of the streams. The model's output is unchanged: the hooks only read. :func:`collect` runs
+:class:`Recorder` is a context manager that hooks every :class:`s2hc.HyperConnection` that mixes streams (and
+:class:`s2hc.GatedResidual`): on each call it takes the connection's input streams ``x`` ``(B, T, n, C)``, keeps
+a subsample of token positions, and computes ``matrices(x)`` on them (under ``no_grad``, in the autocast state
+the model runs in) and the cosine similarity of the streams; and what the model's final read takes from each
+final stream (its ``stream_head`` hooked too, when it has one), for the output's stream usage. The model's
+output is unchanged: the hooks only read. :func:`collect` runs
 a model on token ids with a recorder and returns a :class:`Capture` (tensors stacked over depth);
 :meth:`Capture.summary` gives every measurement (:func:`s2hc.diagnostics.summary.summarize`).
 
@@ -25,9 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..connection import HyperConnection
+from ..connection import GatedHead, HyperConnection, HyperHead, is_mixing_connection
+from ..models import Transformer
 from . import measures
-from .inert import model_inert_connections
+from .inert import SUM_KEEPING_REDUCTIONS, model_inert_connections
 from .summary import summarize
 
 __all__ = [
@@ -37,6 +40,7 @@ __all__ = [
     "gradient_norms",
     "mixing_connections",
     "sample_positions",
+    "split_inert_connections",
     "training_diagnostics",
 ]
 
@@ -44,10 +48,10 @@ __all__ = [
 TRAINING_TOKENS = 256
 
 
-def mixing_connections(model: nn.Module) -> list[tuple[str, HyperConnection]]:
-    """``(name, module)`` of every :class:`~s2hc.HyperConnection` in ``model`` that mixes streams (not ``residual``),
-    in module order."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, HyperConnection) and not m.is_residual]
+def mixing_connections(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(name, module)`` of every connection in ``model`` with several streams (a :class:`~s2hc.HyperConnection`
+    that is not ``residual``, or a :class:`~s2hc.GatedResidual`), in module order."""
+    return [(name, m) for name, m in model.named_modules() if is_mixing_connection(m)]
 
 
 def sample_positions(total: int, tokens: int | None, seed: int = 0) -> torch.Tensor | None:
@@ -63,6 +67,55 @@ def sample_positions(total: int, tokens: int | None, seed: int = 0) -> torch.Ten
     return torch.randperm(total, generator=generator)[:tokens].sort().values
 
 
+def split_inert_connections(model: nn.Module, depth: int) -> tuple[list[int], list[int]]:
+    """``(read, write)``: the connections (depth order, of ``depth``) whose split of the read, or of the write,
+    over the streams cannot change ``model``'s output, whatever the shares.
+
+    - **Read, the first connection**, when its input streams are identical copies ``X_s = x`` (an
+      :class:`s2hc.models.Transformer` without a learned stream scaling): it reads ``Σ_s H_pre[s] X_s =
+      (Σ_s H_pre[s]) x``, only the sum of the weights matters (for the gated residual the channel-wise sum of
+      ``G_s ⊙ (1 + w_s)``, the same way).
+    - **Write, the last connection**, when the model sums or averages its final streams (``stream_reduce`` "sum"
+      or "mean"): ``Σ_s X'_s = 1ᵀ H_res X + (Σ_s H_post[s]) F(h)``, only the sum of the write weights matters.
+
+    Whatever the family; unlike :func:`~s2hc.diagnostics.inert.inert_connections`, which is about ``H_res``. Of a
+    module that is not a Transformer the wiring is unknown: none.
+    """
+    if not isinstance(model, Transformer) or depth < 1:
+        return [], []
+    read = [0] if model.stream_scale is None else []
+    write = [depth - 1] if model.config.stream_reduce in SUM_KEEPING_REDUCTIONS else []
+    return read, write
+
+
+def _output_read(model: nn.Module) -> str:
+    """How ``model``'s final read takes from its streams, a key of :data:`~s2hc.diagnostics.summary.OUTPUT_READS`."""
+    if not isinstance(model, Transformer):
+        return "unknown"
+    if isinstance(model.stream_head, HyperHead):
+        return "hyper-head"
+    if isinstance(model.stream_head, GatedHead):
+        return "gated-head"
+    if model.stream_head is None and model.config.stream_reduce in SUM_KEEPING_REDUCTIONS:
+        return model.config.stream_reduce
+    return "unknown"
+
+
+def head_contributions(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What a learned head takes from each stream of ``x`` ``(N, n, C)``, in size: ``(N, n)`` float64.
+
+    :class:`s2hc.HyperHead` reads ``Σ_s w_s X_s``: ``|w_s| ‖X_s‖``. :class:`s2hc.GatedHead` reads
+    ``(1/n) Σ_s G_s ⊙ X̃_s``: ``‖G_s ⊙ X̃_s‖`` (the common 1/n left out; the shares do not see it).
+    """
+    if isinstance(head, HyperHead):
+        weights = head.weights(x.unsqueeze(0))[0]
+        return weights.double().abs() * measures.stream_norms(x)
+    if isinstance(head, GatedHead):
+        normed = head.normed(x.unsqueeze(0))
+        return measures.stream_norms((head.read_gates(normed) * normed)[0])
+    raise ValueError(f"head must be an s2hc.HyperHead or s2hc.GatedHead, got {type(head).__name__}")
+
+
 @dataclass
 class Capture:
     """What :class:`Recorder` saw, stacked over depth (connections in call order) and tokens.
@@ -72,6 +125,14 @@ class Capture:
     the last one's output. ``streams`` ``(L + 1, N, n, C)`` only with ``keep_streams``. ``inert``: the indices of
     the connections whose ``H_res`` cannot change the model's output (:mod:`s2hc.diagnostics.inert`), which the
     summary reports apart.
+
+    For the stream usage: ``output`` ``(N, n)`` float64, what the model's final read takes from each final stream
+    per token, in size, and ``output_read`` how (:data:`~s2hc.diagnostics.summary.OUTPUT_READS`: ``‖X_s‖`` of the
+    last connection's output for ``stream_reduce`` "sum" / "mean" and for a module that is not an s2hc
+    Transformer, ``"unknown"`` then; ``|w_s| ‖X_s‖`` for a HyperHead; ``‖G_s ⊙ X̃_s‖`` for a GatedHead);
+    ``read_spread`` ``(L, N, n)`` for the gated residual (its read gates' spread over channels, else None);
+    ``read_inert`` / ``write_inert``: the connections whose split of the read / write over the streams cannot
+    change the output (:func:`split_inert_connections`).
     """
 
     names: list[str]
@@ -83,6 +144,11 @@ class Capture:
     streams: torch.Tensor | None = None
     transposed: list[bool] = field(default_factory=list)  # per connection: transpose_res
     inert: list[int] = field(default_factory=list)
+    output: torch.Tensor | None = None
+    output_read: str | None = None
+    read_spread: torch.Tensor | None = None
+    read_inert: list[int] = field(default_factory=list)
+    write_inert: list[int] = field(default_factory=list)
 
     @property
     def family(self) -> str | None:
@@ -94,7 +160,9 @@ class Capture:
         family = self.family if len(set(self.transposed)) <= 1 else None
         return summarize(self.res, self.pre, self.post, self.similarity, names=self.names, family=family,
                          transposed=any(self.transposed), similarity_names=self.names + ["output"],
-                         inert_layers=self.inert, **options)
+                         inert_layers=self.inert, output=self.output, output_read=self.output_read,
+                         read_spread=self.read_spread, read_inert_layers=self.read_inert,
+                         write_inert_layers=self.write_inert, **options)
 
 
 @dataclass
@@ -106,12 +174,15 @@ class _Record:
     res: list = field(default_factory=list)
     sim_in: list = field(default_factory=list)
     sim_out: list = field(default_factory=list)
+    norm_out: list = field(default_factory=list)  # (N, n) per pass: each output stream's norm
+    spread: list = field(default_factory=list)  # the gated residual's read_spread
     x_in: list = field(default_factory=list)
     x_out: list = field(default_factory=list)
 
 
 class Recorder(contextlib.AbstractContextManager):
-    """Hooks on every stream-mixing :class:`~s2hc.HyperConnection` of ``model`` while the ``with`` block runs.
+    """Hooks on every stream-mixing :class:`~s2hc.HyperConnection` (and :class:`~s2hc.GatedResidual`) of ``model``,
+    and on its ``stream_head`` when it is an s2hc Transformer with one, while the ``with`` block runs.
 
     ``positions``: flat indices into the ``B·T`` token positions of the next forward passes (set it before each
     pass with different shapes), or None for every position. ``keep_streams`` keeps the sampled input and
@@ -133,6 +204,7 @@ class Recorder(contextlib.AbstractContextManager):
         self.keep_streams = keep_streams
         self.records: dict[str, _Record] = {}
         self.order: list[str] = []
+        self.head: list[torch.Tensor] = []  # (N, n) per pass: what the stream head takes from each stream
         self._handles: list = []
 
     def _sample(self, x: torch.Tensor) -> torch.Tensor:
@@ -147,12 +219,14 @@ class Recorder(contextlib.AbstractContextManager):
             with torch.no_grad():
                 sample = self._sample(x)
                 h = mod.matrices(sample.unsqueeze(0))
-                record = self.records.setdefault(name, _Record(mod.family, mod.transpose_res))
+                record = self.records.setdefault(name, _Record(mod.family, getattr(mod, "transpose_res", False)))
                 if name not in self.order:
                     self.order.append(name)
                 record.pre.append(h["pre"][0].cpu())
                 record.post.append(h["post"][0].cpu())
                 record.res.append(h["res"][0].cpu())
+                if "read_spread" in h:
+                    record.spread.append(h["read_spread"][0].cpu())
                 record.sim_in.append(measures.stream_similarity(sample).cpu())
                 if self.keep_streams:
                     record.x_in.append(sample.cpu())
@@ -162,10 +236,16 @@ class Recorder(contextlib.AbstractContextManager):
                 sample = self._sample(output)
                 record = self.records[name]
                 record.sim_out.append(measures.stream_similarity(sample).cpu())
+                record.norm_out.append(measures.stream_norms(sample).cpu())
                 if self.keep_streams:
                     record.x_out.append(sample.cpu())
 
         return before, after
+
+    def _head_hook(self, mod, args, kwargs):
+        x = args[0] if args else kwargs["x"]
+        with torch.no_grad():
+            self.head.append(head_contributions(mod, self._sample(x)).cpu())
 
     def __enter__(self) -> Recorder:
         connections = mixing_connections(self.model)
@@ -173,6 +253,8 @@ class Recorder(contextlib.AbstractContextManager):
             before, after = self._hooks(name, module)
             self._handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
             self._handles.append(module.register_forward_hook(after, with_kwargs=True))
+        if _output_read(self.model) in ("hyper-head", "gated-head"):
+            self._handles.append(self.model.stream_head.register_forward_pre_hook(self._head_hook, with_kwargs=True))
         return self
 
     def __exit__(self, *exc) -> None:
@@ -194,6 +276,13 @@ class Recorder(contextlib.AbstractContextManager):
         if self.keep_streams:
             streams = torch.stack([cat(r.x_in) for r in recs] + [cat(recs[-1].x_out)])
         families, transposed = [r.family for r in recs], [r.transposed for r in recs]
+        output_read = _output_read(self.model)
+        if output_read in ("hyper-head", "gated-head"):
+            output = cat(self.head) if self.head else None  # a pass that stopped before the head: unknown
+        else:
+            output = cat(recs[-1].norm_out) if recs[-1].norm_out else None
+        spread = torch.stack([cat(r.spread) for r in recs]) if all(r.spread for r in recs) else None
+        read_inert, write_inert = split_inert_connections(self.model, len(recs))
         return Capture(
             names=list(self.order),
             families=families,
@@ -204,6 +293,11 @@ class Recorder(contextlib.AbstractContextManager):
             streams=streams,
             transposed=transposed,
             inert=model_inert_connections(self.model, families, transposed),
+            output=output,
+            output_read=output_read if output is not None else None,
+            read_spread=spread,
+            read_inert=read_inert,
+            write_inert=write_inert,
         )
 
 

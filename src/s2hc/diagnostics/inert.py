@@ -38,8 +38,8 @@ SUM_KEEPING_REDUCTIONS = ("sum", "mean")
 
 
 def _applied_sums(family: str, transposed: bool) -> tuple[bool, bool]:
-    """(rows sum to 1, columns sum to 1) guaranteed of the matrix a connection applies."""
-    flags = mixers.get(family).guarantees
+    """(rows sum to 1, columns sum to 1) guaranteed of the matrix a connection applies (the gated residual's is I)."""
+    flags = mixers.get("identity" if family == mixers.GATED_RESIDUAL else family).guarantees
     return (flags.col_sums_one, flags.row_sums_one) if transposed else (flags.row_sums_one, flags.col_sums_one)
 
 
@@ -76,8 +76,10 @@ def inert_connections(families: Sequence[str], transposed: Sequence[bool] | None
 def model_inert_connections(model: nn.Module, families: Sequence[str],
                             transposed: Sequence[bool] | None = None) -> list[int]:
     """:func:`inert_connections` for ``model``'s mixing connections (``families`` in call order): an
-    :class:`s2hc.models.Transformer` expands its embedding into copies and reduces by its ``stream_reduce``; of
-    any other module the wiring is unknown, so no connection is called inert."""
+    :class:`s2hc.models.Transformer` expands its embedding into copies (unless a learned stream scaling makes them
+    differ) and reduces by its ``stream_reduce``; of any other module the wiring is unknown, so no connection is
+    called inert."""
     if not isinstance(model, Transformer):
         return []
-    return inert_connections(families, transposed, stream_reduce=model.config.stream_reduce, copies_in=True)
+    return inert_connections(families, transposed, stream_reduce=model.config.stream_reduce,
+                             copies_in=model.stream_scale is None)

@@ -59,6 +59,13 @@ DIAGNOSTIC_KEYS = {
     "inert_layers": None,
     "negative_tolerance": None,
 }
+#: Kept as they are when the trained model's diagnostics have them (the stream usage,
+#: :func:`s2hc.diagnostics.summary.stream_usage`): rows measured before it lack them and the report skips them, so
+#: they need no new row version.
+STREAM_USAGE_KEYS = tuple(f"{prefix}_{key}" for prefix in ("read", "write") for key in (
+    "share", "effective_streams", "dominant_share", "dominant_stream", "inert_layers", "depth_share",
+    "depth_effective_streams", "depth_dominant_stream")) + (
+    "output_share", "output_effective_streams", "output_dominant_share", "output_dominant_stream", "output_read")
 
 
 def _round(value: Any, digits: int = 6) -> Any:
@@ -83,12 +90,14 @@ def loss_spike(losses: list[float]) -> float:
 
 
 def compact_diagnostics(summary: dict[str, Any]) -> dict[str, Any]:
-    """The per-layer statistics of :data:`DIAGNOSTIC_KEYS` and the stream similarities of a
-    :func:`~s2hc.diagnostics.summarize` dict, in the same structure (the diagnostics' figures draw them)."""
+    """The per-layer statistics of :data:`DIAGNOSTIC_KEYS`, the stream usage (:data:`STREAM_USAGE_KEYS`, those the
+    summary has) and the stream similarities of a :func:`~s2hc.diagnostics.summarize` dict, in the same structure
+    (the diagnostics' figures draw them)."""
     out: dict[str, Any] = {"layers": summary["layers"], "n_streams": summary["n_streams"],
                            "tokens": summary["tokens"], "headline": summary["headline"]}
     for key, stats in DIAGNOSTIC_KEYS.items():
         out[key] = summary[key] if stats is None else {stat: summary[key][stat] for stat in stats}
+    out.update({key: summary[key] for key in STREAM_USAGE_KEYS if key in summary})
     similarity = summary.get("stream_similarity")
     if similarity and similarity.get("offdiagonal"):
         out["stream_similarity"] = {
@@ -103,7 +112,8 @@ def _rotation_parameters(connection: HyperConnection, grads: bool = False) -> li
     """The parameters that make a connection's rotations (or, with ``grads``, their gradients): its Rotation
     modules' own (α, b, γ) and the projection columns that feed them (the first rotation inputs of ``d_res``,
     after the ``2n`` gate columns). Empty for a family without rotations."""
-    rotations = [m for m in connection.mixer.modules() if isinstance(m, Rotation)]
+    mixer = getattr(connection, "mixer", None)  # the gated residual has none
+    rotations = [] if mixer is None else [m for m in mixer.modules() if isinstance(m, Rotation)]
     if not rotations:
         return []
 

@@ -42,7 +42,7 @@ from ..connection import CONNECTIONS as CONNECTION_FORMS
 from ..connection import HEADS, HyperConnection, StreamScaling
 from ..models.transformer import RMSNorm
 
-# A parameter inside one of these belongs to the multi-stream machinery: a connection, a learned head, the stream scaling.
+# A parameter inside one of these belongs to the multi-stream machinery: a connection, a learned head, the LSS.
 CONNECTIONS = (*CONNECTION_FORMS, *HEADS, StreamScaling)
 NORMS = (RMSNorm, nn.LayerNorm)
 #: The group settings the rule decides; restored after every ``load_state_dict`` (see :func:`make_optimizer`).
