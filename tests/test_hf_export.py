@@ -116,6 +116,19 @@ def test_every_family_survives_save_and_load(family, tmp_path):
         assert torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("family", ["gated-residual", "mhc"])
+def test_learned_stream_scaling_survives_save_and_load(family, tmp_path):
+    model = random_model(family, 3, lss_init=0.5)
+    assert model.stream_scale is not None and (family != "gated-residual" or model.stream_head is not None)
+    from_s2hc(model, get_tokenizer()).save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.model_config() == model.config
+    assert torch.equal(loaded.model.stream_scale.scale, model.stream_scale.scale)
+    ids = torch.randint(0, 4096, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids))
+
+
 def test_an_untied_qwen3_shape_survives_save_and_load(tmp_path):
     model = random_model("s2hc", 4, preset="qwen3-0.6b", n_kv_heads=1, head_dim=16)
     assert not model.config.tie_embeddings
@@ -162,6 +175,7 @@ FAMILIES = {
     "gemma3-window": dict(family="mhc", n_streams=2, preset="gemma3-1b", n_heads=2, n_kv_heads=1, head_dim=16,
                           sliding_window=5, sliding_window_pattern=2, query_pre_attn_scalar=16.0),
     "gpt2-learned": dict(family="kromhc", n_streams=4, preset="gpt2-small"),
+    "gated-residual-lss": dict(family="gated-residual", n_streams=3, lss_init=0.5),
 }  # fmt: skip
 
 

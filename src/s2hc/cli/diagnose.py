@@ -116,12 +116,18 @@ def _static(args: argparse.Namespace) -> int:
     head = result["headline"]
     print(
         f"{result['family']} (n = {result['n_streams']}, {result['layout']} layout), {result['depth']} connections, "
-        f"biases alone (d = 0), {result['tensors_read']} tensors read: worst column-sum error "
+        f"{result.get('basis', 'biases alone (d = 0)')}, {result['tensors_read']} tensors read: worst column-sum error "
         f"{head['col_sum_error']:.3g}, worst ‖H‖₂ {head['spectral_norm']:.6g}, composite ‖P‖₂ "
         f"{head['composite_spectral_norm_at_depth']:.6g}, composite Amax forward {head['composite_forward_amax']:.4g} "
         f"/ backward {head['composite_backward_amax']:.4g}, largest ‖H − I‖_F "
         f"{max(result['identity_distance']['mean']):.4g}"
     )
+    weights = result.get("stream_weights")
+    if weights is not None:  # the gated residual: what its weights say per stream (not usage)
+        tops = (f"{key} stream {top['stream']} {top['share']:.1%} at {top['connection']}"
+                for key, top in ((k, v["max_share"]) for k, v in weights["across_depth"].items()))
+        print(f"Per-stream weight norms (not usage; 1/n = {1 / result['n_streams']:.1%}), largest share: "
+              + "; ".join(tops))
     print(f"Report: {out / REPORT_NAME}")
     return 0
 

@@ -7,6 +7,8 @@
   ``transformers`` model (``S2HCConfig``, ``S2HCForCausalLM``, :func:`export`).
 - :mod:`~s2hc.hf.deepseek_v4`: DeepSeek-V4's mHC connection and head parameters, both ways, for
   ``HyperConnection(family="mhc", variant="deepseek-v4")`` and :class:`s2hc.HyperHead`.
+- :mod:`~s2hc.hf.qwen4_exp`: Qwen's gated residual (transformers' ``Qwen4ExpTextGatedResidual``, its connection and
+  its ``use_combine=False`` head) parameters, both ways, for :class:`s2hc.GatedResidual` and :class:`s2hc.GatedHead`.
 
 Importing this package registers the model type ``"s2hc"`` with ``AutoConfig`` and ``AutoModelForCausalLM``::
 

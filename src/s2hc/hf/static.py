@@ -6,7 +6,7 @@ biases remain: the matrices a checkpoint would apply to a token it has no opinio
 data, without a GPU and without loading the model, how far each layer's mixing sits from the identity, whether
 it amplifies anything, and what the product over depth does.
 
-Two layouts are recognised, by tensor name (any prefix before them, e.g. ``model.``):
+Three layouts are recognised, by tensor name (any prefix before them, e.g. ``model.``; qwen4_exp's: below):
 
 - s2hc (``s2hc export``): ``blocks.L.attn_hc.*`` and ``blocks.L.mlp_hc.*`` (and ``stream_head.*`` with
   ``stream_reduce="head"``); the family and its options come from ``config.json`` beside the weights (its
@@ -17,9 +17,21 @@ Two layouts are recognised, by tensor name (any prefix before them, e.g. ``model
   (else transformers' defaults, 20 and 1e-6). ``H_res`` is reported as applied, ``combᵀ``
   (:mod:`s2hc.hf.deepseek_v4`).
 
+- Qwen's gated residual (``qwen4_exp``), in transformers' names: ``layers.L.attn_hyper_connection.*``,
+  ``layers.L.mlp_hyper_connection.*`` and ``hyper_connection_mixer.*`` (prefix ``model.``, or
+  ``model.language_model.`` for the multimodal model), with ``config.json``'s ``model_type`` ``"qwen4_exp"`` or
+  ``"qwen4_exp_text"`` and its ``hc_count``, ``hc_lowrank``, ``hidden_size``, ``rms_norm_eps`` and
+  ``num_hidden_layers`` (under ``text_config`` for ``"qwen4_exp"``); and an s2hc export of
+  ``family="gated-residual"``.
+
 Only the tensors the static matrices need are read (biases and scales; not the projections, whose term is
 zero here, nor anything else): a sharded checkpoint's index says which shards hold them, and only those are
 opened, lazily (``safetensors.safe_open``).
+
+The gated residual has no static part: its gates have no biases, and at zero input every read gate is 0.5 and
+every write gate 1 (``H_res = I`` always), whatever the weights. For it the connections' tensors are read whole
+(those alone) and :func:`stream_weights` reports what the weights say per stream: weight norms, not usage (the
+gates themselves are token-driven).
 """
 
 from __future__ import annotations
@@ -33,30 +45,49 @@ from typing import Any
 
 import torch
 
-from ..connection import HyperConnection, HyperHead
+from ..checks import MAX_LAYERS, check_int
+from ..connection import GatedHead, GatedResidual, HyperConnection, HyperHead, build_connection
 from ..diagnostics import report as diagnostics_report
 from ..diagnostics.summary import summarize
+from ..mixers import GATED_RESIDUAL
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
+from ..reports import number, table
+from . import qwen4_exp
 from .deepseek_v4 import connection_from_hf, connection_options
 from .weights import read_safetensors
 
-__all__ = ["StaticCheckpoint", "diagnose_static", "read_static", "static_matrices", "write_static"]
+__all__ = ["StaticCheckpoint", "diagnose_static", "read_static", "static_matrices", "stream_weights", "write_static"]
 
 JSON_NAME = "static.json"
+#: ``basis`` of a result: what its matrices are.
+BIAS_BASIS = "biases alone (d = 0)"
+GATED_BASIS = "zero input (no static part: read gates 0.5, write gates 1, H_res = I)"
 S2HC = "s2hc"
 DEEPSEEK_V4 = "deepseek-v4"
+QWEN4_EXP = "qwen4_exp"
+#: config.json model_types of the qwen4_exp layout: the text model's settings at the top, or under text_config.
+QWEN4_EXP_TYPES = ("qwen4_exp", "qwen4_exp_text")
+#: The config.json settings the qwen4_exp layout needs.
+QWEN4_EXP_SETTINGS = ("hc_count", "hc_lowrank", "hidden_size", "rms_norm_eps", "num_hidden_layers")
 # s2hc: every tensor of a connection but the token-driven ones (the projection and the norm before it).
 _S2HC_KEY = re.compile(r"^(?P<prefix>.*?)blocks\.(?P<layer>\d+)\.(?P<sublayer>attn|mlp)_hc\.(?P<param>.+)$")
 _S2HC_DYNAMIC = ("projection", "norm_weight")
 _S2HC_HEAD = re.compile(r"^(?P<prefix>.*?)stream_head\.(?P<param>bias|alpha)$")  # stream_reduce="head"
+_S2HC_GATED_HEAD = re.compile(r"^(?P<prefix>.*?)stream_head\.(?P<param>norm_weight|read_down|read_up)$")
+# qwen4_exp: the text model's prefixes only (an mtp.* module may hold connections of its own: not the model's).
+_QWEN_PREFIX = r"(?P<prefix>(?:model\.)?(?:language_model\.)?)"
+_QWEN_KEY = re.compile(
+    rf"^{_QWEN_PREFIX}layers\.(?P<layer>\d+)\.(?P<sublayer>attn|mlp)_hyper_connection\.(?P<param>.+)$")
+_QWEN_HEAD = re.compile(rf"^{_QWEN_PREFIX}hyper_connection_mixer\.(?P<param>.+)$")
+_QWEN_STORED = {ours: hf for hf, ours in qwen4_exp.HF_NAMES.items()}  # s2hc's parameter -> transformers' tensor
 _DSV4_KEYS = (
     re.compile(r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.(?P<sublayer>attn|ffn)_hc\.(?P<param>base|scale)$"),
     re.compile(r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.hc_(?P<sublayer>attn|ffn)_(?P<param>base|scale)$"),
 )
 _DSV4_HEAD = re.compile(r"^(?P<prefix>.*?)hc_head(?:\.hc_|_)(?P<param>base|scale)$")
 _LOOKED_FOR = ("s2hc's blocks.L.{attn,mlp}_hc.*, DeepSeek-V4's layers.L.{attn,ffn}_hc.{base,scale}, "
-               "layers.L.hc_{attn,ffn}_{base,scale}")
+               "layers.L.hc_{attn,ffn}_{base,scale}, qwen4_exp's layers.L.{attn,mlp}_hyper_connection.*")
 
 
 @dataclass
@@ -64,7 +95,9 @@ class StaticCheckpoint:
     """The hyper-connections of a checkpoint, rebuilt from their stored biases.
 
     ``connections``: ``(name, HyperConnection)`` in depth order (per layer the attention's, then the MLP's),
-    float64, their token-driven parameters left at zero; ``head``: DeepSeek-V4's ``HyperHead`` or None.
+    float64, their token-driven parameters left at zero; ``head``: DeepSeek-V4's ``HyperHead`` or None. For the
+    gated residual (``family="gated-residual"``): ``(name, GatedResidual)`` holding the checkpoint's tensors
+    themselves (its dtype, not copied) and ``head`` a ``GatedHead`` or None.
     ``tensors_read``: the names of the tensors read, ``files``: the safetensors files opened.
     """
 
@@ -73,14 +106,19 @@ class StaticCheckpoint:
     family: str
     n_streams: int
     family_options: dict[str, Any]
-    connections: list[tuple[str, HyperConnection]]
-    head: HyperHead | None = None
+    connections: list[tuple[str, HyperConnection | GatedResidual]]
+    head: HyperHead | GatedHead | None = None
     tensors_read: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
 
     @property
     def transposed(self) -> bool:
         return bool(self.family_options.get("transpose_res", False))
+
+    @property
+    def gated(self) -> bool:
+        """Qwen's gated residual: no static part, :func:`stream_weights` instead."""
+        return self.family == GATED_RESIDUAL
 
 
 # ------------------------------------------------------------------------------------------------ files
@@ -108,11 +146,26 @@ def _check_finite(source: str, tensors: dict[str, torch.Tensor]) -> None:
                              f"{tensor.numel()}; a checkpoint's hyper-connection tensors must be finite")
 
 
-def _wanted(name: str) -> bool:
+def _wanted(name: str, gated: bool = False) -> bool:
+    """Whether ``name`` is a tensor the static reading needs: every hyper-connection tensor but the token-driven
+    ones, and for the gated residual (``gated``: an s2hc export of that family; qwen4_exp's names always) all of
+    a connection's tensors (it has no others)."""
     s2hc = _S2HC_KEY.match(name)
     if s2hc:
-        return s2hc["param"] not in _S2HC_DYNAMIC
-    return any(pattern.match(name) for pattern in (_S2HC_HEAD, *_DSV4_KEYS, _DSV4_HEAD))
+        return gated or s2hc["param"] not in _S2HC_DYNAMIC
+    patterns = (_S2HC_GATED_HEAD,) if gated else (_S2HC_HEAD,)
+    return any(pattern.match(name) for pattern in (*patterns, *_DSV4_KEYS, _DSV4_HEAD, _QWEN_KEY, _QWEN_HEAD))
+
+
+def _directory(path: str | Path) -> Path:
+    """Where ``config.json`` would be for ``path`` (a file's folder, or the folder itself)."""
+    path = Path(path).expanduser()
+    return path.parent if path.is_file() else path
+
+
+def _s2hc_family(config: dict[str, Any]) -> str | None:
+    settings = config.get("s2hc")
+    return settings.get("family") if isinstance(settings, dict) else None
 
 
 # ------------------------------------------------------------------------------------------------ layouts
@@ -124,12 +177,13 @@ def _s2hc_connections(source: str, tensors: dict[str, torch.Tensor], config: dic
         raise ValueError(f"{source!r} has s2hc hyper-connection tensors but no config.json with an 's2hc' entry "
                          "beside them (an `s2hc export` directory has one); the family cannot be known without it")
     model = ModelConfig.from_dict(settings)
+    gated = model.family == GATED_RESIDUAL
     grouped: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     head: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         key = _S2HC_KEY.match(name)
         if key is None:
-            head[_S2HC_HEAD.match(name)["param"]] = tensor
+            head[(_S2HC_GATED_HEAD if gated else _S2HC_HEAD).match(name)["param"]] = tensor
             continue
         grouped.setdefault((int(key["layer"]), key["sublayer"]), {})[key["param"]] = tensor
     connections = []
@@ -140,16 +194,28 @@ def _s2hc_connections(source: str, tensors: dict[str, torch.Tensor], config: dic
             if state is None:
                 raise ValueError(f"{source!r}: the hyper-connection tensors of {name} are missing "
                                  f"(config.json says {model.n_layers} layers of family {model.family!r})")
-            connection = HyperConnection(1, model.n_streams, family=model.family, layer_index=layer,
-                                         **model.family_options).double()
-            _load(connection, state, name, source)
+            if gated:  # built on the meta device, then given the checkpoint's tensors: no copy of a large model
+                with torch.device("meta"):
+                    connection = build_connection(model.dim, model.n_streams, family=model.family, layer_index=layer,
+                                                  **model.family_options)
+                _load_gated(connection, {f"{name}.{k}": v for k, v in state.items()}, name, source,
+                            f"family {model.family!r}, dim={model.dim}, n_streams={model.n_streams}")
+            else:
+                connection = HyperConnection(1, model.n_streams, family=model.family, layer_index=layer,
+                                             **model.family_options).double()
+                _load(connection, state, name, source)
             connections.append((name, connection))
     if grouped:
         extra = sorted(f"blocks.{layer}.{sublayer}_hc" for layer, sublayer in grouped)
         raise ValueError(f"{source!r} has hyper-connection tensors of {extra}, beyond the {model.n_layers} layers "
                          "of its config.json")
     hyper_head = None
-    if head:
+    if head and gated:
+        with torch.device("meta"):
+            hyper_head = GatedHead(model.dim, model.n_streams, **model.family_options)
+        _load_gated(hyper_head, {f"stream_head.{k}": v for k, v in head.items()}, "stream_head", source,
+                    f"family {model.family!r}, dim={model.dim}, n_streams={model.n_streams}")
+    elif head:
         hyper_head = HyperHead(1, model.n_streams, eps=model.norm_eps,
                                hc_eps=model.family_options.get("hc_eps", DEEPSEEK_V4_EPS)).double()
         _load_head(hyper_head, head, {"bias": "bias", "alpha": "alpha"}, source)
@@ -181,6 +247,97 @@ def _load(connection: HyperConnection, state: dict[str, torch.Tensor], name: str
         raise ValueError(f"{source!r}: unexpected tensor(s) {[f'{name}.{k}' for k in unexpected]} for family "
                          f"{connection.family!r}")
     connection.load_state_dict({k: v.double() for k, v in state.items()}, strict=False)
+
+
+def _load_gated(module: GatedHead, state: dict[str, torch.Tensor], name: str, source: str, sizes: str,
+                stored: dict[str, str] | None = None) -> None:
+    """Give ``module`` (a :class:`GatedResidual` or :class:`GatedHead`, built on the meta device) the tensors of
+    ``state`` (keyed by the checkpoint's full names: ``name.`` and ``stored[param]``, the param's own name
+    without ``stored``) as they are, no copy; ValueError naming the first tensor that is missing, unexpected or of
+    another shape than ``module``'s (``sizes`` says where its shape comes from)."""
+    stored = stored or {}
+    expected = {f"{name}.{stored.get(k, k)}": (k, tuple(v.shape)) for k, v in module.state_dict().items()}
+    for key, (_, shape) in expected.items():
+        if key not in state:
+            raise ValueError(f"{source!r}: tensor {key} is missing (expected shape {shape}; {sizes})")
+        if tuple(state[key].shape) != shape:
+            raise ValueError(f"{source!r}: tensor {key} has shape {tuple(state[key].shape)}, expected {shape} "
+                             f"({sizes})")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise ValueError(f"{source!r}: unexpected tensor(s) {unexpected} beside {name}'s {sorted(expected)}")
+    module.load_state_dict({param: state[key] for key, (param, _) in expected.items()}, assign=True)
+
+
+def _qwen_settings(source: str, config: dict[str, Any]) -> tuple[dict[str, Any], int, str]:
+    """``(GatedResidual options, number of layers, sizes text)`` from a qwen4_exp ``config.json``; ValueError
+    (one line) for no config.json, another model_type, or a missing or invalid setting."""
+    if not config:
+        raise ValueError(f"{source!r} has qwen4_exp hyper-connection tensors but no config.json beside them; "
+                         f"{', '.join(QWEN4_EXP_SETTINGS)} come from it")
+    model_type = config.get("model_type")
+    if model_type is not None and model_type not in QWEN4_EXP_TYPES:
+        raise ValueError(f"{source!r} has qwen4_exp hyper-connection tensors, but config.json's model_type is "
+                         f"{model_type!r}, not one of {list(QWEN4_EXP_TYPES)}")
+    nested = model_type == "qwen4_exp" or (model_type is None and isinstance(config.get("text_config"), dict))
+    text, where = (config.get("text_config"), "text_config.") if nested else (config, "")
+    if not isinstance(text, dict):
+        raise ValueError(f"{source!r}: config.json (model_type {model_type!r}) has no text_config object holding "
+                         f"{', '.join(QWEN4_EXP_SETTINGS)}")
+    for key in QWEN4_EXP_SETTINGS:
+        if text.get(key) is None:
+            raise ValueError(f"{source!r}: config.json has no {where}{key} (model_type {model_type!r}); the qwen4_exp "
+                             f"layout needs {', '.join(QWEN4_EXP_SETTINGS)}")
+    try:
+        options = qwen4_exp.connection_options(text)
+        layers = check_int("num_hidden_layers", text["num_hidden_layers"], maximum=MAX_LAYERS)
+    except ValueError as error:
+        raise ValueError(f"{source!r}: config.json: {where}{error}") from None
+    sizes = (f"config.json: hc_count={options['n_streams']}, hidden_size={options['dim']}, "
+             f"hc_lowrank={options['rank']}")
+    return options, layers, sizes
+
+
+def _qwen_connections(source: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
+    options, layers, sizes = _qwen_settings(source, config)
+    prefixes = sorted({(_QWEN_KEY.match(name) or _QWEN_HEAD.match(name))["prefix"] for name in tensors})
+    if len(prefixes) > 1:
+        raise ValueError(f"{source!r} has qwen4_exp hyper-connection tensors under several prefixes {prefixes}; a "
+                         "checkpoint holds one model")
+    (prefix,) = prefixes
+    grouped: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    head: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        match = _QWEN_KEY.match(name)
+        if match:
+            grouped.setdefault((int(match["layer"]), match["sublayer"]), {})[name] = tensor
+        else:
+            head[name] = tensor
+    connections = []
+    for layer in range(layers):
+        for sublayer in ("attn", "mlp"):
+            name = f"{prefix}layers.{layer}.{sublayer}_hyper_connection"
+            state = grouped.pop((layer, sublayer), None)
+            if state is None:
+                raise ValueError(f"{source!r}: the hyper-connection tensors of {name} are missing (config.json says "
+                                 f"num_hidden_layers={layers})")
+            with torch.device("meta"):
+                connection = GatedResidual(layer_index=layer, **options)
+            _load_gated(connection, state, name, source, sizes, _QWEN_STORED)
+            connections.append((name, connection))
+    if grouped:
+        extra = sorted(f"{prefix}layers.{layer}.{sublayer}_hyper_connection" for layer, sublayer in grouped)
+        raise ValueError(f"{source!r} has hyper-connection tensors of {extra}, beyond config.json's "
+                         f"num_hidden_layers={layers}")
+    name = f"{prefix}hyper_connection_mixer"
+    if not head:
+        raise ValueError(f"{source!r}: the tensors of {name} are missing (every qwen4_exp model ends with this gated "
+                         "read, Qwen4ExpTextGatedResidual(use_combine=False))")
+    with torch.device("meta"):
+        hyper_head = GatedHead(**options)
+    _load_gated(hyper_head, head, name, source, sizes, _QWEN_STORED)
+    return GATED_RESIDUAL, options["n_streams"], {"rank": options["rank"], "eps": options["eps"]}, connections, \
+        hyper_head
 
 
 def _streams_of(base: torch.Tensor, name: str, source: str) -> int:
@@ -250,23 +407,29 @@ def read_static(path: str | Path) -> StaticCheckpoint:
     ValueError (one sentence) for a missing or unreadable path, no hyper-connection tensors, a missing
     ``config.json`` for the s2hc layout, or tensors of the wrong shape."""
     source = str(path)
-    tensors, opened, directory = read_safetensors(path, _wanted)
+    gated = _s2hc_family(_config(_directory(path))) == GATED_RESIDUAL  # an s2hc export: its config says
+    tensors, opened, directory = read_safetensors(path, lambda name: _wanted(name, gated))
+    config = _config(directory)
     if not tensors:
+        if config.get("model_type") in QWEN4_EXP_TYPES:
+            raise ValueError(f"{source!r} is a qwen4_exp checkpoint (config.json's model_type "
+                             f"{config['model_type']!r}) but holds no hyper-connection tensors (looked for "
+                             "[model.[language_model.]]layers.L.{attn,mlp}_hyper_connection.* and "
+                             "hyper_connection_mixer.*)")
         raise ValueError(f"{source!r} holds no hyper-connection tensors (looked for {_LOOKED_FOR}); a residual "
                          "model has none")
     _check_finite(source, tensors)
-    config = _config(directory)
-    s2hc_names = [name for name in tensors if _S2HC_KEY.match(name) or _S2HC_HEAD.match(name)]
-    if s2hc_names and len(s2hc_names) < len(tensors):  # both layouts: which one the model uses is unknown
-        other = next(name for name in tensors if name not in s2hc_names)
-        raise ValueError(f"{source!r} mixes s2hc hyper-connection tensors ({s2hc_names[0]!r}) with DeepSeek-V4 "
-                         f"ones ({other!r}); a checkpoint holds one layout")
-    if s2hc_names:
-        family, n, options, connections, head = _s2hc_connections(source, tensors, config)
-        layout = S2HC
-    else:
-        family, n, options, connections, head = _deepseek_connections(source, tensors, config)
-        layout = DEEPSEEK_V4
+    kinds = {S2HC: [n for n in tensors if _S2HC_KEY.match(n) or _S2HC_HEAD.match(n) or _S2HC_GATED_HEAD.match(n)],
+             QWEN4_EXP: [n for n in tensors if _QWEN_KEY.match(n) or _QWEN_HEAD.match(n)]}
+    kinds[DEEPSEEK_V4] = [n for n in tensors if n not in kinds[S2HC] and n not in kinds[QWEN4_EXP]]
+    found = {layout: names for layout, names in kinds.items() if names}
+    if len(found) > 1:  # several layouts: which one the model uses is unknown
+        (first, a), (second, b) = list(found.items())[:2]
+        raise ValueError(f"{source!r} mixes {first} hyper-connection tensors ({a[0]!r}) with {second} ones "
+                         f"({b[0]!r}); a checkpoint holds one layout")
+    (layout,) = found
+    read = {S2HC: _s2hc_connections, QWEN4_EXP: _qwen_connections, DEEPSEEK_V4: _deepseek_connections}[layout]
+    family, n, options, connections, head = read(source, tensors, config)
     return StaticCheckpoint(source=source, layout=layout, family=family, n_streams=n, family_options=options,
                             connections=connections, head=head, tensors_read=sorted(tensors), files=opened)
 
@@ -274,7 +437,14 @@ def read_static(path: str | Path) -> StaticCheckpoint:
 @torch.no_grad()
 def static_matrices(checkpoint: StaticCheckpoint) -> dict[str, torch.Tensor]:
     """Every connection's matrices at ``d = 0``, float64: ``pre`` ``(L, n)``, ``post`` ``(L, n)``, ``res``
-    ``(L, n, n)`` (as applied, ``X' = res X``), and ``head`` ``(n,)`` when there is a hyper-head."""
+    ``(L, n, n)`` (as applied, ``X' = res X``), and ``head`` ``(n,)`` when there is a hyper-head. For the gated
+    residual, the matrices of a zero input (:meth:`s2hc.GatedResidual.matrices`: ``pre`` 0.5/n, ``post`` 1,
+    ``res`` I, whatever the weights) and no ``head`` (its read is token-driven alone)."""
+    if checkpoint.gated:
+        dim = checkpoint.connections[0][1].dim
+        zero = torch.zeros(1, 1, checkpoint.n_streams, dim, dtype=torch.float64)
+        found = [c.matrices(zero) for _, c in checkpoint.connections]
+        return {key: torch.cat([m[key] for m in found]).flatten(0, 1) for key in ("pre", "post", "res")}
     zero = torch.zeros(1, 1, checkpoint.n_streams, 1, dtype=torch.float64)
     pre, post, res = zip(*(c.coefficients(zero) for _, c in checkpoint.connections))
     out = {"pre": torch.cat(pre).flatten(0, 1), "post": torch.cat(post).flatten(0, 1),
@@ -282,6 +452,76 @@ def static_matrices(checkpoint: StaticCheckpoint) -> dict[str, torch.Tensor]:
     if checkpoint.head is not None:
         out["head"] = checkpoint.head.weights(zero)[0, 0]
     return out
+
+
+#: What each per-stream measure of the gated residual is (:func:`stream_weights`), in report order.
+STREAM_MEASURES = {
+    "norm_scale": "mean norm scale 1 + w over the stream's C channels (hc_norm.weight / norm_weight)",
+    "write_norm": "‖W_w[s]‖, the norm of the stream's write row (block_inject_weight row s / write row s)",
+    "read_up_norm": "Frobenius norm of the stream's block of the read gates' up projection (input_mix_weight_up / "
+                    "read_up rows s·C..(s+1)·C)",
+    "read_down_norm": "Frobenius norm of the read gates' down projection's columns of the stream "
+                      "(input_mix_weight_down / read_down columns s·C..(s+1)·C)",
+}
+STREAM_WEIGHTS_NOTE = (
+    "The gated residual has no static part: its gates have no biases, and at zero input every read gate is 0.5 "
+    "and every write gate 1 for every stream (H_res = I always), whatever the weights. The gates themselves are "
+    "token-driven; what the weights say per stream is below. These are weight norms, not usage: how much a stream "
+    "is read or written depends on the tokens."
+)
+
+
+def _per_stream(module: GatedHead) -> dict[str, torch.Tensor]:
+    """``module``'s per-stream measures (:data:`STREAM_MEASURES`), each ``(n,)`` in float64 (no write for a
+    head)."""
+    n, dim, rank = module.n_streams, module.dim, module.rank
+    out = {
+        "norm_scale": (1.0 + module.norm_weight.double().view(n, dim)).mean(dim=-1),
+        "read_up_norm": module.read_up.double().view(n, dim, rank).square().sum(dim=(1, 2)).sqrt(),
+        "read_down_norm": module.read_down.double().view(rank, n, dim).square().sum(dim=(0, 2)).sqrt(),
+    }
+    if isinstance(module, GatedResidual):
+        out["write_norm"] = module.write.double().norm(dim=-1)
+    return {key: out[key] for key in STREAM_MEASURES if key in out}
+
+
+def _shares(values: torch.Tensor) -> torch.Tensor:
+    """Each stream's share of the sum over streams (last dim); NaN where that sum is zero."""
+    total = values.sum(dim=-1, keepdim=True)
+    return values / total.masked_fill(total == 0, float("nan"))
+
+
+@torch.no_grad()
+def stream_weights(checkpoint: StaticCheckpoint) -> dict[str, Any]:
+    """What a gated-residual checkpoint's weights say per stream s (the gated residual has no static part: see
+    :data:`STREAM_WEIGHTS_NOTE`): for every connection, the measures of :data:`STREAM_MEASURES` and each one's
+    share of its sum over the streams (1/n each when no stream stands out), and the same across depth.
+
+    Returns a JSON-ready dict: ``note``; ``measures`` (name -> description); ``connections`` (name ->
+    ``{"values": L × n, "shares": L × n}``, rows in depth order, ``layers`` their names); ``head`` (the final read's
+    ``{"values": n, "shares": n}`` per measure, no write) or None; ``across_depth`` (per measure: ``mean`` and
+    ``mean_share`` per stream over the connections, and ``max_share``: the largest share of any stream at any
+    connection, with the stream and the connection)."""
+    if not checkpoint.gated:
+        raise ValueError(f"stream_weights is for family {GATED_RESIDUAL!r}, got {checkpoint.family!r}")
+    names = [name for name, _ in checkpoint.connections]
+    found = [_per_stream(c) for _, c in checkpoint.connections]
+    connections, across = {}, {}
+    for key in STREAM_MEASURES:
+        values = torch.stack([f[key] for f in found])
+        shares = _shares(values)
+        connections[key] = {"values": values.tolist(), "shares": shares.tolist()}
+        flat = int(shares.nan_to_num(-math.inf).argmax())
+        layer, stream = divmod(flat, checkpoint.n_streams)
+        across[key] = {"mean": values.mean(dim=0).tolist(), "mean_share": shares.mean(dim=0).tolist(),
+                       "max_share": {"share": shares[layer, stream].item(), "stream": stream,
+                                     "connection": names[layer]}}
+    head = None
+    if checkpoint.head is not None:
+        head = {key: {"values": v.tolist(), "shares": _shares(v).tolist()} for key, v in
+                _per_stream(checkpoint.head).items()}
+    return {"note": STREAM_WEIGHTS_NOTE, "measures": dict(STREAM_MEASURES), "layers": names,
+            "connections": connections, "head": head, "across_depth": across}
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -293,7 +533,9 @@ def diagnose_static(path: str | Path, out: str | Path | None = None) -> dict[str
     writes ``out/static.json``, the figures and ``out/report.md`` (only after the checkpoint was read).
     Returns the JSON object: ``kind`` ("static"), ``source``, ``layout``, ``family``, ``n_streams``,
     ``family_options``, ``tensors_read``, ``files``, ``head_weights`` (DeepSeek-V4's hyper-head, or None),
-    ``matrices`` (``pre``, ``post``, ``res`` as nested lists) and the summary's keys."""
+    ``matrices`` (``pre``, ``post``, ``res`` as nested lists), ``basis`` (what the matrices are: the biases
+    alone, or a zero input for the gated residual), ``stream_weights`` (:func:`stream_weights` for the gated
+    residual, else None) and the summary's keys."""
     checkpoint = read_static(path)
     matrices = static_matrices(checkpoint)
     names = [name for name, _ in checkpoint.connections]
@@ -310,6 +552,8 @@ def diagnose_static(path: str | Path, out: str | Path | None = None) -> dict[str
         "files": checkpoint.files,
         "head_weights": matrices["head"].tolist() if "head" in matrices else None,
         "matrices": {key: matrices[key].tolist() for key in ("pre", "post", "res")},
+        "basis": GATED_BASIS if checkpoint.gated else BIAS_BASIS,
+        "stream_weights": stream_weights(checkpoint) if checkpoint.gated else None,
         **summary,
     }
     if out is not None:
@@ -327,19 +571,51 @@ def write_static(result: dict[str, Any], out: str | Path) -> Path:
     return out
 
 
+def _stream_weight_lines(weights: dict[str, Any]) -> list[str]:
+    """The gated residual's per-stream section: the note, then per measure a table (value and share per stream,
+    one row per connection, the head, the mean over depth) and the largest share."""
+    n = len(weights["across_depth"]["norm_scale"]["mean"])
+    lines = ["## Per-stream weights (the gated residual)", "", weights["note"], "",
+             "Each cell: the value, and in brackets the stream's share of the sum over the n streams (1/n = "
+             f"{1 / n:.1%} each when no stream stands out; a share well above it is a stream the weights favour).", ""]
+
+    def cell(value: float, share: float) -> str:
+        return f"{number(value)} ({share:.1%})" if math.isfinite(share) else number(value)
+
+    for key, description in weights["measures"].items():
+        block = weights["connections"][key]
+        rows = [[f"`{name}`", *(cell(v, s) for v, s in zip(values, shares))]
+                for name, values, shares in zip(weights["layers"], block["values"], block["shares"])]
+        head = (weights["head"] or {}).get(key)
+        if head is not None:
+            rows.append(["head (final read)", *(cell(v, s) for v, s in zip(head["values"], head["shares"]))])
+        across = weights["across_depth"][key]
+        rows.append(["**mean over depth**", *(cell(v, s) for v, s in zip(across["mean"], across["mean_share"]))])
+        top = across["max_share"]
+        lines += [f"### {key}: {description}", ""]
+        lines += table(["connection", *(f"stream {s}" for s in range(n))], rows, align="l" + "r" * n)
+        lines += ["", f"Largest share: stream {top['stream']} at `{top['connection']}`, "
+                  f"{top['share']:.1%}." if math.isfinite(top["share"]) else "Largest share: none (all zero).", ""]
+    return lines
+
+
 def _report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
+    gated = result.get("stream_weights") is not None
+    what = ("The matrices of a zero input, the same for every checkpoint of this family (the gated residual has "
+            "no static part; what its weights say per stream follows)" if gated else
+            "The matrices at d = 0: the biases alone, what every connection applies before any token moves it")
     lines = [
         f"# s2hc diagnose --static: `{result['source']}`",
         "",
         f"Family `{result['family']}`{diagnostics_report.options_text(result['family_options'])} ({result['layout']} "
-        f"layout), n = {result['n_streams']} streams, {result['depth']} connections. The matrices at d = 0: the "
-        f"biases alone, what every connection applies before any token moves it ({result['tensors_read']} "
-        f"tensors read from {len(result['files'])} file(s), no model built). The numbers: [`{JSON_NAME}`]"
-        f"({JSON_NAME}).",
-        "",
-        "## Summary",
+        f"layout), n = {result['n_streams']} streams, {result['depth']} connections. {what} "
+        f"({result['tensors_read']} tensors read from {len(result['files'])} file(s), no model built). The "
+        f"numbers: [`{JSON_NAME}`]({JSON_NAME}).",
         "",
     ]
+    if gated:
+        lines += _stream_weight_lines(result["stream_weights"])
+    lines += ["## Summary", ""]
     lines += diagnostics_report.summary_lines(result, "worst over connections")
     if result["head_weights"] is not None:
         weights = ", ".join(f"{w:.4g}" for w in result["head_weights"])
