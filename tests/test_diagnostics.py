@@ -390,7 +390,7 @@ def test_diagnose_a_checkpoint(runs, corpus_file, tmp_path, capsys):
     )
     assert all(c["holds"] for c in data["guarantees"])
     report = (out / "report.md").read_text()
-    for name in (*FIGURES, "stream_similarity.png"):
+    for name in (*FIGURES, "stream_similarity.png", "stream_usage.png"):
         assert (out / name).stat().st_size > 5_000, name
         assert f"({name})" in report
     assert "| 3 `blocks.1.mlp_hc` |" in report

@@ -5,7 +5,8 @@ Three layers, each usable alone (see ``docs/diagnostics.md``):
 - :mod:`~s2hc.diagnostics.measures`: one function per measurement on tensors — :func:`row_col_sum_error`,
   :func:`spectral_norm`, :func:`deviation_singular_values`, :func:`spectrum_slope`, :func:`rotation_angle`,
   :func:`identity_distance`, :func:`negative_share`, :func:`composite_product`, :func:`amax_gain`,
-  :func:`cumulative_column_sums`, :func:`stream_similarity`.
+  :func:`cumulative_column_sums`, :func:`stream_similarity`; stream usage: :func:`stream_shares`,
+  :func:`mean_shares`, :func:`effective_streams`, :func:`dominant_stream`, :func:`stream_norms`.
 - :mod:`~s2hc.diagnostics.inert`: which connections of a model cannot change its output whatever their
   ``H_res`` (:func:`inert_connections`); the summaries report them apart.
 - :mod:`~s2hc.diagnostics.collect`: run a model on real tokens and capture every connection's streams and
@@ -26,6 +27,7 @@ from .inert import inert_connections, model_inert_connections
 from .measures import (
     NEGATIVE_TOLERANCE,
     AmaxGain,
+    Dominant,
     SumError,
     amax_gain,
     column_sums,
@@ -33,13 +35,18 @@ from .measures import (
     cumulative_column_sums,
     deviation_block,
     deviation_singular_values,
+    dominant_stream,
+    effective_streams,
     identity_distance,
+    mean_shares,
     negative_share,
     rotation_angle,
     row_col_sum_error,
     row_sums,
     spectral_norm,
     spectrum_slope,
+    stream_norms,
+    stream_shares,
     stream_similarity,
 )
 from .report import diagnose_checkpoint, diagnose_synthetic
@@ -50,6 +57,7 @@ __all__ = [
     "NEGATIVE_TOLERANCE",
     "AmaxGain",
     "Capture",
+    "Dominant",
     "Recorder",
     "SumError",
     "amax_gain",
@@ -61,11 +69,14 @@ __all__ = [
     "deviation_singular_values",
     "diagnose_checkpoint",
     "diagnose_synthetic",
+    "dominant_stream",
+    "effective_streams",
     "gradient_norms",
     "guarantee_checks",
     "identity_distance",
     "inert_connections",
     "logit_scale_sweep",
+    "mean_shares",
     "mixing_connections",
     "model_inert_connections",
     "negative_share",
@@ -75,6 +86,8 @@ __all__ = [
     "scaled_mixer",
     "spectral_norm",
     "spectrum_slope",
+    "stream_norms",
+    "stream_shares",
     "stream_similarity",
     "summarize",
     "synthetic_matrices",

@@ -9,6 +9,9 @@ whose shapes are given in each docstring. Conventions:
   says what one output stream reads, a column where one input stream goes.
 - Over depth the composite after ``l + 1`` matrices is ``P_l = H_l ⋯ H_1 H_0`` (the residual path from the
   first connection's input to the output of connection ``l``).
+- Stream usage (:func:`stream_shares`, :func:`mean_shares`, :func:`effective_streams`, :func:`dominant_stream`,
+  :func:`stream_norms`) takes per-stream weights or amounts ``(..., n)`` (``H_pre``, ``H_post``, what the final
+  read takes from each stream) rather than matrices.
 
 >>> import torch
 >>> swap = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
@@ -29,6 +32,7 @@ from ..mixers.orthomaps import helmert_basis
 __all__ = [
     "NEGATIVE_TOLERANCE",
     "AmaxGain",
+    "Dominant",
     "SumError",
     "amax_gain",
     "column_sums",
@@ -36,13 +40,18 @@ __all__ = [
     "cumulative_column_sums",
     "deviation_block",
     "deviation_singular_values",
+    "dominant_stream",
+    "effective_streams",
     "identity_distance",
+    "mean_shares",
     "negative_share",
     "rotation_angle",
     "row_col_sum_error",
     "row_sums",
     "spectral_norm",
     "spectrum_slope",
+    "stream_norms",
+    "stream_shares",
     "stream_similarity",
 ]
 
@@ -229,3 +238,87 @@ def stream_similarity(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     x = x.detach().to(torch.promote_types(x.dtype, torch.float64))
     unit = x / x.norm(dim=-1, keepdim=True).clamp_min(eps)
     return unit @ unit.transpose(-1, -2)
+
+
+# ------------------------------------------------------------------------------------------- stream usage
+
+
+class Dominant(NamedTuple):
+    """The largest share (``share``, float64) and the stream that has it (``stream``, int64; the first on a tie),
+    each ``(...)``."""
+
+    share: torch.Tensor
+    stream: torch.Tensor
+
+
+def _streams(w: torch.Tensor, name: str) -> torch.Tensor:
+    if not isinstance(w, torch.Tensor) or w.dim() < 1 or w.shape[-1] < 1:
+        shape = tuple(w.shape) if isinstance(w, torch.Tensor) else type(w).__name__
+        raise ValueError(f"{name} must be a tensor with the streams last, shape (..., n) with n >= 1, got {shape}")
+    return w.detach().to(torch.promote_types(w.dtype, torch.float64))
+
+
+def stream_shares(w: torch.Tensor) -> torch.Tensor:
+    """Each stream's share of a per-stream amount: ``w`` ``(..., n)`` -> ``p`` ``(..., n)``, float64,
+    ``p_s = |w_s| / Σ_t |w_t|``.
+
+    ``w`` is anything a connection or head puts on each stream for one token: ``H_pre`` (the read weights; HC's
+    may be negative, hence ``|.|``: a stream subtracted is used as much as one added), ``H_post`` (the write
+    weights), or the norm of what the final read takes from each stream. Each row of ``p`` is non-negative and sums
+    to 1, whatever the scale of ``w`` (``c · w`` gives the same shares for any ``c ≠ 0``). A row that puts nothing on
+    any stream (``Σ |w| = 0``) or is not finite has no shares: NaN (:func:`mean_shares` leaves it out).
+    """
+    a = _streams(w, "w").abs()
+    total = a.sum(dim=-1, keepdim=True)
+    defined = (total > 0) & torch.isfinite(total)
+    return torch.where(defined, a / torch.where(defined, total, torch.ones_like(total)), torch.nan)
+
+
+def mean_shares(shares: torch.Tensor, dim: int = -2) -> torch.Tensor:
+    """The mean over tokens of per-token shares (:func:`stream_shares`): ``(..., N, n)`` -> ``(..., n)`` (``dim``:
+    the tokens' dimension, default the one before the streams), float64.
+
+    Every token counts the same, whatever the size of its weights. Tokens without shares (NaN rows) are left out;
+    with none left every share is NaN. The result sums to 1 over the streams (it is a mean of rows that do).
+    """
+    shares = _streams(shares, "shares")
+    if shares.dim() < 2:
+        raise ValueError(f"shares must have tokens and streams, shape (..., N, n), got {tuple(shares.shape)}")
+    return torch.nanmean(shares, dim=dim)
+
+
+def effective_streams(shares: torch.Tensor) -> torch.Tensor:
+    """The effective number of streams ``exp(−Σ_s p_s log p_s)`` (``0 log 0 = 0``): ``(..., n)`` -> ``(...)``,
+    float64, in ``[1, n]``.
+
+    ``p = shares / Σ shares`` (``shares`` non-negative, e.g. from :func:`stream_shares` or :func:`mean_shares`,
+    which already sum to 1). ``n`` when every stream has the same share, 1 when one stream has all of it, and in
+    between the number of equal streams that would have the same entropy (the perplexity of the shares). It
+    depends on the shares only, not on which stream has which (a permutation of the streams leaves it). A row
+    without shares (NaN, or summing to 0) gives NaN.
+    """
+    p = _streams(shares, "shares")
+    if bool((p < 0).any()):
+        raise ValueError(f"shares must be non-negative, got a minimum of {p.min().item()}")
+    total = p.sum(dim=-1, keepdim=True)
+    p = p / torch.where(total > 0, total, torch.nan)
+    plogp = torch.where(p > 0, p * torch.log(torch.where(p > 0, p, torch.ones_like(p))), torch.zeros_like(p))
+    entropy = -plogp.sum(dim=-1)
+    return torch.where(torch.isnan(p).any(dim=-1), torch.nan, torch.exp(entropy))
+
+
+def dominant_stream(shares: torch.Tensor) -> Dominant:
+    """The largest share and its stream: ``(..., n)`` -> :class:`Dominant` ``((...), (...))``. A row without shares
+    (NaN) gives share NaN and stream −1."""
+    p = _streams(shares, "shares")
+    missing = torch.isnan(p).any(dim=-1)
+    share, stream = torch.nan_to_num(p, nan=-1.0).max(dim=-1)  # max returns the first index on a tie
+    return Dominant(torch.where(missing, torch.nan, share), torch.where(missing, -1, stream))
+
+
+def stream_norms(x: torch.Tensor) -> torch.Tensor:
+    """The L2 norm of each stream: ``x`` ``(..., n, C)`` -> ``(..., n)``, float64. What the output share of a model
+    whose final read sums (or averages) its streams is made from (:func:`stream_shares` of these)."""
+    if not isinstance(x, torch.Tensor) or x.dim() < 2:
+        raise ValueError(f"x must be a tensor of streams (..., n, C), got {getattr(x, 'shape', type(x).__name__)}")
+    return x.detach().to(torch.promote_types(x.dtype, torch.float64)).norm(dim=-1)

@@ -9,6 +9,8 @@ Every function writes one PNG atomically (temporary file, then rename) and retur
 - ``mixing.png``: what each ``H_res`` does to the streams against depth (distance from the identity, rotation
   angle, spectrum slope, negative share), the connections that cannot change the output drawn hollow;
 - ``stream_similarity.png``: cosine similarity of the streams per layer (model runs only);
+- ``stream_usage.png``: each stream's share of what each connection reads and writes (and of the output) and the
+  effective number of streams against depth (whenever the summaries have read or write weights);
 - ``logit_scale_sweep.png``: headline numbers against the logit scale (synthetic mode);
 - ``training_history.png``: diagnostics records of ``metrics.jsonl`` against the training step.
 """
@@ -24,6 +26,7 @@ from ..extras import MissingExtra, is_available, require
 __all__ = [
     "NO_FIGURES",
     "FIGURES",
+    "has_stream_usage",
     "have_matplotlib",
     "plot_amax_gain",
     "plot_column_sums",
@@ -31,6 +34,7 @@ __all__ = [
     "plot_logit_scale_sweep",
     "plot_mixing",
     "plot_stream_similarity",
+    "plot_stream_usage",
     "plot_training_history",
 ]
 
@@ -40,6 +44,7 @@ FIGURES = {
     "column_sums": "column_sums.png",
     "mixing": "mixing.png",
     "stream_similarity": "stream_similarity.png",
+    "stream_usage": "stream_usage.png",
     "logit_scale_sweep": "logit_scale_sweep.png",
     "training_history": "training_history.png",
 }
@@ -301,6 +306,85 @@ def plot_stream_similarity(summaries: dict[str, dict[str, Any]], path: Path) -> 
     axes[0].set_title("mean over tokens and pairs (range shaded)")
     axes[0].grid(alpha=0.3)
     axes[0].legend(fontsize=7)
+    return _save(fig, path)
+
+
+def has_stream_usage(summary: dict[str, Any]) -> bool:
+    """Whether ``summary`` holds the read or write shares :func:`plot_stream_usage` draws."""
+    return "read_share" in summary or "write_share" in summary
+
+
+def _stacked_shares(ax, shares: list[list[float]], inert: list[int], labels: list[str]) -> None:
+    """One stacked bar per entry of ``shares`` (each n shares), stream s in colour Cs; ``inert`` bars hatched."""
+    n = len(shares[0]) if shares else 0
+    bottom = [0.0] * len(shares)
+    for stream in range(n):
+        heights = [0.0 if row[stream] is None or math.isnan(row[stream]) else row[stream] for row in shares]
+        bars = ax.bar(range(len(shares)), heights, bottom=bottom, color=f"C{stream % 10}", width=0.85)
+        for i in inert:
+            if i < len(bars):
+                bars[i].set_hatch("//")
+                bars[i].set_alpha(0.55)
+        bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_ylim(0, 1)
+    ax.set_xticks(range(len(shares)))
+    ax.set_xticklabels(labels, fontsize=6 if len(shares) > 16 else 7)
+
+
+def plot_stream_usage(summaries: dict[str, dict[str, Any]], path: Path) -> Path:
+    """One row of three panels per family: each stream's read share per connection (stacked bars, the token mean
+    of ``|H_pre[s]| / Σ_t |H_pre[t]|``; the last bar, "out", the output's shares when measured), the same for the
+    write shares (``H_post``), and the effective number of streams ``exp(−Σ p log p)`` of the read and write shares
+    against depth (dotted: 1 and n; a star: the output's). Connections whose split of the read or write cannot
+    change the output are hatched (shares) and hollow (effective number)."""
+    plt = _pyplot()
+    families = {f: s for f, s in summaries.items() if has_stream_usage(s)}
+    if not families:
+        raise ValueError("no summary has read or write shares (they need H_pre / H_post)")
+    fig, grid = plt.subplots(len(families), 3, figsize=(17, 3.8 * len(families)), squeeze=False, layout="constrained")
+    for axes, (family, s) in zip(grid, families.items()):
+        n, depth = s["n_streams"], s["depth"]
+        for ax, prefix in zip(axes[:2], ("read", "write")):
+            if f"{prefix}_share" not in s:
+                ax.set_visible(False)
+                continue
+            shares, labels = list(s[f"{prefix}_share"]), [str(i) for i in range(depth)]
+            if prefix == "read" and s.get("output_share"):
+                shares, labels = shares + [s["output_share"]], labels + ["out"]
+            _stacked_shares(ax, shares, s.get(f"{prefix}_inert_layers", []), labels)
+            ax.set_title(f"{family}: {prefix} shares per stream" + (" (last bar: output)" if "out" in labels else ""),
+                         fontsize=10)
+            ax.set_xlabel("connection (depth)")
+            ax.set_ylabel(f"token mean of |H_{'pre' if prefix == 'read' else 'post'}[s]| / sum")
+        from matplotlib.patches import Patch  # matplotlib is there: _pyplot() imported it
+
+        handles = [Patch(color=f"C{stream % 10}", label=f"stream {stream}") for stream in range(n)]
+        axes[0 if axes[0].get_visible() else 1].legend(handles=handles, fontsize=7, loc="upper center",
+                                                       bbox_to_anchor=(0.5, -0.16), ncol=min(n, 8))
+        ax = axes[2]
+        for index, prefix in enumerate(("read", "write")):
+            if f"{prefix}_effective_streams" not in s:
+                continue
+            values = _finite(s[f"{prefix}_effective_streams"])
+            layers = list(range(len(values)))
+            ax.plot(layers, values, color=f"C{index}", marker="o", markersize=3, linewidth=1.2, label=prefix)
+            inert = [i for i in s.get(f"{prefix}_inert_layers", []) if i < len(values)]
+            if inert:
+                ax.scatter(inert, [values[i] for i in inert], s=70, facecolors="white", edgecolors=f"C{index}",
+                           zorder=3)
+        if s.get("output_effective_streams") is not None:
+            ax.scatter([depth], _finite([s["output_effective_streams"]]), marker="*", s=120, color="C2", zorder=3,
+                       label="output")
+        for level in (1, n):
+            ax.axhline(level, color="grey", linewidth=0.7, linestyle=":")
+        ax.set_ylim(0.9, n + 0.1)
+        ax.locator_params(axis="x", integer=True)
+        ax.set_title(f"{family}: effective number of streams, exp(entropy of the shares)", fontsize=10)
+        ax.set_xlabel("connection (depth; star: output)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle("Stream usage: each stream's share of what is read, written and output (hatched / hollow: a split "
+                 "that cannot change the output)")
     return _save(fig, path)
 
 

@@ -28,9 +28,10 @@ from ..rundir import METRICS, load_model, read_metrics, resolve_checkpoint
 from . import plots
 from .collect import collect, mixing_connections
 from .measures import NEGATIVE_TOLERANCE
+from .summary import OUTPUT_READS
 from .synthetic import DEFAULT_SWEEP, logit_scale_sweep, synthetic_summaries
 
-__all__ = ["default_out", "diagnose_checkpoint", "diagnose_synthetic", "write_json"]
+__all__ = ["default_out", "diagnose_checkpoint", "diagnose_synthetic", "stream_usage_lines", "write_json"]
 
 JSON_NAME = "diagnostics.json"
 REPORT_NAME = "report.md"
@@ -77,6 +78,8 @@ def write_figures(out: Path, summaries: dict[str, dict[str, Any]], with_streams:
     }
     if with_streams and any(s.get("stream_similarity", {}).get("offdiagonal") for s in summaries.values()):
         found["stream_similarity"] = plots.plot_stream_similarity(summaries, path["stream_similarity"])
+    if any(plots.has_stream_usage(s) for s in summaries.values()):
+        found["stream_usage"] = plots.plot_stream_usage(summaries, path["stream_usage"])
     return found
 
 
@@ -89,6 +92,10 @@ FIGURE_CAPTIONS = {
     "mixing": "What each H_res does to the streams against depth: ‖H − I‖_F, the rotation angle, the spectrum slope "
               "1 − σ² and the negative share (hollow: connections whose H_res cannot change the output)",
     "stream_similarity": "Cosine similarity between the streams at each connection's input",
+    "stream_usage": "Each stream's share of what each connection reads and writes (token means of |H_pre| and "
+                    "|H_post| over their sums; last read bar: the output's shares) and the effective number of "
+                    "streams, exp of the entropy of the shares, against depth (hollow: a connection whose split "
+                    "cannot change the output)",
     "logit_scale_sweep": "Headline numbers against the logit scale S",
     "training_history": "Diagnostics logged during training (diagnostics_every)",
 }
@@ -387,8 +394,121 @@ def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Pa
         "",
     ]
     lines += depth_lines(result)
+    usage = stream_usage_lines(result)
+    if usage:
+        lines += ["## Stream usage", ""] + usage
     lines += ["## Figures", ""] + figure_lines(figures, out)
     return "\n".join(lines)
+
+
+#: The reading's rule for "one stream dominates": a stream has more than this share of what the interior
+#: connections read (or write, or the output takes), their token-mean shares averaged over depth.
+DOMINANT_SHARE = 0.5
+
+
+def _shares_text(shares: list[float] | None) -> str:
+    if not shares or any(v is None or math.isnan(v) for v in shares):
+        return DASH
+    return ", ".join(f"{v:.2f}" for v in shares)
+
+
+def _dominant_text(stream: int | None, share: float | None) -> str:
+    return DASH if stream is None or stream < 0 or share is None else f"{stream} ({share:.2f})"
+
+
+def _effective_text(value: float | None, n: int) -> str:
+    return DASH if value is None or math.isnan(value) else f"{value:.2f} of {n}"
+
+
+def _usage_reading(summary: dict[str, Any]) -> str:
+    """One line: what the streams' shares say over depth, each claim with its measure."""
+    head, n = summary["headline"], summary["n_streams"]
+    parts, dominant = [], []
+    for prefix, verb in (("read", "read from"), ("write", "write to")):
+        mean = head.get(f"{prefix}_effective_streams_mean")
+        if mean is None:
+            continue
+        parts.append(f"{verb} {mean:.2f} of {n} effective streams (mean over the interior connections, the fewest "
+                     f"{head[f'{prefix}_effective_streams_min']:.2f}; {head[f'{prefix}_depth_effective_streams']:.2f} "
+                     f"of their {prefix} shares averaged over depth)")
+        share, stream = head.get(f"{prefix}_depth_dominant_share"), summary.get(f"{prefix}_depth_dominant_stream")
+        if share is not None:
+            dominant.append((share, f"{prefix}s over depth", stream))
+    output = summary.get("output_effective_streams")
+    if output is not None and not math.isnan(output):
+        parts.append(f"the output takes from {output:.2f} of {n}")
+        dominant.append((summary["output_dominant_share"], "output", summary["output_dominant_stream"]))
+    if not parts:
+        return ""
+    text = "Reading: the connections " + "; ".join(parts) + " (each: exp of the entropy of token-mean shares). "
+    if dominant:
+        share, what, stream = max(dominant, key=lambda d: d[0])
+        if share > DOMINANT_SHARE:
+            text += f"One stream dominates: stream {stream} has {share:.2f} of the {what} (> {DOMINANT_SHARE:g})."
+        else:
+            text += (f"No stream has more than {DOMINANT_SHARE:g} of the reads or writes over depth or of the output "
+                     f"(the largest: stream {stream}, {share:.2f} of the {what}).")
+    similarity = head.get("stream_similarity_output_mean")
+    if similarity is not None:
+        text += (f" The output streams' mean cosine is {similarity:.3g}" + (
+            ": they are nearly one stream, whatever their shares." if similarity > 0.9 else
+            " (near 1 the streams would be one, whatever their shares)."))
+    return text
+
+
+def stream_usage_lines(summary: dict[str, Any]) -> list[str]:
+    """The "Stream usage" section's body: each stream's share of every connection's read and write, the effective
+    number of streams and the dominant stream, a line for the output and for depth, and the one-line reading.
+    Empty when the summary has no read or write weights."""
+    if "read_share" not in summary and "write_share" not in summary:
+        return []
+    n = summary["n_streams"]
+    read_inert, write_inert = set(summary.get("read_inert_layers", [])), set(summary.get("write_inert_layers", []))
+    spread = (summary.get("read_spread") or {}).get("relative")
+    rows = []
+    for i, name in enumerate(summary["layers"]):
+        row = [f"{i} `{name}`"]
+        for prefix, inert in (("read", read_inert), ("write", write_inert)):
+            if f"{prefix}_share" not in summary:
+                row += [DASH] * 4
+                continue
+            row += [_shares_text(summary[f"{prefix}_share"][i]),
+                    _effective_text(summary[f"{prefix}_effective_streams"][i], n),
+                    _dominant_text(summary[f"{prefix}_dominant_stream"][i], summary[f"{prefix}_dominant_share"][i]),
+                    "no" if i in inert else "yes"]
+        if spread is not None:
+            row.append(sum(spread[i]) / len(spread[i]))
+        rows.append(row)
+    header = ["connection", "read shares", "effective read streams", "dominant read stream (share)",
+              "read split can change the output", "write shares", "effective write streams",
+              "dominant write stream (share)", "write split can change the output"]
+    if spread is not None:
+        header.append("read gates' spread over channels / mean")
+    lines = [
+        "Per connection and token, stream s's read share is |H_pre[s]| / Σ_t |H_pre[t]| (its write share the same of "
+        "H_post; for the gated residual H_pre[s] is its read gates' mean over channels / n), averaged over tokens; "
+        "the effective number of streams is exp(−Σ p log p) of those shares (1: one stream, n: all alike), the "
+        "dominant stream the one with the largest share. The split of the first connection's read (identical "
+        "copies in) and of the last one's write (streams summed or averaged) cannot change the output: the "
+        "interior values leave them out.",
+        "",
+    ]
+    lines += table(header, rows, align="l" + "rrrl" * 2 + "r" * (spread is not None)) + [""]
+    if "output_share" in summary:
+        how = OUTPUT_READS.get(summary.get("output_read") or "unknown", summary.get("output_read"))
+        lines += [f"Output, what the model's final read takes from each final stream ({how}), per token over its sum, "
+                  f"averaged over tokens: shares {_shares_text(summary['output_share'])}, effective streams "
+                  f"{_effective_text(summary['output_effective_streams'], n)}, dominant stream "
+                  f"{_dominant_text(summary['output_dominant_stream'], summary['output_dominant_share'])}.", ""]
+    else:
+        lines += ["Output: not measured (the final streams are not known here).", ""]
+    depth = [f"{prefix} shares {_shares_text(summary[f'{prefix}_depth_share'])} (effective "
+             f"{_effective_text(summary[f'{prefix}_depth_effective_streams'], n)})"
+             for prefix in ("read", "write") if summary.get(f"{prefix}_depth_share") is not None]
+    if depth:
+        lines += ["Over depth, the interior connections' shares averaged: " + "; ".join(depth) + ".", ""]
+    reading = _usage_reading(summary)
+    return lines + ([reading, ""] if reading else [])
 
 
 def options_text(options: dict | None) -> str:

@@ -8,6 +8,12 @@ composite measures). Connections whose ``H_res`` cannot change the model's outpu
 do (distance from the identity, rotation angle, spectrum slope, negative share) are taken over the other,
 "interior", connections, with the inert ones' values beside them. :func:`guarantee_checks` compares what a
 family claims (``Mixer.guarantees``) with what was measured.
+
+Stream usage (:func:`stream_usage`, docs/diagnostics.md "Stream usage"): from the read and write weights each
+stream's share of what a connection reads and writes, the effective number of streams and the dominant stream, per
+layer; from what the model's final read takes from each final stream, the same for the output. Its headline
+(:func:`stream_usage_headline`) leaves out, the same way, the connections whose split of the read (or the write)
+over the streams cannot change the output (``read_inert_layers``, ``write_inert_layers``).
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ import torch
 from .. import mixers
 from . import measures
 
-__all__ = ["DEFAULT_TOLERANCE", "MIXING_HEADLINES", "distribution", "guarantee_checks", "headline", "mixing_headline",
-           "summarize", "vector_distribution"]
+__all__ = ["DEFAULT_TOLERANCE", "MIXING_HEADLINES", "OUTPUT_READS", "distribution", "guarantee_checks", "headline",
+           "mixing_headline", "stream_usage", "stream_usage_headline", "summarize", "vector_distribution"]
 
 #: What "holds" means in :func:`guarantee_checks`: float32 rounding of a 4 × 4 to 8 × 8 map is ~1e-6.
 DEFAULT_TOLERANCE = 1e-5
@@ -82,6 +88,128 @@ def _offdiagonal(sim: torch.Tensor) -> torch.Tensor:
     return sim[..., rows, cols]
 
 
+#: What ``output_read`` says of how the output share was taken (:func:`stream_usage`), by value.
+OUTPUT_READS = {
+    "sum": "‖X_s‖ of the final streams, which the model sums",
+    "mean": "‖X_s‖ of the final streams, which the model averages",
+    "hyper-head": "‖w_s X_s‖, w the HyperHead's stream weights",
+    "gated-head": "‖G_s ⊙ X̃_s‖ of the GatedHead's read (gates G, normalised streams X̃)",
+    "unknown": "‖X_s‖ of the last connection's output: how this model reduces its streams is not known",
+}
+
+
+def _layer_indices(name: str, layers: Sequence[int], depth: int) -> list[int]:
+    """``layers`` sorted without repeats; ValueError unless each is an index of the ``depth`` layers."""
+    found = sorted(set(layers))
+    if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < depth for i in found):
+        raise ValueError(f"{name} must be indices of the {depth} layers (0 to {depth - 1}), got {list(layers)!r}")
+    return found
+
+
+def _check_per_stream(name: str, value: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape:
+        got = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise ValueError(f"{name} must have shape {shape}, got {got}")
+    return value.detach().double()
+
+
+def _usage(weights: torch.Tensor, prefix: str, inert: Sequence[int] | None = None) -> dict[str, Any]:
+    """The share statistics of per-stream ``weights`` ``(L, N, n)`` under keys ``<prefix>_...``; with ``inert``
+    (layer indices) also over depth, the mean shares of the other layers."""
+    per_token = measures.stream_shares(weights)  # (L, N, n)
+    shares = measures.mean_shares(per_token)  # (L, n)
+    dominant = measures.dominant_stream(shares)
+    out = {
+        f"{prefix}_share": _floats(shares),
+        f"{prefix}_effective_streams": _floats(measures.effective_streams(shares)),
+        f"{prefix}_dominant_share": _floats(dominant.share),
+        f"{prefix}_dominant_stream": dominant.stream.tolist(),
+        f"{prefix}_token_effective_streams": distribution(measures.effective_streams(per_token)),
+    }
+    if inert is not None:
+        interior = [i for i in range(shares.shape[0]) if i not in set(inert)]
+        depth = measures.mean_shares(shares[interior]) if interior else None  # every interior layer counts the same
+        out[f"{prefix}_depth_share"] = _floats(depth) if depth is not None else None
+        out[f"{prefix}_depth_effective_streams"] = _floats(measures.effective_streams(depth)) if interior else None
+        out[f"{prefix}_depth_dominant_stream"] = measures.dominant_stream(depth).stream.item() if interior else None
+    return out
+
+
+def stream_usage(
+    pre: torch.Tensor | None = None,
+    post: torch.Tensor | None = None,
+    output: torch.Tensor | None = None,
+    output_read: str | None = None,
+    read_spread: torch.Tensor | None = None,
+    read_inert_layers: Sequence[int] = (),
+    write_inert_layers: Sequence[int] = (),
+) -> dict[str, Any]:
+    """Each stream's share of what the connections read and write and of what the output takes, per layer.
+
+    Args:
+        pre, post: the read and write weights ``H_pre``, ``H_post`` ``(L, N, n)`` (L connections, N tokens, n
+            streams), or None. For Qwen's gated residual, ``pre`` is each stream's gate mean over channels / n and
+            ``post`` its write gate (:meth:`s2hc.GatedResidual.matrices`).
+        output: ``(N, n)``, the size of what the model's final read takes from each final stream per token
+            (non-negative; see :data:`OUTPUT_READS`), or None when the final streams are not known.
+        output_read: how ``output`` was taken, a key of :data:`OUTPUT_READS` (default ``"unknown"``).
+        read_spread: ``(L, N, n)``, the gated residual's read gates' standard deviation over channels / n, or None.
+        read_inert_layers, write_inert_layers: the connections whose split of the read (the write) over the
+            streams cannot change the output (the collector's ``read_inert`` / ``write_inert``): kept per layer,
+            left out of :func:`stream_usage_headline`'s interior values.
+
+    The definitions (per token ``t``, stream ``s``; :mod:`s2hc.diagnostics.measures`): the token's share
+    ``p_ts = |w_ts| / Σ_u |w_tu|`` (:func:`~s2hc.diagnostics.measures.stream_shares`), the layer's share the mean
+    over tokens ``p_s = mean_t p_ts`` (every token counts the same; :func:`~.measures.mean_shares`), its effective
+    number of streams ``exp(−Σ_s p_s log p_s)`` in ``[1, n]`` and its dominant stream ``argmax_s p_s`` with that
+    share. Beside them, the effective number of each token's own shares (a distribution over tokens): it is below
+    the layer's when different tokens use different streams. Over depth: the mean of the layers' shares over the
+    interior connections (all but the ``..._inert_layers``), its effective number and dominant stream: a layer may
+    read one stream (effective number 1) while the layers together read them all (n).
+
+    Returns (each key only when its input is given): ``read_share`` (L lists of n), ``read_effective_streams``
+    (L), ``read_dominant_share`` (L), ``read_dominant_stream`` (L ints; −1 where no token has shares),
+    ``read_token_effective_streams`` (:func:`distribution`), ``read_inert_layers``, ``read_depth_share`` (n),
+    ``read_depth_effective_streams``, ``read_depth_dominant_stream`` (None without interior connections); the same
+    with ``write_``; for
+    the output ``output_share`` (n), ``output_effective_streams``, ``output_dominant_share``,
+    ``output_dominant_stream``, ``output_token_effective_streams`` (``max``, ``mean``, ``min``, ``p50``, ``p90``,
+    ``p99`` over tokens) and ``output_read``; ``read_spread`` (``mean``: L lists of n token means; ``relative``: the
+    token mean of spread / read weight, the gates' coefficient of variation over channels).
+    """
+    out: dict[str, Any] = {}
+    shape = None
+    for prefix, weights, inert in (("read", pre, read_inert_layers), ("write", post, write_inert_layers)):
+        if weights is None:
+            continue
+        if not isinstance(weights, torch.Tensor) or weights.dim() != 3:
+            got = tuple(weights.shape) if isinstance(weights, torch.Tensor) else type(weights).__name__
+            raise ValueError(f"{'pre' if prefix == 'read' else 'post'} must have shape (layers, tokens, n), got {got}")
+        shape = tuple(weights.shape) if shape is None else shape
+        _check_per_stream("pre" if prefix == "read" else "post", weights, shape)
+        inert = _layer_indices(f"{prefix}_inert_layers", inert, weights.shape[0])
+        out.update(_usage(weights, prefix, inert))
+        out[f"{prefix}_inert_layers"] = inert
+    if read_spread is not None:
+        if pre is None:
+            raise ValueError("read_spread needs pre (the read weights it is relative to), got pre=None")
+        spread = _check_per_stream("read_spread", read_spread, shape)
+        relative = spread / pre.detach().double().abs().clamp_min(torch.finfo(torch.float64).tiny)
+        out["read_spread"] = {"mean": _floats(spread.mean(1)), "relative": _floats(relative.mean(1))}
+    if output is not None:
+        if not isinstance(output, torch.Tensor) or output.dim() != 2 or (shape and output.shape[-1] != shape[-1]):
+            got = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+            raise ValueError(f"output must have shape (tokens, n) with the n of pre and post, got {got}")
+        read = "unknown" if output_read is None else output_read
+        if read not in OUTPUT_READS:
+            raise ValueError(f"output_read must be one of {list(OUTPUT_READS)} or None, got {output_read!r}")
+        usage = _usage(output[None], "output")
+        out.update({key: value[0] if isinstance(value, list) else {k: v[0] for k, v in value.items()}
+                    for key, value in usage.items()})
+        out["output_read"] = read
+    return out
+
+
 def summarize(
     res: torch.Tensor,
     pre: torch.Tensor | None = None,
@@ -93,6 +221,11 @@ def summarize(
     tol: float = DEFAULT_TOLERANCE,
     transposed: bool = False,
     inert_layers: Sequence[int] = (),
+    output: torch.Tensor | None = None,
+    output_read: str | None = None,
+    read_spread: torch.Tensor | None = None,
+    read_inert_layers: Sequence[int] = (),
+    write_inert_layers: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Every measurement of docs/design.md section 2 for ``L`` connections over the same ``N`` tokens.
 
@@ -108,6 +241,9 @@ def summarize(
         inert_layers: indices of the connections whose ``H_res`` cannot change the model's output
             (:func:`~s2hc.diagnostics.inert.inert_connections`; the collector computes them from the model):
             the headline reports them apart.
+        output, output_read, read_spread, read_inert_layers, write_inert_layers: for the stream usage, see
+            :func:`stream_usage` (``output`` ``(N, n)``: what the final read takes from each final stream; None
+            when the final streams are unknown, as for static matrices).
 
     Returns a JSON-ready dict: ``layers``, ``depth``, ``tokens``, ``n_streams``, ``inert_layers`` (sorted),
     ``negative_tolerance`` (what ``negative_share`` counts: entries below minus it), and one key per
@@ -119,8 +255,10 @@ def summarize(
     ``P_l = H_l ⋯ H_0``): ``composite_spectral_norm``, ``composite_forward_amax``, ``composite_backward_amax``,
     ``composite_row_sum_error``, ``composite_col_sum_error``, ``cumulative_column_sums``. Streams:
     ``stream_similarity`` (``offdiagonal`` distribution over tokens and pairs, ``pairwise_mean`` n × n per
-    entry). ``headline`` (:func:`headline`): the worst value of each, and ``guarantees`` when ``family`` is a
-    known family.
+    entry). Stream usage, whenever ``pre`` / ``post`` are given (:func:`stream_usage`): ``read_share``,
+    ``read_effective_streams``, ``read_dominant_share``, ``read_dominant_stream``, ``read_token_effective_streams``,
+    ``read_inert_layers``, the same for ``write_``, and with ``output`` the ``output_`` keys. ``headline``
+    (:func:`headline`): the worst value of each, and ``guarantees`` when ``family`` is a known family.
     """
     res = measures._matrices(res, "res")
     if res.dim() != 4:
@@ -129,9 +267,7 @@ def summarize(
     names = [str(i) for i in range(L)] if names is None else list(names)
     if len(names) != L:
         raise ValueError(f"names must have one entry per layer ({L}), got {len(names)}")
-    inert = sorted(set(inert_layers))
-    if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < L for i in inert):
-        raise ValueError(f"inert_layers must be indices of the {L} layers (0 to {L - 1}), got {list(inert_layers)!r}")
+    inert = _layer_indices("inert_layers", inert_layers, L)
     sums = measures.row_col_sum_error(res)
     gain = measures.amax_gain(res)
     norms = measures.spectral_norm(res)
@@ -169,6 +305,12 @@ def summarize(
         out["h_pre"] = _gate_stats(pre)
     if post is not None:
         out["h_post"] = _gate_stats(post)
+    for name, value in (("pre", pre), ("post", post), ("read_spread", read_spread)):
+        if value is not None:
+            _check_per_stream(name, value, (L, N, n))
+    if output is not None:
+        _check_per_stream("output", output, (N, n))
+    out.update(stream_usage(pre, post, output, output_read, read_spread, read_inert_layers, write_inert_layers))
     if similarity is not None:
         similarity = similarity.detach().double()
         labels = list(similarity_names) if similarity_names is not None else names + ["output"]
@@ -251,6 +393,46 @@ def headline(summary: dict[str, Any]) -> dict[str, float | None]:
     sim = summary.get("stream_similarity")
     if sim and sim["offdiagonal"]:
         out["stream_similarity_output_mean"] = sim["offdiagonal"]["mean"][-1]
+    out.update(stream_usage_headline(summary))
+    return out
+
+
+def _finite_values(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None and not math.isnan(v)]
+
+
+def stream_usage_headline(summary: dict[str, Any]) -> dict[str, float | None]:
+    """Stream usage across depth, from a :func:`summarize` (or :func:`stream_usage`) dict; keys only for what it
+    measured.
+
+    For ``read`` and ``write``, over the interior connections (all but ``<read|write>_inert_layers``, whose split
+    cannot change the output): ``<read|write>_effective_streams_mean`` (the mean over them of each connection's
+    effective number of streams), ``..._min`` (the smallest), ``<read|write>_dominant_share_max`` (the largest
+    dominant share); ``<read|write>_effective_streams_inert``: the mean over the others (None where there is no
+    such connection); ``<read|write>_depth_effective_streams`` and ``..._depth_dominant_share``, of the
+    interior connections' mean shares (:func:`stream_usage`). For the output: ``output_effective_streams``,
+    ``output_dominant_share``.
+    """
+    out: dict[str, float | None] = {}
+    for prefix in ("read", "write"):
+        if f"{prefix}_effective_streams" not in summary:
+            continue
+        effective, dominant = summary[f"{prefix}_effective_streams"], summary[f"{prefix}_dominant_share"]
+        inert = set(summary.get(f"{prefix}_inert_layers", ()))
+        interior = [i for i in range(len(effective)) if i not in inert]
+        values = _finite_values([effective[i] for i in interior])
+        apart = _finite_values([effective[i] for i in sorted(inert)])
+        shares = _finite_values([dominant[i] for i in interior])
+        out[f"{prefix}_effective_streams_mean"] = sum(values) / len(values) if values else None
+        out[f"{prefix}_effective_streams_min"] = min(values) if values else None
+        out[f"{prefix}_dominant_share_max"] = max(shares) if shares else None
+        out[f"{prefix}_effective_streams_inert"] = sum(apart) / len(apart) if apart else None
+        depth = summary.get(f"{prefix}_depth_share")
+        out[f"{prefix}_depth_effective_streams"] = summary.get(f"{prefix}_depth_effective_streams")
+        out[f"{prefix}_depth_dominant_share"] = max(depth) if depth and not any(map(math.isnan, depth)) else None
+    if "output_effective_streams" in summary:
+        out["output_effective_streams"] = summary["output_effective_streams"]
+        out["output_dominant_share"] = summary["output_dominant_share"]
     return out
 
 

@@ -21,14 +21,14 @@ from ..diagnostics import plots
 from ..diagnostics.inert import inert_connections
 from ..extras import check_available
 from ..io import atomic_write_text, fsync_path
-from ..mixers import RESIDUAL
+from ..mixers import GATED_RESIDUAL, RESIDUAL
 from ..models.model_config import ModelConfig
 from ..reports import DASH, count, fixed, mean_std, p_value, ratio, sci, table
 from . import stats
 from .factorial import design_lines
 from .figures import FIGURES, figures
 from .measure import MIXING_VERSION
-from .rows import by_configuration, finished_values
+from .rows import by_configuration, finished_values, stream_usage
 from .spec import DEFAULT_BASELINES
 from .stats import LEVEL, describe, holm, paired
 
@@ -211,7 +211,7 @@ PER_LAYER_COLUMNS = {
 }
 
 
-def _interior_layers(row: dict[str, Any], stream_reduce: str) -> list[int]:
+def _interior_layers(row: dict[str, Any], stream_reduce: str | None) -> list[int]:
     """The connections of ``row`` whose ``H_res`` can change the output: every one but the row's recorded
     ``inert_layers`` (version 3 on), or, for an older row, but those its family and the study's ``stream_reduce``
     make inert (:func:`s2hc.diagnostics.inert.inert_connections`, what the collector computes since)."""
@@ -220,6 +220,8 @@ def _interior_layers(row: dict[str, Any], stream_reduce: str) -> list[int]:
     inert = diagnostics.get("inert_layers")
     if inert is None:
         transposed = bool(dict(row.get("options") or {}).get("transpose_res", False))
+        if stream_reduce is None:  # ModelConfig's default, which depends on the family
+            stream_reduce = "head" if row["family"] == GATED_RESIDUAL else "sum"
         inert = inert_connections([row["family"]] * depth, [transposed] * depth, stream_reduce=stream_reduce)
     return [i for i in range(depth) if i not in set(inert)]
 
@@ -245,8 +247,9 @@ def _column_cells(runs: list[dict[str, Any]], columns, stream_reduce: str) -> li
     return cells
 
 
-def _stream_reduce(results: dict[str, Any]) -> str:
-    """How the study's models reduce their streams (its ``train.model_overrides``, else ModelConfig's default)."""
+def _stream_reduce(results: dict[str, Any]) -> str | None:
+    """How the study's models reduce their streams (its ``train.model_overrides``, else ModelConfig's default:
+    None, which a model resolves by its family, :func:`_interior_layers` the same way)."""
     overrides = results.get("study", {}).get("train", {}).get("model_overrides") or {}
     return overrides.get("stream_reduce", ModelConfig.__dataclass_fields__["stream_reduce"].default)
 
@@ -282,6 +285,36 @@ def diagnostics_table(results: dict[str, Any]) -> list[str]:
     lines += _older_rows_line([r for runs in groups.values() for r in runs])
     lines += [f"- **{name}**: {meaning}." for name, _, _, meaning in (*MIXING_COLUMNS, *GUARANTEE_COLUMNS)] + [""]
     return lines
+
+
+#: The stream usage table's columns: (title, key of :func:`.rows.stream_usage`).
+STREAM_USAGE_COLUMNS = (
+    ("effective read streams (interior mean)", "read"),
+    ("effective write streams (interior mean)", "write"),
+    ("output effective streams", "output"),
+    ("output dominant share", "output_dominant_share"),
+)
+
+
+def stream_usage_table(results: dict[str, Any]) -> list[str]:
+    """Per configuration, the mean over its measured seeds of each run's stream usage (:func:`.rows.stream_usage`),
+    the streams' count and how many seeds had it; empty when no row has it (rows measured before the diagnostics
+    had it lack it, so a study of such rows has no such section)."""
+    rows = []
+    for label, runs in by_configuration(results["rows"]).items():
+        usage = [u for u in (stream_usage(r) for r in runs) if u is not None]
+        if not usage:
+            continue
+        cells = []
+        for _, key in STREAM_USAGE_COLUMNS:
+            values = [u[key] for u in usage if u[key] is not None and not math.isnan(u[key])]
+            cells.append(fixed(statistics.fmean(values), 2 if key != "output_dominant_share" else 3) if values
+                         else DASH)
+        rows.append([label, str(runs[0]["n_streams"]), *cells, str(len(usage))])
+    if not rows:
+        return []
+    header = ["configuration", "n", *(name for name, _ in STREAM_USAGE_COLUMNS), "seeds"]
+    return table(header, rows)
 
 
 def rotation_lines(results: dict[str, Any]) -> list[str]:
@@ -392,6 +425,20 @@ def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Pa
                   "over the interior connections (a connection whose H_res cannot change the model's output is "
                   "reported apart). Figures: each configuration's first seed.", ""]
         lines += matrices
+    usage = stream_usage_table(results)
+    if usage:
+        lines += ["## Stream usage", "",
+                  "Measured with the trained matrices (`s2hc diagnose`, its report's \"Stream usage\"), mean over "
+                  "seeds. Per connection, each stream's share of the read is the token mean of |H_pre[s]| / Σ_t "
+                  "|H_pre[t]| (of the write, the same of H_post), and its effective number of streams exp(−Σ p log p) "
+                  "of those shares: 1 when one stream has everything, n when all have the same. The interior mean "
+                  "leaves out the first connection's read (its streams are identical copies) and the last one's write "
+                  "when the streams are summed or averaged: their split over the streams cannot change the output. "
+                  "The output's shares are of what the final read takes from each final stream (‖X_s‖ for a sum or "
+                  "mean, ‖w_s X_s‖ for a HyperHead, ‖G_s ⊙ X̃_s‖ for a GatedHead); its dominant share is the largest. "
+                  "Rows measured before the diagnostics had the stream usage are left out (seeds: those that have "
+                  "it).", ""]
+        lines += usage + [""]
     rotations = rotation_lines(results)
     if rotations:
         lines += ["## Early training: the rotations of the first and last connections", "",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -28,6 +29,30 @@ def smallest_deviation_sigma(row: dict[str, Any]) -> float | None:
         return None
     values = [components[-1] for i, components in enumerate(per_layer) if i not in set(inert) and components]
     return min(values) if values else None
+
+
+def _interior_mean(values: list | None, inert: list | None) -> float | None:
+    """The mean of ``values`` (one per connection) over the connections not in ``inert``, leaving out missing ones."""
+    if not values:
+        return None
+    kept = [v for i, v in enumerate(values) if i not in set(inert or ()) and v is not None and not math.isnan(v)]
+    return sum(kept) / len(kept) if kept else None
+
+
+def stream_usage(row: dict[str, Any]) -> dict[str, float | None] | None:
+    """The stream usage of ``row``'s trained model: ``read`` / ``write``, the mean over its interior connections
+    (those whose split of the read / write over the streams can change the output) of each connection's effective
+    number of streams; ``output``, the output's effective number of streams, and ``output_dominant_share``. None
+    for a row without diagnostics or measured before the diagnostics had the stream usage."""
+    d = row.get("diagnostics") or {}
+    if "read_effective_streams" not in d and "write_effective_streams" not in d:
+        return None
+    return {
+        "read": _interior_mean(d.get("read_effective_streams"), d.get("read_inert_layers")),
+        "write": _interior_mean(d.get("write_effective_streams"), d.get("write_inert_layers")),
+        "output": d.get("output_effective_streams"),
+        "output_dominant_share": d.get("output_dominant_share"),
+    }
 
 
 #: The measures a study compares per seed beside the losses: name -> the row's value (None where it has none).
