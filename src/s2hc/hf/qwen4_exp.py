@@ -126,6 +126,23 @@ def _refuse_other_kind(state: Mapping[str, torch.Tensor], expected: dict[str, st
         raise ValueError(f"{what}: tensor {name!r} {verb}: these are {other_kind}'s tensors; convert them with {use}")
 
 
+def _rename(state: Mapping[str, torch.Tensor] | nn.Module, names: dict[str, str], other: dict[str, str], *,
+            to_hf: bool, dim: int, n_streams: int, rank: int, what: str, other_kind: str, use: str
+            ) -> dict[str, torch.Tensor]:
+    """``state`` with the tensors ``names`` (transformers' -> s2hc's) renamed one way (``to_hf``: s2hc's to
+    transformers'), checked and copied; ``other``: the other kind's names, refused as such
+    (:func:`_refuse_other_kind`)."""
+    sizes = (f"n_streams n={n_streams}, dim C={dim}, rank r={rank}" if to_hf
+             else f"hc_count n={n_streams}, hidden_size C={dim}, hc_lowrank r={rank}")
+    given = {ours: ours for ours in names.values()} if to_hf else names
+    _refuse_other_kind(_as_state(state), given, {ours: ours for ours in other.values()} if to_hf else other, what,
+                       other_kind, use)
+    checked = _checked(state, _shapes(given, dim, n_streams, rank, hf=not to_hf), what, sizes)
+    if to_hf:
+        return {key: checked[ours].clone() for key, ours in names.items()}
+    return {ours: checked[key].clone() for key, ours in names.items()}
+
+
 def connection_state_from_hf(
     state: Mapping[str, torch.Tensor] | nn.Module, dim: int, n_streams: int, rank: int
 ) -> dict[str, torch.Tensor]:
@@ -134,12 +151,9 @@ def connection_state_from_hf(
     ``GatedResidual(dim, n_streams, rank=rank)`` (``norm_weight``, ``read_down``, ``read_up``, ``write``), dtypes
     kept, copies. ``state``: a mapping or the module itself. Also maps gradients. A head's state (no
     ``block_inject_weight``, transformers' ``use_combine=False``) is refused as such."""
-    sizes = f"hc_count n={n_streams}, hidden_size C={dim}, hc_lowrank r={rank}"
-    what = "Qwen4-Exp connection state"
-    _refuse_other_kind(_as_state(state), HF_NAMES, _HEAD_NAMES, what,
-                       "a head (use_combine=False, the model's hyper_connection_mixer)", "head_from_hf")
-    hf = _checked(state, _shapes(HF_NAMES, dim, n_streams, rank, hf=True), what, sizes)
-    return {ours: hf[key].clone() for key, ours in HF_NAMES.items()}
+    return _rename(state, HF_NAMES, _HEAD_NAMES, to_hf=False, dim=dim, n_streams=n_streams, rank=rank,
+                   what="Qwen4-Exp connection state",
+                   other_kind="a head (use_combine=False, the model's hyper_connection_mixer)", use="head_from_hf")
 
 
 def connection_state_to_hf(
@@ -148,13 +162,8 @@ def connection_state_to_hf(
     """The inverse of :func:`connection_state_from_hf`: an s2hc gated residual's state dict (or the module) ->
     ``hc_norm.weight``, ``input_mix_weight_down.weight``, ``input_mix_weight_up.weight``,
     ``block_inject_weight.weight``, copies."""
-    sizes = f"n_streams n={n_streams}, dim C={dim}, rank r={rank}"
-    ours = {name: name for name in HF_NAMES.values()}
-    what = "s2hc gated residual state"
-    _refuse_other_kind(_as_state(state), ours, {n: n for n in _HEAD_NAMES.values()}, what, "an s2hc.GatedHead",
-                       "head_state_to_hf")
-    s = _checked(state, _shapes(ours, dim, n_streams, rank, hf=False), what, sizes)
-    return {key: s[name].clone() for key, name in HF_NAMES.items()}
+    return _rename(state, HF_NAMES, _HEAD_NAMES, to_hf=True, dim=dim, n_streams=n_streams, rank=rank,
+                   what="s2hc gated residual state", other_kind="an s2hc.GatedHead", use="head_state_to_hf")
 
 
 def head_state_from_hf(
@@ -163,12 +172,10 @@ def head_state_from_hf(
     """``Qwen4ExpTextGatedResidual(use_combine=False)``'s ``hc_norm.weight``, ``input_mix_weight_down.weight``,
     ``input_mix_weight_up.weight`` -> the state dict of :class:`s2hc.GatedHead` (``norm_weight``, ``read_down``,
     ``read_up``), copies. A connection's state (with ``block_inject_weight``) is refused as such."""
-    sizes = f"hc_count n={n_streams}, hidden_size C={dim}, hc_lowrank r={rank}"
-    what = "Qwen4-Exp head state"
-    _refuse_other_kind(_as_state(state), _HEAD_NAMES, HF_NAMES, what,
-                       "a connection (use_combine=True, a decoder layer's *_hyper_connection)", "connection_from_hf")
-    hf = _checked(state, _shapes(_HEAD_NAMES, dim, n_streams, rank, hf=True), what, sizes)
-    return {ours: hf[key].clone() for key, ours in _HEAD_NAMES.items()}
+    return _rename(state, _HEAD_NAMES, HF_NAMES, to_hf=False, dim=dim, n_streams=n_streams, rank=rank,
+                   what="Qwen4-Exp head state",
+                   other_kind="a connection (use_combine=True, a decoder layer's *_hyper_connection)",
+                   use="connection_from_hf")
 
 
 def head_state_to_hf(
@@ -176,13 +183,8 @@ def head_state_to_hf(
 ) -> dict[str, torch.Tensor]:
     """The inverse of :func:`head_state_from_hf`: :class:`s2hc.GatedHead`'s state -> ``hc_norm.weight``,
     ``input_mix_weight_down.weight``, ``input_mix_weight_up.weight``, copies."""
-    sizes = f"n_streams n={n_streams}, dim C={dim}, rank r={rank}"
-    ours = {name: name for name in _HEAD_NAMES.values()}
-    what = "s2hc gated head state"
-    _refuse_other_kind(_as_state(state), ours, {n: n for n in HF_NAMES.values()}, what, "an s2hc.GatedResidual",
-                       "connection_state_to_hf")
-    s = _checked(state, _shapes(ours, dim, n_streams, rank, hf=False), what, sizes)
-    return {key: s[name].clone() for key, name in _HEAD_NAMES.items()}
+    return _rename(state, _HEAD_NAMES, HF_NAMES, to_hf=True, dim=dim, n_streams=n_streams, rank=rank,
+                   what="s2hc gated head state", other_kind="an s2hc.GatedResidual", use="connection_state_to_hf")
 
 
 # ------------------------------------------------------------------------------------------ modules
