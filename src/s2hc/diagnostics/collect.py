@@ -107,12 +107,13 @@ def head_contributions(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
     :class:`s2hc.HyperHead` reads ``Σ_s w_s X_s``: ``|w_s| ‖X_s‖``. :class:`s2hc.GatedHead` reads
     ``(1/n) Σ_s G_s ⊙ X̃_s``: ``‖G_s ⊙ X̃_s‖`` (the common 1/n left out; the shares do not see it).
     """
-    if isinstance(head, HyperHead):
-        weights = head.weights(x.unsqueeze(0))[0]
-        return weights.double().abs() * measures.stream_norms(x)
-    if isinstance(head, GatedHead):
-        normed = head.normed(x.unsqueeze(0))
-        return measures.stream_norms((head.read_gates(normed) * normed)[0])
+    with torch.autocast(x.device.type, enabled=False):  # the gates in their own precision, as the heads compute them
+        if isinstance(head, HyperHead):
+            weights = head.weights(x.unsqueeze(0))[0]
+            return weights.double().abs() * measures.stream_norms(x)
+        if isinstance(head, GatedHead):
+            normed = head.normed(x.unsqueeze(0))
+            return measures.stream_norms((head.read_gates(normed) * normed)[0])
     raise ValueError(f"head must be an s2hc.HyperHead or s2hc.GatedHead, got {type(head).__name__}")
 
 
