@@ -11,6 +11,7 @@ import torch
 
 from ..bench import measure
 from ..bench.measure import PEER
+from ..connection import COMPUTE_OPTIONS
 from ..devices import DEVICE_NAMES, resolve_device
 from ..extras import MissingExtra, check_available
 from ..mixers import REFERENCE_FAMILY, families
@@ -98,7 +99,10 @@ def run(args: argparse.Namespace) -> int:
     coefficients = [] if args.no_coefficients else measure.benchmark_coefficients(
         families, n_streams=args.streams, dim=config.dim, repeats=max(3, args.repeats), device=device,
         log=log)  # fmt: skip
-    params = param_table(["residual", *families], layers=config.n_layers, dim=config.dim, n_streams=args.streams)
+    counted = [(v.family, {k: x for k, x in v.options.items() if k not in COMPUTE_OPTIONS}) for v in variants
+               if v.family not in ("residual", measure.PEER)]  # what a connection computes, not how
+    counted += [(REFERENCE_FAMILY, {})] * (REFERENCE_FAMILY not in {family for family, _ in counted})
+    params = param_table([("residual", {}), *counted], layers=config.n_layers, dim=config.dim, n_streams=args.streams)
     if args.json:
         print(json.dumps({"machine": machine, "device": device.type, "steps": steps, "coefficients": coefficients,
                           "params": params, "peer": peer_note or "present"}, indent=2))  # fmt: skip
