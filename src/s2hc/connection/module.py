@@ -46,7 +46,8 @@ class HyperConnection(nn.Module):
     Args:
         dim: width C of one stream (the branch's input and output width).
         n_streams: number of streams n (1 for ``family="residual"``), at most :data:`s2hc.checks.MAX_STREAMS`.
-        family: ``"residual"`` (plain ``x + F(x)``) or a mixing family (:func:`s2hc.families`).
+        family: ``"residual"`` (plain ``x + F(x)``) or a mixing family (:func:`s2hc.mixers.mixing_families`; the
+            gated residual, ``"gated-residual"``, is :class:`s2hc.GatedResidual`).
         layer_index: index of the wrapped sublayer; the read/write gates start favouring stream
             ``layer_index mod n``.
         eps: epsilon of the RMSNorm over all n·C features.
