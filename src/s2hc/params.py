@@ -29,7 +29,7 @@ import torch
 from . import mixers
 from .checks import MAX_LAYERS, check_int, check_streams
 from .connection import build_connection
-from .mixers import GATED_RESIDUAL, REFERENCE_FAMILY, RESIDUAL, check_family, families
+from .mixers import REFERENCE_FAMILY, RESIDUAL, check_family, families
 from .mixers.mhc_lite import MAX_COUNTED_PERMUTATION_SIZE, permutation_limit_error
 from .reports import count, human, ratio, table
 
@@ -71,7 +71,7 @@ def build_options(family: str, **family_options: Any) -> dict[str, Any]:
     if family == RESIDUAL:
         return dict(family_options)
     options = dict(family_options)
-    if family != GATED_RESIDUAL and "allow_large" in mixers.options(family):
+    if "allow_large" in mixers.options(family):
         options.setdefault("allow_large", True)
     return options
 

@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import nn
 
-from ..mixers import GATED_RESIDUAL, GATED_RESIDUAL_OPTIONS, check_family
-from .gated import GatedHead, GatedResidual
+from ..mixers import GATED_RESIDUAL, check_family
+from .gated import GATED_OPTIONS, GatedHead, GatedResidual
 from .module import HyperConnection
 from .streams import HyperHead
 
@@ -26,10 +26,9 @@ def build_connection(dim: int, n_streams: int, family: str = "s2hc", layer_index
     check_family(family)
     if family != GATED_RESIDUAL:
         return HyperConnection(dim, n_streams, family=family, layer_index=layer_index, **options)
-    allowed = sorted({*GATED_RESIDUAL_OPTIONS, "eps"})
-    unknown = sorted(set(options) - set(allowed))
+    unknown = sorted(set(options) - set(GATED_OPTIONS))
     if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for family {GATED_RESIDUAL!r}; allowed: {allowed}")
+        raise ValueError(f"unknown option(s) {unknown} for family {GATED_RESIDUAL!r}; allowed: {list(GATED_OPTIONS)}")
     return GatedResidual(dim, n_streams, layer_index=layer_index, **options)
 
 

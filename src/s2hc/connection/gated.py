@@ -37,6 +37,8 @@ from .base import _stream_precision, call_branch, check_stream_tensor
 
 #: The std of the gates' projections at init: transformers' ``initializer_range`` default (Qwen4ExpTextConfig).
 GATE_INIT_STD = 0.02
+#: Every option a model's ``family_options`` may give the gated residual: its own and its norm's ``eps``.
+GATED_OPTIONS = tuple(sorted({*GATED_RESIDUAL_OPTIONS, "eps"}))
 
 
 class GatedHead(nn.Module):

@@ -18,10 +18,11 @@ from typing import Any
 
 from .. import mixers
 from ..checks import MAX_LAYERS, check_int
+from ..connection.gated import GATED_OPTIONS
 from ..connection.init import check_gate_init, check_projection_init
 from ..mixers import GATED_RESIDUAL, RESIDUAL, check_family
 
-__all__ = ["ModelConfig", "PRESETS", "get_preset"]
+__all__ = ["ModelConfig", "PRESETS", "default_stream_reduce", "get_preset"]
 
 NORMS = ("rmsnorm", "layernorm")
 MLPS = ("swiglu", "geglu", "gelu")
@@ -34,6 +35,12 @@ ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "or
 CONNECTION_OPTIONS = ("eps", "transpose_res", "projection_init", "gate_init")
 # How Transformer.init_weights draws the weights outside the connections (see ModelConfig's docstring).
 WEIGHT_INITS = ("gpt2", "neox")
+
+
+def default_stream_reduce(family: str) -> str:
+    """What ``ModelConfig.stream_reduce=None`` resolves to for ``family``: ``"head"`` for the gated residual (Qwen's
+    model ends with its gated read), ``"sum"`` (the papers') for every other family."""
+    return "head" if family == GATED_RESIDUAL else "sum"
 
 
 def _fail(name: str, value: Any, allowed: str) -> ValueError:
@@ -190,7 +197,7 @@ class ModelConfig:
         _check_choice("mlp", self.mlp, MLPS)
         _check_choice("pos", self.pos, POSITIONS)
         if self.stream_reduce is None:
-            self.stream_reduce = "head" if self.family == GATED_RESIDUAL else "sum"
+            self.stream_reduce = default_stream_reduce(self.family)
         _check_choice("stream_reduce", self.stream_reduce, STREAM_REDUCTIONS)
         _check_choice("weight_init", self.weight_init, WEIGHT_INITS)
         if self.ffn_dim is None:
@@ -259,19 +266,15 @@ class ModelConfig:
             return
         if self.lss_init is not None:
             self.lss_init = _check_float("lss_init", self.lss_init)
-        if self.family == GATED_RESIDUAL:
-            allowed = sorted({*mixers.options(self.family), "eps"})
-            unknown = sorted(set(self.family_options) - set(allowed))
-            if unknown:
-                raise ValueError(f"unknown family_options {unknown} for family {self.family!r}; allowed: {allowed}")
-            if self.n_streams < 2:
-                raise ValueError(f"n_streams must be at least 2 for family={self.family!r}, got {self.n_streams}")
-            return
-        allowed = sorted({*mixers.options(self.family), *CONNECTION_OPTIONS})
+        gated = self.family == GATED_RESIDUAL
+        allowed = list(GATED_OPTIONS) if gated else sorted({*mixers.options(self.family), *CONNECTION_OPTIONS})
         unknown = sorted(set(self.family_options) - set(allowed))
         if unknown:
             raise ValueError(f"unknown family_options {unknown} for family {self.family!r}; allowed: {allowed}")
-        self._check_initialisation()
+        if not gated:
+            self._check_initialisation()
+        elif self.n_streams < 2:
+            raise ValueError(f"n_streams must be at least 2 for family={self.family!r}, got {self.n_streams}")
 
     def _check_initialisation(self) -> None:
         """The connection's ``projection_init`` and ``gate_init`` values; a residual-equivalent start

@@ -21,8 +21,8 @@ from ..diagnostics import plots
 from ..diagnostics.inert import inert_connections
 from ..extras import check_available
 from ..io import atomic_write_text, fsync_path
-from ..mixers import GATED_RESIDUAL, RESIDUAL
-from ..models.model_config import ModelConfig
+from ..mixers import RESIDUAL
+from ..models.model_config import ModelConfig, default_stream_reduce
 from ..reports import DASH, count, fixed, mean_std, p_value, ratio, sci, table
 from . import stats
 from .factorial import design_lines
@@ -221,7 +221,7 @@ def _interior_layers(row: dict[str, Any], stream_reduce: str | None) -> list[int
     if inert is None:
         transposed = bool(dict(row.get("options") or {}).get("transpose_res", False))
         if stream_reduce is None:  # ModelConfig's default, which depends on the family
-            stream_reduce = "head" if row["family"] == GATED_RESIDUAL else "sum"
+            stream_reduce = default_stream_reduce(row["family"])
         inert = inert_connections([row["family"]] * depth, [transposed] * depth, stream_reduce=stream_reduce)
     return [i for i in range(depth) if i not in set(inert)]
 
