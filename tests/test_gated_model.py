@@ -186,3 +186,15 @@ def test_s2hc_train_trains_the_gated_residual(corpus_file, tmp_path):
     assert saved["family"] == "gated-residual" and saved["family_options"] == {"rank": 4}
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert any(math.isfinite(line.get("loss", math.nan)) for line in lines)
+
+
+def test_s2hc_params_counts_a_family_with_its_options(capsys):
+    assert main(["params", "--families", "mhc,gated-residual:rank=16", "--layers", "4", "--dim", "128", "--json"]) == 0
+    rows = {row["label"]: row for row in json.loads(capsys.readouterr().out)}
+    assert rows["gated-residual:rank=16"]["per_sublayer"] == 2 * 4 * 128 * 16 + 16 * 128 + 4 * 128
+    assert rows["mhc"]["hc_params"] == count_connection_params("mhc", layers=4, dim=128, n_streams=4)
+    for families, message in (("mhc:foo", "option 'foo' of 'mhc' expects KEY=VALUE"),
+                              ("hyper-connections:mhc", "argument --families must be one of"),
+                              (",", "no family named in ','")):
+        assert main(["params", "--families", families]) == 2
+        assert message in capsys.readouterr().err

@@ -48,6 +48,16 @@ class Variant:
     options: dict = field(default_factory=dict)
 
     @property
+    def compute_options(self) -> dict:
+        """The options that say how the connections compute (``set_connection_options``)."""
+        return {k: v for k, v in self.options.items() if k in COMPUTE_OPTIONS}
+
+    @property
+    def family_options(self) -> dict:
+        """The options that say what they compute (the model's ``family_options``)."""
+        return {k: v for k, v in self.options.items() if k not in COMPUTE_OPTIONS}
+
+    @property
     def label(self) -> str:
         extra = "".join(f":{k}={v}" for k, v in sorted(self.options.items()))
         return f"{self.family}{extra}"
@@ -142,12 +152,10 @@ def build_model(preset: str, variant: Variant, overrides: dict | None = None) ->
         if config.sliding_window is not None or config.embed_scale:
             raise ValueError(f"the {PEER} peer supports presets without sliding windows or embedding scaling")
         return PeerTransformer(config, variant.n_streams, **variant.options)
-    compute = {k: v for k, v in variant.options.items() if k in COMPUTE_OPTIONS}  # how connections compute
-    family_options = {k: v for k, v in variant.options.items() if k not in COMPUTE_OPTIONS}  # what they compute
     try:
         config = get_preset(preset, family=variant.family, n_streams=variant.n_streams,
-                            **{"family_options": family_options, **overrides})
-        return set_connection_options(Transformer(config), **compute)
+                            **{"family_options": variant.family_options, **overrides})
+        return set_connection_options(Transformer(config), **variant.compute_options)
     except ValueError as error:
         raise ValueError(f"{variant.label!r}: {error}") from error
 

@@ -11,7 +11,6 @@ import torch
 
 from ..bench import measure
 from ..bench.measure import PEER
-from ..connection import COMPUTE_OPTIONS
 from ..devices import DEVICE_NAMES, resolve_device
 from ..extras import MissingExtra, check_available
 from ..mixers import REFERENCE_FAMILY, families
@@ -99,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
     coefficients = [] if args.no_coefficients else measure.benchmark_coefficients(
         families, n_streams=args.streams, dim=config.dim, repeats=max(3, args.repeats), device=device,
         log=log)  # fmt: skip
-    counted = [(v.family, {k: x for k, x in v.options.items() if k not in COMPUTE_OPTIONS}) for v in variants
-               if v.family not in ("residual", measure.PEER)]  # what a connection computes, not how
+    counted = [(v.family, v.family_options) for v in variants if v.family not in ("residual", measure.PEER)]
     counted += [(REFERENCE_FAMILY, {})] * (REFERENCE_FAMILY not in {family for family, _ in counted})
     params = param_table([("residual", {}), *counted], layers=config.n_layers, dim=config.dim, n_streams=args.streams)
     if args.json:

@@ -5,26 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..bench.measure import parse_variant
 from ..checks import check_streams
-from ..config import parse_assignment
-from ..mixers import families
+from ..mixers import check_family, families
 from ..params import format_table, param_table
 from .common import parse_families, positive_int
 
 
 def parse_variants(text: str | None) -> list[tuple[str, dict]]:
-    """``"mhc,gated-residual:rank=16"`` -> ``[("mhc", {}), ("gated-residual", {"rank": 16})]`` (None: every family);
-    ValueError naming ``--families`` for an unknown family or an option without ``=``."""
-    entries = None if text is None else ",".join(entry.split(":")[0] for entry in text.split(","))
-    names = parse_families(entries)  # checks the names
+    """``"mhc,gated-residual:rank=16"`` -> ``[("mhc", {}), ("gated-residual", {"rank": 16})]`` (None: every family),
+    read as ``s2hc bench --families`` reads them (:func:`s2hc.bench.measure.parse_variant`); ValueError naming
+    ``--families`` for an unknown family (the bench's peer included) or an option without ``=``."""
     if text is None:
-        return [(name, {}) for name in names]
-    variants = []
-    for entry in (part.strip() for part in text.split(",") if part.strip()):
-        name, *assignments = [part.strip() for part in entry.split(":")]
-        options = dict(parse_assignment(a, f"argument --families: option {a!r} of {name!r}") for a in assignments)
-        variants.append((name, options))
-    return variants
+        return [(name, {}) for name in families()]
+    variants = [parse_variant(entry, n_streams=1) for entry in text.split(",") if entry.strip()]
+    if not variants:
+        parse_families(text)  # says that no family is named
+    for variant in variants:
+        check_family(variant.family, "argument --families")  # the peer is no family to count
+    return [(variant.family, variant.options) for variant in variants]
 
 
 def register(subparsers) -> None:
