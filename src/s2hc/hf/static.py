@@ -158,7 +158,8 @@ def _wanted(name: str, gated: bool = False) -> bool:
 
 
 def _directory(path: str | Path) -> Path:
-    """Where ``config.json`` would be for ``path`` (a file's folder, or the folder itself)."""
+    """Where ``config.json`` would be for ``path`` (a file's folder, or the folder itself: the directory
+    :func:`s2hc.hf.weights.read_safetensors` reads from)."""
     path = Path(path).expanduser()
     return path.parent if path.is_file() else path
 
@@ -407,9 +408,9 @@ def read_static(path: str | Path) -> StaticCheckpoint:
     ValueError (one sentence) for a missing or unreadable path, no hyper-connection tensors, a missing
     ``config.json`` for the s2hc layout, or tensors of the wrong shape."""
     source = str(path)
-    gated = _s2hc_family(_config(_directory(path))) == GATED_RESIDUAL  # an s2hc export: its config says
-    tensors, opened, directory = read_safetensors(path, lambda name: _wanted(name, gated))
-    config = _config(directory)
+    config = _config(_directory(path))  # read first: an s2hc export's says which tensors it needs
+    gated = _s2hc_family(config) == GATED_RESIDUAL
+    tensors, opened, _ = read_safetensors(path, lambda name: _wanted(name, gated))
     if not tensors:
         if config.get("model_type") in QWEN4_EXP_TYPES:
             raise ValueError(f"{source!r} is a qwen4_exp checkpoint (config.json's model_type "
