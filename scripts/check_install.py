@@ -45,6 +45,8 @@ MISSING_EXTRA_CASES = [
     ("triton", ["train", *TINY, "--max-steps", "2", "--family", "s2hc", "--set", "connection={kernels: triton}",
                 "--out", "t-triton"], "t-triton"),
     ("study", ["study", "smoke.yaml", "--out", "study"], "study"),
+    *((logger, ["train", *TINY, "--max-steps", "2", "--logger", f"csv,{logger}", "--out", f"t-{logger}"], f"t-{logger}")
+      for logger in ("tensorboard", "wandb", "mlflow")),
     ("bench", ["bench", "--families", "hyper-connections:mhc", "--preset", "tiny"], None),
 ]
 

@@ -319,7 +319,8 @@ def test_a_full_disk_while_saving_stops_the_run_and_keeps_the_last_checkpoint(co
     message = str(caught.value)
     assert "\n" not in message
     assert message.startswith(f"at step 4, could not write '{config.out}/checkpoint.pt': No space left on device "
-                              f"(ENOSPC); the disk is full: free some space, then resume with --resume; stopped; "
+                              f"(ENOSPC); the disk is full: free some space, then resume with "
+                              f"`s2hc train --out {config.out} --resume`; stopped; "
                               f"the last good checkpoint (step 2) is kept in '{config.out}/checkpoint.pt'")
     assert load_checkpoint(config.out).step == 2  # verified: intact
     assert sorted(p.name for p in Path(config.out).iterdir()) == ["checkpoint.pt", "config.yaml", "metrics.jsonl"]

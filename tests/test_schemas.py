@@ -43,11 +43,13 @@ def test_every_field_declares_its_group_and_roles():
 def test_the_computed_lists_say_what_each_field_is():
     # what the run's computation does not depend on: may change on --resume
     assert set(resumable_fields()) == {"max_steps", "eval_every", "checkpoint_every", "log_every", "progress", "out",
-                                       "compile", "device", "parallel", "diagnostics_every", "connection"}
+                                       "compile", "device", "parallel", "diagnostics_every", "connection", "logger",
+                                       "logger_dir", "logger_group"}
     assert family_fields() == ("family", "n_streams", "family_options")
     assert set(model_fields()) == {"preset", "model_overrides", "tokenizer", "family", "n_streams", "family_options"}
     assert set(grid_fields()) == {"family", "family_options", "n_streams", "seed", "out"}
-    assert set(TrainConfig().to_dict()) - set(inherited_fields()) == {"out", "init_from"}
+    # what names the run itself, or where its loggers write
+    assert set(TrainConfig().to_dict()) - set(inherited_fields()) == {"out", "init_from", "logger_dir", "logger_group"}
     with pytest.raises(ValueError, match=r"group must be one of \['model', 'family', 'data', 'schedule', 'run'\], "
                                          r"got 'optimiser'"):
         fields_of("optimiser")

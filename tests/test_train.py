@@ -138,7 +138,7 @@ def test_killed_run_resumes_to_the_same_loss_curve(small, tmp_path, signum):
     process.send_signal(signum)
     _, err = process.communicate(timeout=120)
     if signum == signal.SIGTERM:  # caught: a checkpoint at the step it stopped, exit 128 + 15
-        assert process.returncode == 143 and "resume with --resume" in err
+        assert process.returncode == 143 and f"resume with `s2hc train --out {config.out} --resume`" in err
     else:
         assert process.returncode == -signal.SIGKILL
     stopped_at = load_checkpoint(config.out).step

@@ -29,6 +29,7 @@ from .data.sources import required_packages as data_packages
 from .data.tokenizer import required_packages as tokenizer_packages
 from .devices import AUTOCAST_NAMES, DEVICE_NAME
 from .extras import check_available
+from .loggers import logger_packages, parse_loggers
 from .mixers import GATED_RESIDUAL, RESIDUAL, check_family, default_streams
 from .models import get_preset
 from .params import check_countable
@@ -151,7 +152,18 @@ class TrainConfig:
                                 flag=False, resumable=True)
     parallel: str = _setting("auto", "'auto' (DDP with several processes), 'none', 'ddp' or 'fsdp' (FSDP2)", RUN,
                              resumable=True)
-    progress: bool = _setting(True, "progress bar", RUN, resumable=True)
+    progress: bool = _setting(
+        True, "progress bar (off, or when stderr is not a terminal: a line per log_every steps and per evaluation)",
+        RUN, resumable=True)
+    logger: str | None = _setting(
+        None, "experiment loggers besides metrics.jsonl, comma-separated: csv, tensorboard, wandb, mlflow",
+        RUN, resumable=True)
+    logger_dir: str | None = _setting(
+        None, "where tensorboard, wandb and mlflow write (None: the run directory; a study sets its own)", RUN,
+        flag=False, resumable=True, inherited=False)
+    logger_group: str | None = _setting(
+        None, "the loggers' group of runs: W&B group, MLflow experiment (None: none, MLflow's 's2hc'; a study: its "
+        "directory's name)", RUN, flag=False, resumable=True, inherited=False)
     out: str = _setting("runs/train", "run directory", RUN, flag=False, resumable=True, grid=True, inherited=False)
 
     def __post_init__(self) -> None:
@@ -170,6 +182,7 @@ class TrainConfig:
         if not DEVICE_NAME.fullmatch(self.device):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         self._check_connection()
+        self.logger = ",".join(parse_loggers(self.logger)) or None
         self._check_model_overrides()
         self.family_options = check_family_options(self.family, self.n_streams, self.family_options)
         model = self.model_config()  # the preset, model_overrides and the family's options, as the model sees them
@@ -184,7 +197,7 @@ class TrainConfig:
                 return
             kind = kind.removesuffix(" | None")
         if kind == "str":
-            check_str(name, value)
+            check_str(name, value, empty=name == "logger")  # "": no loggers (a resume may turn them off)
         elif kind == "bool":
             check_bool(name, value)
         elif kind == "dict":
@@ -226,6 +239,22 @@ class TrainConfig:
         check_available(tokenizer_packages(self.tokenizer), f"tokenizer={self.tokenizer!r}")
         if self.connection.get("kernels") == "triton":
             check_available(("triton",), "connection.kernels='triton'")
+        for name in parse_loggers(self.logger):
+            check_available(logger_packages(name), f"--logger {name}")
+
+    def schedule_warnings(self) -> list[str]:
+        """What in the schedule is probably not meant (one line each): a warmup as long as the run, whose learning
+        rate then rises throughout and never decays (nor, when longer, reaches ``lr``)."""
+        if self.warmup_steps < self.max_steps:
+            return []
+        if self.warmup_steps == self.max_steps:
+            effect = f"reaches lr={self.lr:g} only at its last step and never decays"
+        else:
+            effect = (f"reaches {self.lr * self.max_steps / self.warmup_steps:.3g}, "
+                      f"{self.max_steps / self.warmup_steps:.0%} of lr={self.lr:g}")
+        tenth = f" (a tenth of the run would be {self.max_steps // 10})" if self.max_steps >= 10 else ""
+        return [f"warmup_steps={self.warmup_steps} is not below max_steps={self.max_steps}: the learning rate rises "
+                f"for the whole run and {effect}; lower warmup_steps{tenth}"]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -33,6 +33,9 @@ EXTRA_OF = {
     "scipy": "study",
     "triton": "triton",
     "hyper_connections": "bench",
+    "tensorboard": "tensorboard",
+    "wandb": "wandb",
+    "mlflow": "mlflow",
 }
 
 

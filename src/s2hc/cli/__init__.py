@@ -38,10 +38,38 @@ from .errors import report_error
 COMMANDS = (params, train, study, upcycle, evaluate, export, diagnose, bench, configs)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, but a mistake in a subcommand's arguments is one line, ``s2hc train: error: ...`` (exit
+    2), without the usage block: the usage is for ``--help``, and for the top-level parser (no subcommand, or an
+    unknown one), where it lists the subcommands."""
+
+    top_level = False
+
+    def error(self, message: str):
+        if self.top_level:
+            super().error(message)  # exits
+        hint = f" (`{self.prog} --help` lists them)" if message.startswith(_ABOUT_OPTIONS) else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        """As argparse's, but arguments no parser knows are the subcommand's error (argparse gives them to the
+        top level, whose usage does not list them)."""
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            parser = getattr(parsed, "subparser", self)
+            _Parser.error(parser, f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
+
+
+#: argparse's own messages about which arguments exist, where the options list helps.
+_ABOUT_OPTIONS = ("unrecognized arguments", "the following arguments are required", "ambiguous option")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="s2hc", description="Multi-stream residual connections (hyper-connections): s²HC and its relatives."
     )
+    parser.top_level = True
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:

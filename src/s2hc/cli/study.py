@@ -29,6 +29,9 @@ def register(subparsers) -> None:
                         "default 1")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a training setting of every run, e.g. max_steps=50 (repeatable)")
+    parser.add_argument("--logger", default=None, metavar="A,B",
+                        help="experiment loggers of every run besides metrics.jsonl: csv, tensorboard, wandb, mlflow "
+                        "(the same as --set logger=A,B; tensorboard/wandb/mlflow write into DIR, grouped by its name)")
     parser.add_argument("--device", default="auto", help="where the trained models are measured (default auto)")
     parser.add_argument("--print-commands", action="store_true",
                         help="write the run configs and print the `s2hc train` command of every unfinished run, for a "
@@ -39,13 +42,14 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.report_only:
-        if args.config or args.set or args.print_commands:
-            args.subparser.error("--report-only reads DIR/results.json alone: drop CONFIG, --set and --print-commands")
+        if args.config or args.set or args.print_commands or args.logger:
+            args.subparser.error("--report-only reads DIR/results.json alone: drop CONFIG, --set, --logger and "
+                                 "--print-commands")
         print(f"Report: {write_report(args.out)}")
         return 0
     if not args.config:
         args.subparser.error("CONFIG is required (the study's YAML grid), unless --report-only")
-    spec = load_spec(args.config, args.set)
+    spec = load_spec(args.config, [*args.set, *([f"logger={args.logger}"] if args.logger is not None else [])])
     if args.print_commands:
         commands = print_commands(spec, args.out)
         print("\n".join(commands) if commands else "# every run is finished")

@@ -21,7 +21,7 @@ from ..mixers import families
 from ..study import StudyFailed, StudyInterrupted, compare
 from ..train import Interrupted, TrainingError, train
 from ..train.distributed import launch, launched_by_torchrun
-from ..train.init_from import inherit_model_settings
+from ..train.init_from import inherit_model_settings, resumed_settings
 from .common import parse_families, positive_int
 
 _TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}
@@ -47,9 +47,10 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                         help="any other TrainConfig key, value parsed as YAML, e.g. model_overrides={dim: 64}")
 
 
-def training_config(args: argparse.Namespace, **fixed) -> TrainConfig:
+def training_config(args: argparse.Namespace, resume: bool = False, **fixed) -> TrainConfig:
     """TrainConfig from defaults < --init-from's model settings < --config file < --set < explicit flags < ``fixed``
-    (None values skipped)."""
+    (None values skipped). With ``resume``, the run's own settings (in its ``out``) take the place of the defaults
+    and of --init-from's: what is given is a change to them."""
     values = load_yaml_config(args.config) if args.config else {}
     values.update(parse_assignment(text) for text in args.set)
     for f in option_fields():
@@ -59,6 +60,9 @@ def training_config(args: argparse.Namespace, **fixed) -> TrainConfig:
         options = dict(parse_assignment(text, "--family-option") for text in args.family_option)
         values["family_options"] = {**values.get("family_options", {}), **options}
     values.update({k: v for k, v in fixed.items() if v is not None})
+    if resume:
+        values.setdefault("out", TrainConfig.out)  # where the run is now, whatever its config.yaml says
+        return TrainConfig.from_dict(resumed_settings(values["out"], values))
     return TrainConfig.from_dict(inherit_model_settings(values))
 
 
@@ -73,7 +77,9 @@ def register(subparsers) -> None:
     parser.add_argument("--streams", type=positive_int, default=None, help="streams n (default 1 for residual, else 4)")
     parser.add_argument("--out", default=None, help="run directory (default 'runs/train')")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the run in OUT from its checkpoint (OUT must hold a run)")
+                        help="continue the run in OUT from its checkpoint, with its own settings (OUT must hold a "
+                        "run); flags given with it change those settings where a resume may (max_steps, eval_every, "
+                        "logger, device, ...)")
     parser.add_argument("--overwrite", action="store_true",
                         help="remove the run in OUT first (without it, an OUT that holds a run is refused)")
     parser.add_argument("--nproc", type=positive_int, default=None,
@@ -122,7 +128,7 @@ def run_train(args: argparse.Namespace) -> int:
         return launch(args.nproc, _without_option(args.argv, "--nproc"))
 
     def run() -> int:
-        config = training_config(args, family=args.family, n_streams=args.streams, out=args.out)
+        config = training_config(args, resume=args.resume, family=args.family, n_streams=args.streams, out=args.out)
         result = train(config, resume=args.resume, overwrite=args.overwrite)
         if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 speaks for the job
             return 0

@@ -9,6 +9,8 @@
       checkpoint.pt     one process: model, optimizer, data position, RNG, configs, history (torch.save)
       checkpoint.dcp/   several processes or FSDP: torch.distributed.checkpoint shards and extra.pt
       diagnostics/      written from the checkpoint by `s2hc diagnose` (and a study)
+      metrics.csv, tensorboard/, wandb/, mlflow.db, mlartifacts/, loggers.json
+                        what `--logger` writes (s2hc.loggers), when it writes into the run directory
       .lock             while a process trains in it: that process's pid and host (see guard.py)
 
 Training writes the run's entries; everything after training only reads them, but for the derived ones.
@@ -24,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from ..io import atomic_write_text, temporary_pattern
+from ..loggers import CSV_FILE, IDS_FILE, LOGGER_FILES
 
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
@@ -56,6 +59,7 @@ ENTRIES = (
     Entry(CHECKPOINT, RUN, atomic=True),
     Entry(SHARDED, RUN),
     Entry(DIAGNOSTICS, DERIVED_ROLE),
+    *(Entry(name, DERIVED_ROLE, atomic=name in (CSV_FILE, IDS_FILE)) for name in LOGGER_FILES),  # s2hc.loggers
     Entry(LOCK, WORKING),
     Entry(SHARDED_TMP, WORKING),
     Entry(SHARDED_OLD, WORKING),

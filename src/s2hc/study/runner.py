@@ -35,6 +35,7 @@ import torch
 import yaml
 
 from .. import __version__
+from ..config import resumable_fields
 from ..devices import resolve_device
 from ..extras import check_available
 from ..io import atomic_write_text, check_output_dir, read_json_object
@@ -142,9 +143,16 @@ def _state(run: Run, spec: StudySpec) -> str:
 def _grows(before: dict[str, Any], after: dict[str, Any]) -> bool:
     """Whether the grid ``after`` keeps every run of ``before`` as it was: the same training settings, and its
     configurations and seeds include ``before``'s (a study may grow; its finished runs stay valid)."""
-    return (before.get("train") == after["train"]
+    return (_computed(before.get("train")) == _computed(after["train"])
             and all(c in after["configurations"] for c in before.get("configurations", []))
             and set(before.get("seeds", [])) <= set(after["seeds"]))
+
+
+def _computed(train: Any) -> Any:
+    """A grid's ``train`` settings less those a resume may change (loggers, device, ...): what its runs computed."""
+    if not isinstance(train, dict):
+        return train
+    return {key: value for key, value in train.items() if key not in resumable_fields()}
 
 
 def _recorded_grid(path: Path, recorded: dict[str, Any]) -> dict[str, Any]:
@@ -176,11 +184,21 @@ def prepare(spec: StudySpec, out: Path) -> list[Run]:
         config = spec.run_config(run.configuration, run.seed, run.run_dir).to_dict()
         config.pop("out")
         config["progress"] = spec.train.get("progress", False)  # a bar in a log file is noise
+        if config["logger"]:  # the study's runs log side by side: its directory, grouped under its name
+            config["logger_dir"] = config["logger_dir"] or str(out)
+            config["logger_group"] = config["logger_group"] or out.resolve().name
         run.config_path.parent.mkdir(parents=True, exist_ok=True)
         text = yaml.safe_dump(config, sort_keys=False)
         if not run.config_path.is_file() or run.config_path.read_text() != text:
             atomic_write_text(run.config_path, text)
     return runs
+
+
+def schedule_warnings(spec: StudySpec) -> list[str]:
+    """The distinct :meth:`~s2hc.config.TrainConfig.schedule_warnings` of the grid's runs."""
+    lines = (line for configuration, seed in spec.runs()
+             for line in spec.run_config(configuration, seed, "unused").schedule_warnings())
+    return list(dict.fromkeys(lines))
 
 
 def print_commands(spec: StudySpec, out: Path) -> list[str]:
@@ -311,6 +329,8 @@ def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "au
         if fresh:
             _start_anew(spec, out)
         runs = prepare(spec, out)
+        for line in schedule_warnings(spec):
+            log(f"warning: {line}")
         states = {run.name: _state(run, spec) for run in runs}
         to_train = [run for run in runs if states[run.name] in ("new", "started")]
         to_measure = [run for run in runs if states[run.name] in ("finished", "diverged")]

@@ -1,4 +1,7 @@
-"""Starting a run from another one's weights (``init_from``): the same model, or a residual model upcycled.
+"""Where a run's settings come from when it starts from a run: its own (a resume), or another's model.
+
+``s2hc train --out RUN --resume`` continues ``RUN`` with the settings it was started with (:func:`run_settings`);
+what the command gives is a change to them, which ``train`` accepts only where it is resumable.
 
 ``s2hc train --init-from RUN`` continues pretraining from ``RUN``'s model with a fresh optimizer and schedule.
 When ``RUN`` holds a residual model and the new run another family, the weights are upcycled on the way in
@@ -11,11 +14,39 @@ from typing import Any
 
 import torch
 
-from ..config import family_fields, model_fields
+from ..config import TrainConfig, family_fields, model_fields
 from ..mixers import RESIDUAL
 from ..models import Transformer
 from ..models.widen import check_upcyclable, upcycle_model
-from ..rundir import load_checkpoint, load_model
+from ..rundir import checkpoint_paths, load_checkpoint, load_model, read_config
+
+
+def run_settings(out) -> dict[str, Any]:
+    """The settings the run in ``out`` was last started (or resumed) with: its ``config.yaml``, else its checkpoint's
+    configuration; empty when ``out`` holds neither (``train(..., resume=True)`` then refuses it). ValueError
+    naming the file when it is damaged."""
+    saved = read_config(out)
+    if saved is None and checkpoint_paths(out):
+        saved = load_checkpoint(out, with_model=False).config
+    return dict(saved or {})
+
+
+def resumed_settings(out, changes: dict[str, Any]) -> dict[str, Any]:
+    """The settings of the run in ``out`` with ``changes`` over them (``family_options`` merged key by key); what
+    ``s2hc train --out OUT --resume`` with flags trains."""
+    saved = run_settings(out)
+    values = {**saved, **changes}
+    if "family_options" in changes and isinstance(saved.get("family_options"), dict):
+        values["family_options"] = {**saved["family_options"], **changes["family_options"]}
+    return values
+
+
+def resume_config(out, **changes: Any) -> TrainConfig:
+    """The TrainConfig that continues the run in ``out``, with ``changes`` (resumable ones: ``max_steps=2000``)::
+
+        train(resume_config("runs/mine", max_steps=2000), resume=True)
+    """
+    return TrainConfig.from_dict({**resumed_settings(out, changes), "out": str(out)})
 
 
 def inherit_model_settings(values: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import math
 import os
 import signal
 import statistics
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from ..data.tokenizer import get_tokenizer
 from ..devices import autocast_dtype
 from ..diagnostics.collect import gradient_norms, training_diagnostics
 from ..io import WriteError
+from ..loggers import RunLog, open_sinks, parse_loggers
 from ..models import ModelConfig, Transformer
 from ..rundir import (
     Checkpoint,
@@ -172,6 +174,9 @@ def train(config: TrainConfig, resume: bool = False, overwrite: bool = False) ->
     """
     config.check_extras()  # before anything is written: a missing package must not leave a run to refuse
     ctx = distributed.setup(config.device, config.parallel)
+    if ctx.is_main:
+        for line in config.schedule_warnings():
+            notice(f"warning: {line}")
     try:
         with contextlib.ExitStack() as run_directory:
             saved = _open_run(config, resume, overwrite, ctx, run_directory)
@@ -259,29 +264,70 @@ def _train(config: TrainConfig, saved: Checkpoint | None, ctx: distributed.Conte
     """The run after its directory is open: set up, measure an ``init_from`` source, then step until
     ``max_steps`` (or a signal), checkpointing as configured."""
     run = _Run(config, saved, ctx)
-    run.measure_source()
-    bar = tqdm(total=config.max_steps, initial=run.step, disable=not (config.progress and ctx.is_main),
-               desc=f"{config.family}", unit="step")
-    run.model.train()
+    resume = f"s2hc train --out {config.out} --resume"
     try:
-        with stop_on_signals() as received, contextlib.closing(bar):
+        with stop_on_signals() as received, contextlib.closing(_Console(run, ctx.is_main)) as console:
+            run.measure_source()
+            run.model.train()
             while run.step < config.max_steps:
                 run.optimizer_step()
-                bar.update(1)
+                console.stepped()
                 if run.log_due():
                     run.log()
-                    bar.set_postfix(loss=f"{run.history.train_loss:.3f}",
-                                    tok_s=f"{run.tokens_per_step / run.history.step_times[-1]:.0f}")
+                    console.logged()
                 run.diagnose_if_due()
-                run.evaluate_if_due()
+                if run.evaluate_if_due():
+                    console.evaluated()
                 if run.checkpoint_due() or received:
                     run.save()
                 if received:
                     raise Interrupted(f"stopped by signal {received[0]} after step {run.step}; resume with "
-                                      "--resume", received[0])
+                                      f"`{resume}`", received[0])
     except WriteError as error:  # a full disk while saving or logging: the last checkpoint written stays good
-        raise run.stop(f"at step {run.step}, {error}, then resume with --resume") from error
+        raise run.stop(f"at step {run.step}, {error}, then resume with `{resume}`") from error
+    finally:
+        run.close()
     return run.result()
+
+
+class _Console:
+    """What a run shows on stderr (rank 0 only): a progress bar (its postfix the last loss, tokens/s and
+    validation loss) when ``progress`` is on and stderr is a terminal; otherwise, for batch jobs and log files, one
+    line per ``log_every`` steps and one per evaluation."""
+
+    def __init__(self, run: _Run, is_main: bool):
+        config = run.config
+        self.run = run
+        terminal = sys.stderr.isatty()
+        self.lines = is_main and not (config.progress and terminal)
+        self.bar = tqdm(total=config.max_steps, initial=run.step, disable=not is_main or self.lines,
+                        desc=f"{config.family}", unit="step")
+        self.postfix: dict[str, str] = {}
+
+    def stepped(self) -> None:
+        self.bar.update(1)
+
+    def logged(self) -> None:
+        run = self.run
+        loss, tokens_per_s = run.history.train_loss, run.tokens_per_step / run.history.step_times[-1]
+        if self.lines:
+            self._line(f"loss {loss:.4f}, lr {run.lr:.2e}, grad norm {run.grad_norm:.3g}, {tokens_per_s:,.0f} tokens/s")
+        self.postfix.update(loss=f"{loss:.3f}", tok_s=f"{tokens_per_s:.0f}")
+        self.bar.set_postfix(self.postfix)
+
+    def evaluated(self) -> None:
+        val_loss = self.run.history.val_loss
+        if self.lines:
+            perplexity = math.exp(val_loss) if val_loss < 700 else math.inf
+            self._line(f"validation loss {val_loss:.4f} (perplexity {perplexity:,.2f})")
+        self.postfix.update(val=f"{val_loss:.3f}")
+        self.bar.set_postfix(self.postfix)
+
+    def _line(self, text: str) -> None:
+        print(f"step {self.run.step}/{self.run.config.max_steps}: {text}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self.bar.close()
 
 
 class _Run:
@@ -314,7 +360,11 @@ class _Run:
         self.metrics = None
         if ctx.is_main:
             write_config(self.out, config.to_dict())
-            self.metrics = MetricsLog(self.out, keep_until_step=self.step if saved is not None else None, log=notice)
+            resumed_step = self.step if saved is not None else None
+            self.metrics = RunLog(MetricsLog(self.out, keep_until_step=resumed_step, log=notice),
+                                  open_sinks(parse_loggers(config.logger), self.out, config=config.to_dict(),
+                                             logger_dir=config.logger_dir, group=config.logger_group,
+                                             resumed_step=resumed_step), log=notice)
             if "weight_decay" not in self.metrics.kept_keys:  # once per run (from its first step, or this resume's)
                 self.metrics.write(step=self.step, weight_decay=weight_decay_record(
                     self.model, config.weight_decay, config.weight_decay_on))
@@ -391,8 +441,10 @@ class _Run:
 
     def log(self) -> None:
         if self.metrics:
+            step_time = self.history.step_times[-1]
             self.metrics.write(step=self.step, loss=self.history.train_loss, lr=self.lr, grad_norm=self.grad_norm,
-                               tokens=self.step * self.tokens_per_step, step_time=self.history.step_times[-1])
+                               tokens=self.step * self.tokens_per_step, step_time=step_time,
+                               tokens_per_s=self.tokens_per_step / step_time)
 
     def diagnose_if_due(self) -> None:
         """The hyper-connection diagnostics on a fixed batch (no RNG), with the gradient norms taken before
@@ -404,16 +456,18 @@ class _Run:
         if self.metrics:
             self.metrics.write(step=self.step, diagnostics=record)
 
-    def evaluate_if_due(self) -> None:
+    def evaluate_if_due(self) -> bool:
+        """The validation loss when due (every ``eval_every`` steps and at the end); whether it was measured."""
         every = self.config.eval_every
         if not ((every and self.step % every == 0) or self.step == self.config.max_steps):
-            return
+            return False
         val_loss = evaluate(self.forward, self.validation, self.device, self.amp_dtype)
         if distributed.mean_across_ranks(float(not math.isfinite(val_loss)), self.ctx) > 0:  # all ranks stop
             raise self.diverged(f"non-finite validation loss ({val_loss}) at step {self.step}", self.step)
         self.history.val_loss = val_loss
         if self.metrics:
             self.metrics.write(step=self.step, val_loss=val_loss)
+        return True
 
     def checkpoint_due(self) -> bool:
         every = self.config.checkpoint_every
@@ -430,6 +484,11 @@ class _Run:
                                 f"{self.checkpointer.kept()}") from None
 
     # ---------------------------------------------------------------------------------- ends of a run
+
+    def close(self) -> None:
+        """Close the loggers (the run ended, or stopped)."""
+        if self.metrics:
+            self.metrics.close()
 
     def stop(self, problem: str) -> TrainingError:
         return TrainingError(f"{problem}; stopped; {self.checkpointer.kept()}")
