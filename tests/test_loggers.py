@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from helpers import small_config
 from hypothesis import given
 from hypothesis import strategies as st
@@ -291,3 +292,26 @@ def test_a_warmup_as_long_as_the_run_is_warned_of(corpus_file, tmp_path, capsys)
         "warmup_steps=100 is not below max_steps=100: the learning rate rises for the whole run and reaches "
         "lr=0.0006 only at its last step and never decays; lower warmup_steps (a tenth of the run would be 10)"]
     assert TrainConfig(max_steps=101, warmup_steps=100).schedule_warnings() == []
+
+
+def test_a_comparison_may_add_loggers_later_and_logs_each_run_under_its_directory(corpus_file, tmp_path, capsys):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra")
+    base = small_config(corpus_file, tmp_path, max_steps=2, eval_every=2, log_every=1, seed=5).to_dict()
+    for key in ("family", "n_streams", "out"):
+        base.pop(key)
+    config = tmp_path / "base.yaml"
+    config.write_text(yaml.safe_dump(base))
+    out = tmp_path / "cmp"
+    args = ["compare", "--config", str(config), "--families", "residual,mhc", "--out", str(out)]
+    assert main([*args, "--logger", "csv"]) == 0
+    assert main([*args, "--resume", "--logger", "csv,tensorboard", "--max-steps", "3"]) == 2  # a grid of other runs
+    assert "holds a study of another grid or training settings" in capsys.readouterr().err
+    # Loggers change what a run shows, not what it computes: the study grows; its finished runs stay as they are.
+    assert main(["compare", "--config", str(config), "--families", "residual,mhc,s2hc", "--out", str(out),
+                 "--resume", "--logger", "csv,tensorboard"]) == 0
+    assert sorted(p.name for p in (out / "tensorboard").iterdir()) == ["s2hc-n4-seed5"]  # the one run trained now
+    events = _event_scalars(out / "tensorboard" / "s2hc-n4-seed5")
+    expected = expected_scalars(out / "runs" / "s2hc-n4-seed5")
+    assert {s: v for s, v in events["train/loss"]} == pytest.approx(expected["train/loss"], rel=1e-6)
+    for name in ("residual-seed5", "mhc-n4-seed5", "s2hc-n4-seed5"):
+        assert (out / "runs" / name / "metrics.csv").is_file()

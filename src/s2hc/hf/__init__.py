@@ -22,7 +22,8 @@ Importing this package registers the model type ``"s2hc"`` with ``AutoConfig`` a
 
 Without ``import s2hc.hf`` (for example inside lm-eval's ``hf`` model type), pass ``trust_remote_code=True``
 to ``AutoModelForCausalLM`` and ``AutoTokenizer`` (which reads ``config.json`` too): the exported directory
-holds two one-line modules that import these classes from the installed s2hc.
+holds two stub modules that subclass these classes from the installed s2hc (:mod:`~s2hc.hf.remote_code`), which
+must be installed wherever it is loaded (``pip install 's2hc[hf]'``).
 """
 
 from __future__ import annotations

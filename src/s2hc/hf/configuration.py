@@ -52,6 +52,13 @@ class S2HCConfig(PretrainedConfig):
         kwargs.setdefault("use_cache", True)
         super().__init__(**kwargs)
 
+    @classmethod
+    def register_for_auto_class(cls, auto_class="AutoConfig") -> None:
+        """Leaves the package's own class unmarked (see :meth:`s2hc.hf.S2HCForCausalLM.register_for_auto_class`):
+        a marked config makes ``save_pretrained`` copy ``s2hc/hf/configuration.py`` and its relative imports."""
+        if cls.__module__ != __name__:
+            super().register_for_auto_class(auto_class)
+
     def model_config(self) -> ModelConfig:
         """The :class:`~s2hc.models.ModelConfig` this configuration holds."""
         return ModelConfig.from_dict(self.s2hc)

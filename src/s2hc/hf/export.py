@@ -1,4 +1,4 @@
-"""Export an s2hc checkpoint as a Hugging Face model directory (weights, config, tokenizer, loader shims)."""
+"""Export an s2hc checkpoint as a Hugging Face model directory (weights, config, tokenizer, loader stubs)."""
 
 from __future__ import annotations
 
@@ -17,23 +17,7 @@ from ..rundir.guard import notice
 from ..rundir.staging import check_replaceable, replace_directory
 from .configuration import S2HCConfig
 from .modeling import S2HCForCausalLM
-
-# Written into the exported directory so that `trust_remote_code=True` finds the classes without
-# `import s2hc.hf` (lm-eval's `hf` model type, plain `AutoModelForCausalLM.from_pretrained`).
-_SHIMS = {
-    "configuration_s2hc.py": (
-        '"""Loads S2HCConfig from the installed s2hc package (pip install \'s2hc[hf]\')."""\n\n'
-        "from s2hc.hf.configuration import S2HCConfig\n\n__all__ = [\"S2HCConfig\"]\n"
-    ),
-    "modeling_s2hc.py": (
-        '"""Loads S2HCForCausalLM from the installed s2hc package (pip install \'s2hc[hf]\')."""\n\n'
-        "from s2hc.hf.modeling import S2HCForCausalLM\n\n__all__ = [\"S2HCForCausalLM\"]\n"
-    ),
-}
-AUTO_MAP = {
-    "AutoConfig": "configuration_s2hc.S2HCConfig",
-    "AutoModelForCausalLM": "modeling_s2hc.S2HCForCausalLM",
-}
+from .remote_code import AUTO_MAP
 
 
 def hf_tokenizer(tokenizer, model_max_length: int | None = None):
@@ -107,8 +91,10 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
     ``trust_remote_code=True``) and ``AutoTokenizer.from_pretrained(out_dir)`` load it.
 
     Files: ``config.json`` (with ``auto_map``), ``generation_config.json``, ``model.safetensors``, the tokenizer
-    (``tokenizer.json``, ``tokenizer_config.json``), ``configuration_s2hc.py`` / ``modeling_s2hc.py`` (imports
-    from the installed s2hc) and ``s2hc_training.json`` (the run's training configuration and step).
+    (``tokenizer.json``, ``tokenizer_config.json``), ``configuration_s2hc.py`` / ``modeling_s2hc.py`` and
+    ``s2hc_training.json`` (the run's training configuration and step). The two modules, which
+    ``trust_remote_code=True`` runs, are stubs over the installed s2hc (:mod:`s2hc.hf.remote_code`): loading the
+    directory needs ``pip install 's2hc[hf]'`` wherever it is loaded, and says so in one line without it.
     ``dtype``: ``"float32"`` (default: the checkpoint's), ``"bfloat16"`` or ``"float16"``.
 
     The directory is complete or absent: it is built beside ``out_dir`` (``.OUT.s2hc-tmp-XXXXXXXX/``) and
@@ -129,7 +115,7 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
     hf_model = from_s2hc(model, tokenizer)
     if torch_dtype is not None:
         hf_model = hf_model.to(torch_dtype)
-    hf_model.config.auto_map = dict(AUTO_MAP)
+    hf_model.config.auto_map = dict(AUTO_MAP)  # save_pretrained writes it, and the stubs, too
     provenance = {"step": payload.step, "train_config": train_config.to_dict(), "tokenizer": tokenizer.name}
     # the directory is made here, after the checkpoint proved readable
     with replace_directory(out_dir, argument="out_dir", kind=_KIND, allowed=is_export_file, log=notice) as out:
@@ -147,8 +133,6 @@ def _write_export(out: Path, hf_model: S2HCForCausalLM, fast_tokenizer, provenan
     tokenizer_config = json.loads(settings.read_text())
     tokenizer_config["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every transformers version knows
     atomic_write_text(settings, json.dumps(tokenizer_config, indent=2, ensure_ascii=False) + "\n")
-    for name, text in _SHIMS.items():
-        atomic_write_text(out / name, text)
     atomic_write_text(out / "s2hc_training.json", json.dumps(provenance, indent=2, default=str) + "\n")
 
 

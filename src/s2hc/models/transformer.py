@@ -29,16 +29,19 @@ torch.Size([2, 8, 4096])
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
+from ..checks import check_int
 from ..connection import (
     CONNECTIONS,
     HEADS,
@@ -385,6 +388,11 @@ class MLP(nn.Module):
         return self.down_proj(gate * self.up_proj(x))
 
 
+#: The default of activation checkpointing: PyTorch's non-reentrant checkpoint, which takes inputs that need no
+#: gradient, keyword arguments and nested tensors (the RoPE tables), and composes with ``torch.compile``.
+checkpoint_block = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+
+
 class Block(nn.Module):
     """One layer: an attention sublayer and an MLP sublayer, each inside its own hyper-connection.
 
@@ -392,7 +400,18 @@ class Block(nn.Module):
     ``layer_index = layer``, as in the s²HC authors' code (the block index for both sublayers), so both start
     favouring stream ``layer mod n``; the attention uses layer ``layer`` of ``cache``. With
     ``family="gated-residual"`` the connections are :class:`s2hc.GatedResidual` and the pre-norms None.
+
+    Activation checkpointing (:meth:`Transformer.set_activation_checkpointing`): with ``gradient_checkpointing``
+    True, a forward in training mode with gradients enabled and no ``cache`` keeps only the block's input and
+    runs the block again during the backward pass, through ``_gradient_checkpointing_func(function, *args)``
+    (default :data:`checkpoint_block`). The names are the ones transformers' ``gradient_checkpointing_enable``
+    sets on every module that has them. The checkpoint is inside ``forward``, so hooks on the block (FSDP2's
+    all-gathers) run once, and a compiled block (``block.compile()``) compiles the checkpoint with it. Evaluation,
+    ``torch.no_grad()`` and decoding with a cache (which a second run would append to twice) run as usual.
     """
+
+    gradient_checkpointing: bool = False
+    _gradient_checkpointing_func: Callable[..., Any] | None = None
 
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
@@ -419,6 +438,13 @@ class Block(nn.Module):
         return y if self.mlp_post_norm is None else self.mlp_post_norm(y)
 
     def forward(self, x: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
+        if self.gradient_checkpointing and cache is None and self.training and torch.is_grad_enabled():
+            checkpoint = self._gradient_checkpointing_func or checkpoint_block
+            return checkpoint(self._forward, x, rope, mask)
+        return self._forward(x, rope, mask, cache)
+
+    def _forward(self, x: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
+        """The block itself (what :meth:`forward` checkpoints): ``(B, T, n, C) -> (B, T, n, C)``."""
         x = self.attn_hc(x, self.attention_branch, rope, mask, cache)
         return self.mlp_hc(x, self.mlp_branch)
 
@@ -528,6 +554,36 @@ class Transformer(nn.Module):
             if self.pos_embed is not None:
                 total -= self.pos_embed.weight.numel()
         return total
+
+    def set_activation_checkpointing(
+        self,
+        enabled: bool = True,
+        *,
+        every_n_layers: int = 1,
+        checkpoint_fn: Callable[..., Any] | None = None,
+    ) -> None:
+        """Checkpoint whole blocks (``enabled``) or stop (``enabled=False``): a checkpointed block keeps only its
+        input streams ``(B, T, n, C)`` for the backward pass and runs again there, trading one more forward of
+        each block for the activations inside it (attention, MLP, the connections' matrices). Only forwards in
+        training mode with gradients enabled and no cache are checkpointed (see :class:`Block`); the values and
+        gradients are those of the plain model.
+
+        ``every_n_layers``: checkpoint blocks ``0, k, 2k, ...`` only (default every block). ``checkpoint_fn``:
+        called as ``checkpoint_fn(function, *args)`` in place of :data:`checkpoint_block` (non-reentrant
+        ``torch.utils.checkpoint.checkpoint``), e.g. one with other keyword arguments.
+        transformers' ``gradient_checkpointing_enable()`` on :class:`s2hc.hf.S2HCForCausalLM` lands here.
+        """
+        every_n_layers = check_int("every_n_layers", every_n_layers)
+        if checkpoint_fn is not None and not callable(checkpoint_fn):
+            raise ValueError(f"checkpoint_fn must be callable or None, got {type(checkpoint_fn).__name__}")
+        for index, block in enumerate(self.blocks):
+            block.gradient_checkpointing = bool(enabled) and index % every_n_layers == 0
+            block._gradient_checkpointing_func = checkpoint_fn
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Whether any block is checkpointed (:meth:`set_activation_checkpointing`)."""
+        return any(block.gradient_checkpointing for block in self.blocks)
 
     def num_connection_params(self) -> int:
         """Number of parameters of the connections (:class:`s2hc.HyperConnection` or :class:`s2hc.GatedResidual`),
