@@ -1,26 +1,96 @@
-"""The README's examples run as written."""
+"""The README's and docs/api.md's examples run as written: every ```python block, in order, in one namespace per
+file, in a fresh directory (the runs they train land under the test's tmp_path). Their diagnostics are written as
+without the plot extra (no figures: drawing them takes seconds, and tests/test_api.py checks them)."""
 
+import json
 import re
 import runpy
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+#: A docs/api.md block that needs the hf extra (transformers, safetensors) says so by importing s2hc.hf.
+HF_BLOCK = "import s2hc.hf"
 
 
 def python_blocks(text: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-def test_readme_python_examples_run():
-    blocks = python_blocks((ROOT / "README.md").read_text())
-    assert len(blocks) >= 2
-    namespace: dict = {}
+def without_figures(patch: pytest.MonkeyPatch) -> None:
+    from s2hc.diagnostics import plots
+
+    patch.setattr(plots, "have_matplotlib", lambda: False)
+
+
+def run_blocks(blocks: list[str], name: str, namespace: dict) -> dict:
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), namespace)
+        exec(compile(block, name, "exec"), namespace)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def token_cache(tmp_path_factory) -> Path:
+    """One token cache ($S2HC_CACHE_DIR) for the module: the embedded corpus is tokenised once (~7 s), not per test."""
+    return tmp_path_factory.mktemp("s2hc-cache")
+
+
+def test_readme_python_examples_run(tmp_path, monkeypatch, token_cache):
+    blocks = python_blocks((ROOT / "README.md").read_text())
+    assert len(blocks) >= 3
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("S2HC_CACHE_DIR", str(token_cache))
+    without_figures(monkeypatch)
+    namespace = run_blocks(blocks, "README.md", {})
     assert namespace["out"].shape == (2, 16, 64)
     assert namespace["H"]["res"].shape == (2, 16, 4, 4)
+    # The Python API section: a trained run, loaded, and a hand-written model's report.
+    assert namespace["result"].step == 5 and (tmp_path / "runs" / "api" / "checkpoint.pt").is_file()
+    assert namespace["run_config"] == namespace["config"]
+    report = namespace["report"]
+    assert report == Path("runs/my-model/report.md") and report.read_text().startswith("# s2hc diagnostics: `MyModel`")
+    assert "pip install 's2hc[plot]'" in report.read_text()  # as without the plot extra
+    measured = json.loads((report.parent / "diagnostics.json").read_text())
+    assert measured["kind"] == "model" and measured["family"] == "s2hc" and measured["depth"] == 4
 
 
 def test_the_wrap_a_branch_example_runs(capsys):
     runpy.run_path(str(ROOT / "examples" / "wrap_a_branch.py"), run_name="__main__")
     assert "row sums" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def api_run(tmp_path_factory, token_cache) -> tuple[Path, dict]:
+    """docs/api.md's blocks but those needing the hf extra, run once: (their directory, their namespace)."""
+    blocks = [b for b in python_blocks((ROOT / "docs" / "api.md").read_text()) if HF_BLOCK not in b]
+    directory = tmp_path_factory.mktemp("api")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(directory)
+        patch.setenv("S2HC_CACHE_DIR", str(token_cache))
+        without_figures(patch)
+        namespace = run_blocks(blocks, "docs/api.md", {})
+    return directory, namespace
+
+
+def test_api_page_python_examples_run(api_run):
+    directory, namespace = api_run
+    assert len(python_blocks((ROOT / "docs" / "api.md").read_text())) >= 8
+    assert namespace["result"].step == 5 and namespace["more"].step == 8
+    assert namespace["mhc_config"].out == "runs/api-mhc"
+    mine = json.loads((directory / "runs" / "api" / "my-diagnostics" / "diagnostics.json").read_text())
+    assert mine["kind"] == "model" and mine["n_layers"] == 4 and mine["tokens"] == 256
+    assert (directory / "runs" / "my-model-diagnostics" / "report.md").is_file()
+    assert namespace["found"]["kind"] == "checkpoint" and namespace["found"]["depth"] == 8
+    assert namespace["capture"].res.shape == (8, 256, 4, 4)
+
+
+def test_api_page_hf_examples_run(api_run, monkeypatch):
+    pytest.importorskip("transformers", reason="docs/api.md's export example needs the hf extra")
+    pytest.importorskip("safetensors", reason="docs/api.md's export example needs the hf extra")
+    directory, namespace = api_run
+    blocks = [b for b in python_blocks((ROOT / "docs" / "api.md").read_text()) if HF_BLOCK in b]
+    assert blocks
+    monkeypatch.chdir(directory)
+    namespace = run_blocks(blocks, "docs/api.md", dict(namespace))
+    assert (directory / "hf-model" / "config.json").is_file()

@@ -13,7 +13,8 @@ Three layers, each usable alone (see ``docs/diagnostics.md``):
   matrices (:class:`Recorder`, :func:`collect`), gradient norms per layer, the compact training record;
   :mod:`~s2hc.diagnostics.summary` turns the tensors into per-layer statistics (:func:`summarize`).
 - :mod:`~s2hc.diagnostics.report`: ``s2hc diagnose`` for a checkpoint (:func:`diagnose_checkpoint`) or for
-  synthetic matrices (:func:`diagnose_synthetic`), writing ``diagnostics.json``, figures and ``report.md``.
+  synthetic matrices (:func:`diagnose_synthetic`), writing ``diagnostics.json``, figures and ``report.md``; the
+  same for your own model and token ids (:func:`diagnose_model`, which returns the report's path).
 
 >>> import torch
 >>> from s2hc.diagnostics import synthetic_matrices, composite_product, spectral_norm
@@ -49,7 +50,7 @@ from .measures import (
     stream_shares,
     stream_similarity,
 )
-from .report import diagnose_checkpoint, diagnose_synthetic
+from .report import diagnose_checkpoint, diagnose_model, diagnose_synthetic
 from .summary import guarantee_checks, summarize
 from .synthetic import logit_scale_sweep, scaled_mixer, synthetic_matrices, synthetic_summaries
 
@@ -68,6 +69,7 @@ __all__ = [
     "deviation_block",
     "deviation_singular_values",
     "diagnose_checkpoint",
+    "diagnose_model",
     "diagnose_synthetic",
     "dominant_stream",
     "effective_streams",

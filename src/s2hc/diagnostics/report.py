@@ -1,7 +1,9 @@
 """What ``s2hc diagnose`` writes: ``diagnostics.json``, the figures and ``report.md``.
 
+- :func:`diagnose_model`: your own model (an s2hc Transformer, or any module holding s2hc connections) on the
+  token ids you give; the Python API's way to what ``s2hc diagnose`` writes.
 - :func:`diagnose_checkpoint`: a trained model (run directory or checkpoint file) on real tokens (each run of a
-  study, and so of ``s2hc compare``, is measured with it).
+  study, and so of ``s2hc compare``, is measured with it); it measures and writes as :func:`diagnose_model` does.
 - :func:`diagnose_synthetic`: each family's matrices from random inputs of a chosen spread.
 
 Tables and numbers are :mod:`s2hc.reports`'.
@@ -9,20 +11,24 @@ Tables and numbers are :mod:`s2hc.reports`'.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from ..connection import HyperConnection
+from ..checks import check_int, check_str
+from ..connection import CONNECTIONS, HyperConnection
 from ..data.loader import eval_batches
 from ..data.shards import prepare_tokens, stored_cache_dir
 from ..data.tokenizer import check_tokenizer_fits, get_tokenizer
 from ..devices import autocast_dtype, resolve_device
-from ..io import atomic_write_text
+from ..io import atomic_write_text, check_output_dir
+from ..models import Transformer
 from ..reports import DASH, number, table
 from ..rundir import METRICS, load_model, read_metrics, resolve_checkpoint
 from . import plots
@@ -31,7 +37,8 @@ from .measures import NEGATIVE_TOLERANCE
 from .summary import OUTPUT_READS
 from .synthetic import DEFAULT_SWEEP, logit_scale_sweep, synthetic_summaries
 
-__all__ = ["default_out", "diagnose_checkpoint", "diagnose_synthetic", "stream_usage_lines", "write_json"]
+__all__ = ["default_out", "diagnose_checkpoint", "diagnose_model", "diagnose_synthetic", "stream_usage_lines",
+           "write_json"]
 
 JSON_NAME = "diagnostics.json"
 REPORT_NAME = "report.md"
@@ -231,6 +238,140 @@ def depth_lines(summary: dict[str, Any]) -> list[str]:
     return table(header, rows) + [""]
 
 
+# ------------------------------------------------------------------------------------------------ models
+
+
+def _tensor_text(value: Any) -> str:
+    """What ``value`` is, for an error: ``a 1-D torch.float32 tensor of shape (16,)``, or its type and value."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dim()}-D {value.dtype} tensor of shape {tuple(value.shape)}"
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def _check_model(model: Any) -> None:
+    """ValueError unless ``model`` is a module holding at least one connection that mixes streams."""
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be a torch.nn.Module holding s2hc.HyperConnection (or s2hc.GatedResidual) "
+                         f"modules, got {_tensor_text(model)}")
+    if not mixing_connections(model):
+        found = sum(isinstance(m, CONNECTIONS) for m in model.modules())
+        raise ValueError(
+            f"model ({type(model).__name__}) has no hyper-connection that mixes streams ({found} s2hc connection(s), "
+            "none mixing): diagnose_model measures s2hc.HyperConnection modules with n_streams >= 2 and a family "
+            "other than 'residual', or s2hc.GatedResidual modules"
+        )
+
+
+def _check_input_ids(input_ids: Any, model: nn.Module) -> None:
+    """ValueError unless ``input_ids`` is a non-empty 2-D integer tensor (for an s2hc Transformer, of ids below its
+    ``vocab_size``)."""
+    if (not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.numel() == 0
+            or input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool):
+        raise ValueError(f"input_ids must be a 2-D integer tensor of token ids (batch, time), at least one of each, "
+                         f"got {_tensor_text(input_ids)}")
+    if isinstance(model, Transformer):
+        low, high, vocab = int(input_ids.min()), int(input_ids.max()), model.config.vocab_size
+        if low < 0 or high >= vocab:
+            raise ValueError(f"input_ids must lie in [0, {vocab}) (the model's vocab_size), got {low}..{high}")
+
+
+def _model_about(model: nn.Module, input_ids: torch.Tensor, seed: int, name: str) -> dict[str, Any]:
+    """What ``diagnostics.json`` says of a model given as a module, before its measurements."""
+    connections = [m for _, m in mixing_connections(model)]
+    families = list(dict.fromkeys(m.family for m in connections))
+    about: dict[str, Any] = {"kind": "model", "model": name, "family": families[0] if len(families) == 1 else None}
+    if len(families) > 1:
+        about["families"] = families
+    about["n_streams"] = connections[0].n_streams
+    about["s2hc_transformer"] = isinstance(model, Transformer)
+    if about["s2hc_transformer"]:
+        about.update(family_options=dict(model.config.family_options), n_layers=model.config.n_layers)
+    about.update(input_shape=list(input_ids.shape), seed=seed)
+    return about
+
+
+def _diagnose(model: nn.Module, input_ids: torch.Tensor, out: Path | None, about: dict[str, Any], *,
+              tokens: int | None, batch_size: int | None, seed: int, autocast_dtype: torch.dtype | None,
+              more_figures: Callable[[Path], dict[str, Path]] | None = None) -> tuple[dict[str, Any], Path | None]:
+    """Measure ``model`` on ``input_ids`` and, with ``out``, write ``diagnostics.json`` (``about``, then the
+    measurements), the figures (and ``more_figures(out)``'s) and ``report.md``: ``(result, report path or None)``.
+    The one place that measures a model and writes its report (:func:`diagnose_model`, :func:`diagnose_checkpoint`).
+    """
+    capture = collect(model, input_ids, tokens=tokens, batch_size=batch_size, seed=seed,
+                      autocast_dtype=autocast_dtype)
+    summary = capture.summary()
+    result = {**about, **summary}
+    if out is None:
+        return result, None
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / JSON_NAME, result)
+    figures = write_figures(out, {result["family"] or "model": summary}, with_streams=True)
+    if more_figures is not None:
+        figures.update(more_figures(out))
+    return result, write_text(out / REPORT_NAME, _model_report(result, figures, out))
+
+
+def diagnose_model(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    out: str | Path,
+    *,
+    tokens: int | None = DEFAULT_TOKENS,
+    batch_size: int | None = None,
+    seed: int = 0,
+    autocast_dtype: torch.dtype | None = None,
+    name: str | None = None,
+) -> Path:
+    """Measure your own model's hyper-connections on ``input_ids`` and write their report; returns its path.
+
+    ``model``: an :class:`s2hc.models.Transformer`, or any module holding :class:`s2hc.HyperConnection` (or
+    :class:`s2hc.GatedResidual`) modules whose ``forward`` takes ``input_ids`` alone and calls each connection
+    once. ``input_ids``: token ids ``(B, T)``, an integer tensor (moved to the model's device). The model runs under
+    ``no_grad`` on ``batch_size`` rows at a time (default all), in eval mode (its mode is restored), under autocast
+    to ``autocast_dtype`` when given; every connection is measured on the same ``tokens`` positions, drawn from the
+    ``B·T`` with ``seed`` (None: all of them) — :func:`s2hc.diagnostics.collect`.
+
+    Writes into ``out`` (created): ``diagnostics.json`` (``kind: "model"``, ``model`` (``name``, default the
+    module's class name), ``family`` (None when the connections' families differ, then ``families``),
+    ``n_streams``, ``s2hc_transformer`` (whether ``model`` is an s2hc Transformer; then ``family_options`` and
+    ``n_layers`` too), ``input_shape``, ``seed``, then every measurement of :func:`s2hc.diagnostics.summarize`),
+    the figures (PNG, with the ``plot`` extra, matplotlib; without it the report says ``pip install
+    's2hc[plot]'`` in their place, as ``s2hc diagnose`` does) and ``report.md``, laid out as ``s2hc diagnose``'s.
+    Of a module that is not an s2hc Transformer s2hc does not know how the streams enter and leave, so no
+    connection is set apart as unable to change the output.
+
+    ValueError, one line naming the argument, for ``input_ids`` that is not a non-empty 2-D integer tensor (or,
+    for a Transformer, holds ids outside its vocabulary), a ``model`` that is not a module or holds no connection
+    that mixes streams, a bad ``tokens`` / ``batch_size`` / ``seed`` / ``autocast_dtype`` / ``name``, or an ``out``
+    that cannot be written; what ``model``'s own forward raises passes through (``out`` is not left behind then,
+    when this call created it empty).
+    """
+    _check_model(model)
+    _check_input_ids(input_ids, model)
+    if tokens is not None:
+        check_int("tokens", tokens)
+    if batch_size is not None:
+        check_int("batch_size", batch_size)
+    check_int("seed", seed, minimum=0)
+    if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
+        raise ValueError(f"autocast_dtype must be a torch.dtype (torch.bfloat16, torch.float16) or None, got "
+                         f"{autocast_dtype!r}")
+    name = type(model).__name__ if name is None else check_str("name", name)
+    created = not Path(out).expanduser().exists()
+    directory = check_output_dir(out, "out")
+    about = _model_about(model, input_ids, seed, name)
+    try:
+        _, report = _diagnose(model, input_ids, directory, about, tokens=tokens, batch_size=batch_size, seed=seed,
+                              autocast_dtype=autocast_dtype)
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):  # not empty: keep what is there
+                directory.rmdir()
+        raise
+    return report
+
+
 # ------------------------------------------------------------------------------------------ checkpoints
 
 
@@ -314,10 +455,7 @@ def diagnose_checkpoint(
     batch_size = batch_size or config.batch_size
     cache = cache_dir if cache_dir is not None else stored_cache_dir(config.cache_dir)  # not another machine's
     ids = _validation_ids(data, config, cache, tokens, seq_len, batch_size)
-    capture = collect(model, ids, tokens=tokens, batch_size=batch_size, seed=seed,
-                      autocast_dtype=autocast_dtype(config.dtype, target))
-    summary = capture.summary()
-    result = {
+    about = {
         "kind": "checkpoint",
         "checkpoint": str(path),
         "family": model.config.family,
@@ -329,29 +467,24 @@ def diagnose_checkpoint(
         "split": "val",
         "seq_len": seq_len,
         "seed": seed,
-        **summary,
     }
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        write_json(out / JSON_NAME, result)
-        figures = write_figures(out, {result["family"]: summary}, with_streams=True)
-        history = _history_figure(path.parent, out)
-        if history:
-            figures["training_history"] = history
-        write_text(out / REPORT_NAME, _checkpoint_report(result, figures, out))
+    result, _ = _diagnose(model, ids, out, about, tokens=tokens, batch_size=batch_size, seed=seed,
+                          autocast_dtype=autocast_dtype(config.dtype, target),
+                          more_figures=lambda directory: _history_figure(path.parent, directory))
     return result
 
 
-def _history_figure(run_dir: Path, out: Path) -> Path | None:
+def _history_figure(run_dir: Path, out: Path) -> dict[str, Path]:
+    """``{"training_history": path}`` when the run logged diagnostics during training (and matplotlib is there)."""
     if not (run_dir / METRICS).is_file() or not plots.have_matplotlib():
-        return None
+        return {}
     try:
         records = [r for r in read_metrics(run_dir) if "diagnostics" in r]
     except (OSError, ValueError):
-        return None
+        return {}
     if not records:
-        return None
-    return plots.plot_training_history(records, out / plots.FIGURES["training_history"])
+        return {}
+    return {"training_history": plots.plot_training_history(records, out / plots.FIGURES["training_history"])}
 
 
 def _nothing_report(result: dict[str, Any]) -> str:
@@ -370,21 +503,48 @@ def nothing_message(result: dict[str, Any]) -> str:
             f"{checked['mixing_connections']} mixing streams")
 
 
-def _checkpoint_report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
-    lines = [
-        f"# s2hc diagnose: `{result['checkpoint']}`",
+def _heading_lines(result: dict[str, Any]) -> list[str]:
+    """The report's title and the paragraph saying what was measured on what: of a checkpoint
+    (:func:`diagnose_checkpoint`) or of a model given as a module (:func:`diagnose_model`)."""
+    if result["kind"] == "checkpoint":
+        return [
+            f"# s2hc diagnose: `{result['checkpoint']}`",
+            "",
+            f"Family `{result['family']}`{options_text(result.get('family_options'))}, "
+            f"n = {result['n_streams']} streams, preset "
+            f"`{result['preset']}` ({result['n_layers']} layers, {result['depth']} connections). Measured on "
+            f"{result['tokens']:,} token positions of the validation split of `{result['data']}` (windows of "
+            f"{result['seq_len']} tokens, seed {result['seed']}). The numbers: [`{JSON_NAME}`]({JSON_NAME}).",
+            "",
+        ]
+    families = result.get("families")
+    family = (f"Families {', '.join(f'`{f}`' for f in families)}" if families else
+              f"Family `{result['family']}`{options_text(result.get('family_options'))}")
+    layers = f"{result['n_layers']} layers, " if "n_layers" in result else ""
+    batch, time = result["input_shape"]
+    wiring = ("" if result["s2hc_transformer"] else
+              " s2hc does not know how this model's streams enter and leave, so every connection is counted as one "
+              "that can change the output (in an s2hc Transformer the first and last cannot: docs/diagnostics.md).")
+    return [
+        f"# s2hc diagnostics: `{result['model']}`",
         "",
-        f"Family `{result['family']}`{options_text(result.get('family_options'))}, "
-        f"n = {result['n_streams']} streams, preset "
-        f"`{result['preset']}` ({result['n_layers']} layers, {result['depth']} connections). Measured on "
-        f"{result['tokens']:,} token positions of the validation split of `{result['data']}` (windows of "
-        f"{result['seq_len']} tokens, seed {result['seed']}). The numbers: [`{JSON_NAME}`]({JSON_NAME}).",
-        "",
-        "## Summary",
+        f"{family}, n = {result['n_streams']} streams ({layers}{result['depth']} connections). Measured on "
+        f"{result['tokens']:,} token positions of the given input_ids ({batch} × {time}, seed {result['seed']}). "
+        f"The numbers: [`{JSON_NAME}`]({JSON_NAME}).{wiring}",
         "",
     ]
+
+
+def _model_report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
+    """``report.md`` of a measured model: what was measured, the headline, the family's guarantees, per connection,
+    across depth, the stream usage and the figures."""
+    lines = _heading_lines(result) + ["## Summary", ""]
     lines += summary_lines(result, "worst over layers and tokens", " (mean over tokens)")
-    lines += ["## Guarantees of the family, measured", ""] + guarantee_lines(result)
+    guarantees = guarantee_lines(result)
+    if not guarantees and result.get("families"):  # a model of several families: whose claims would be checked?
+        guarantees = [f"The connections are of {len(result['families'])} families: there is no one family's "
+                      "guarantees to check.", ""]
+    lines += ["## Guarantees of the family, measured", ""] + guarantees
     lines += ["## Per connection", "", "Errors and norms are the worst over tokens unless marked mean.", ""]
     lines += layer_lines(result)
     lines += [
