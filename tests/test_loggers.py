@@ -315,3 +315,13 @@ def test_a_comparison_may_add_loggers_later_and_logs_each_run_under_its_director
     assert {s: v for s, v in events["train/loss"]} == pytest.approx(expected["train/loss"], rel=1e-6)
     for name in ("residual-seed5", "mhc-n4-seed5", "s2hc-n4-seed5"):
         assert (out / "runs" / name / "metrics.csv").is_file()
+
+
+def test_a_study_warns_once_of_a_warmup_as_long_as_its_runs():
+    from s2hc.study.runner import schedule_warnings
+    from s2hc.study.spec import parse_spec
+
+    spec = parse_spec({"train": {"max_steps": 20, "warmup_steps": 50}, "families": ["residual", "s2hc", "mhc"],
+                       "seeds": [0, 1]})
+    assert schedule_warnings(spec) == TrainConfig(max_steps=20, warmup_steps=50).schedule_warnings()
+    assert schedule_warnings(parse_spec({"train": {"max_steps": 20, "warmup_steps": 2}, "families": ["s2hc"]})) == []

@@ -164,13 +164,14 @@ def train(config: TrainConfig, resume: bool = False, overwrite: bool = False) ->
     directory is locked for the whole run (:func:`s2hc.rundir.open_run_directory`; under torchrun by rank 0).
 
     One process, or one of several started by torchrun (DDP or FSDP2, see :mod:`s2hc.train.distributed`).
-    Writes ``out/metrics.jsonl`` and a checkpoint (``out/checkpoint.pt``, or ``out/checkpoint.dcp/`` when
-    sharded) every ``checkpoint_every`` steps and at the end. Raises ValueError for bad input (and a run
-    directory refused as above, or in use by another process), :class:`TrainingError` for a non-finite loss,
-    gradient, weights or validation loss or a checkpoint that cannot be written (the last good checkpoint is
-    kept), :class:`Interrupted` after saving on SIGINT/SIGTERM, KeyboardInterrupt (at once, nothing saved) on a
-    second one; :class:`s2hc.extras.MissingExtra` first, before anything is written, when the run needs an
-    optional package that is not installed.
+    Writes ``out/metrics.jsonl`` (and its scalars to the loggers ``config.logger`` names, :mod:`s2hc.loggers`), a
+    line per log and evaluation on stderr where there is no progress bar, and a checkpoint (``out/checkpoint.pt``,
+    or ``out/checkpoint.dcp/`` when sharded) every ``checkpoint_every`` steps and at the end. Raises ValueError
+    for bad input (and a run directory refused as above, or in use by another process), :class:`TrainingError`
+    for a non-finite loss, gradient, weights or validation loss or a checkpoint that cannot be written (the last
+    good checkpoint is kept), :class:`Interrupted` after saving on SIGINT/SIGTERM, KeyboardInterrupt (at once,
+    nothing saved) on a second one; :class:`s2hc.extras.MissingExtra` first, before anything is written, when the
+    run needs an optional package that is not installed.
     """
     config.check_extras()  # before anything is written: a missing package must not leave a run to refuse
     ctx = distributed.setup(config.device, config.parallel)
