@@ -44,7 +44,8 @@ def test_the_computed_lists_say_what_each_field_is():
     # what the run's computation does not depend on: may change on --resume
     assert set(resumable_fields()) == {"max_steps", "eval_every", "checkpoint_every", "log_every", "progress", "out",
                                        "compile", "device", "parallel", "diagnostics_every", "connection", "logger",
-                                       "logger_dir", "logger_group"}
+                                       "logger_dir", "logger_group", "keep_checkpoints", "keep_best",
+                                       "activation_checkpointing"}
     assert family_fields() == ("family", "n_streams", "family_options")
     assert set(model_fields()) == {"preset", "model_overrides", "tokenizer", "family", "n_streams", "family_options"}
     assert set(grid_fields()) == {"family", "family_options", "n_streams", "seed", "out"}

@@ -42,7 +42,7 @@ WEIGHT_DECAY_RULES = ("matrices", "all", "2d")
 
 # The range of every number, checked before anything runs (types come from the field's annotation).
 NONNEGATIVE_INTS = (  # the other ints are >= 1 (n_streams also <= MAX_STREAMS, seed in [0, MAX_SEED])
-    "eval_every", "checkpoint_every", "warmup_steps", "diagnostics_every")
+    "eval_every", "checkpoint_every", "warmup_steps", "diagnostics_every", "keep_checkpoints")
 MAX_SEED = 2**32 - 1
 #: The most seeds one study or comparison trains each configuration with (a run per seed): statistics settle after
 #: tens; 10**11 from a YAML edit would be materialised as a list of runs before any starts.
@@ -57,6 +57,7 @@ FLOAT_RANGES: dict[str, dict[str, Any]] = {
     "beta1": dict(minimum=0.0, maximum=1.0, open_maximum=True),
     "beta2": dict(minimum=0.0, maximum=1.0, open_maximum=True),
     "grad_clip": dict(minimum=0.0),
+    "validation_fraction": dict(positive=True, maximum=0.5),
 }
 # HyperConnection's own keywords, accepted in family_options beside the family's (see s2hc.models.ModelConfig).
 CONNECTION_OPTION_KINDS = {"eps": {"float"}, "transpose_res": {"bool"}, "projection_init": {"str"},
@@ -118,6 +119,18 @@ class TrainConfig:
     grad_accum: int = _setting(1, "micro-steps per optimizer step", DATA)
     data_seed: int | None = _setting(None, "seed of the data order alone (default: seed), to vary one but not both",
                                      DATA)
+    text_field: str = _setting("text", "the field (JSON key, Parquet column, dataset feature) that holds the text",
+                               DATA)
+    validation_data: str | None = _setting(
+        None, "a separate validation source, as data (None: validation_fraction of data is held out)", DATA)
+    validation_fraction: float = _setting(
+        0.05, "share of the documents of data held out for validation (without validation_data)", DATA)
+    max_documents: int | None = _setting(None, "read at most this many documents of each split (None: all)", DATA)
+    max_tokens: int | None = _setting(None, "tokenise at most this many tokens of each split (None: all)", DATA)
+    data_split: str = _setting("train", "the split of an hf: dataset to read (of validation_data too)", DATA)
+    data_files: str | None = _setting(
+        None, "data_files of an hf: dataset (a file, glob or comma-separated list; e.g. hf:json with local files)",
+        DATA)
     # the schedule: AdamW, cosine with linear warmup and a floor
     max_steps: int = _setting(1000, "optimizer steps", SCHEDULE, resumable=True)
     lr: float = _setting(6e-4, "peak learning rate", SCHEDULE)
@@ -139,6 +152,11 @@ class TrainConfig:
     eval_every: int = _setting(100, "steps between validation losses (0: only at the end)", RUN, resumable=True)
     eval_batches: int = _setting(20, "validation batches per evaluation", RUN)
     checkpoint_every: int = _setting(100, "steps between checkpoints (0: only at the end)", RUN, resumable=True)
+    keep_checkpoints: int = _setting(
+        0, "also keep the newest K checkpoints by step (0: only the latest, overwritten)", RUN, resumable=True)
+    keep_best: bool = _setting(False, "also keep the checkpoint of the lowest validation loss", RUN, resumable=True)
+    activation_checkpointing: bool = _setting(
+        False, "recompute each block in the backward pass instead of keeping its activations", RUN, resumable=True)
     log_every: int = _setting(10, "steps between metrics lines", RUN, resumable=True)
     diagnostics_every: int = _setting(
         0, "steps between hyper-connection diagnostics in metrics.jsonl (0: off)", RUN, resumable=True)
