@@ -21,6 +21,7 @@ from s2hc.config import (
     inherited_fields,
     model_fields,
     resumable_fields,
+    shown_fields,
 )
 from s2hc.rundir import Checkpoint, History, layout, load_checkpoint, load_model
 from s2hc.rundir.checkpoint import save_checkpoint
@@ -49,6 +50,7 @@ def test_the_computed_lists_say_what_each_field_is():
     assert family_fields() == ("family", "n_streams", "family_options")
     assert set(model_fields()) == {"preset", "model_overrides", "tokenizer", "family", "n_streams", "family_options"}
     assert set(grid_fields()) == {"family", "family_options", "n_streams", "seed", "out"}
+    assert set(shown_fields()) == {"progress", "logger", "logger_dir", "logger_group"}
     # what names the run itself, or where its loggers write
     assert set(TrainConfig().to_dict()) - set(inherited_fields()) == {"out", "init_from", "logger_dir", "logger_group"}
     with pytest.raises(ValueError, match=r"group must be one of \['model', 'family', 'data', 'schedule', 'run'\], "
@@ -127,13 +129,14 @@ def test_version_2_files_may_not_carry_later_entries(tmp_path):
 
 def test_the_run_directory_lists_are_computed_from_its_entries(tmp_path):
     assert layout.RUN_FILES == ("config.yaml", "metrics.jsonl", "checkpoint.pt", "checkpoint.dcp")
-    assert layout.DERIVED == ("diagnostics",)
-    assert layout.ATOMIC_FILES == ("config.yaml", "metrics.jsonl", "checkpoint.pt")
+    assert layout.DERIVED == ("diagnostics", "metrics.csv", "loggers.json", "tensorboard", "wandb", "mlflow.db",
+                              "mlartifacts")
+    assert layout.ATOMIC_FILES == ("config.yaml", "metrics.jsonl", "checkpoint.pt", "metrics.csv", "loggers.json")
     assert layout.is_run_entry(".lock") and layout.is_run_entry(".checkpoint.pt.s2hc-abcd1234.tmp")
     assert not layout.is_run_entry("notes.txt") and not layout.is_run_entry(".notes.s2hc-abcd1234.tmp")
     for name in (*layout.RUN_FILES, *layout.DERIVED):  # --overwrite removes every run and derived entry
         target = tmp_path / name
-        target.mkdir() if name in ("checkpoint.dcp", "diagnostics") else target.write_text("x")
+        target.mkdir() if name in ("checkpoint.dcp", "diagnostics", "tensorboard", "wandb") else target.write_text("x")
     (tmp_path / "notes.txt").write_text("mine")
     clear_run(tmp_path, log=None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

@@ -76,17 +76,21 @@ def _check_group(group: str) -> None:
 
 
 def _setting(default: Any, help: str, group: str, *, flag: bool = True, resumable: bool = False, grid: bool = False,
-             inherited: bool = True):
+             inherited: bool = True, shown: bool = False):
     """A TrainConfig field and what the rest of s2hc needs to know of it (its metadata), stated once here.
 
     ``help``: its command-line help. ``group``: one of :data:`GROUPS`. ``flag``: whether ``s2hc train`` gives it a
     flag of its own (otherwise only ``--set``). ``resumable``: whether it may change on ``--resume`` (it does
     not change what is computed). ``grid``: set per run by whoever lays out several runs (a study's grid),
     never by the shared ``train:`` settings. ``inherited``: copied from a source run to a run made from it
-    (``s2hc upcycle`` of an s2hc run); off for what names the run itself."""
+    (``s2hc upcycle`` of an s2hc run); off for what names the run itself. ``shown``: changes only what the run
+    shows and where it logs, never what it computes or writes into its run directory's record (a resumable
+    field; a study may change it and still grow)."""
     _check_group(group)
+    if shown and not resumable:
+        raise ValueError("a shown field is resumable too")
     metadata = {"help": help, "group": group, "flag": flag, "resumable": resumable, "grid": grid,
-                "inherited": inherited}
+                "inherited": inherited, "shown": shown}
     if isinstance(default, dict):
         return field(default_factory=dict, metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -172,16 +176,16 @@ class TrainConfig:
                              resumable=True)
     progress: bool = _setting(
         True, "progress bar (off, or when stderr is not a terminal: a line per log_every steps and per evaluation)",
-        RUN, resumable=True)
+        RUN, resumable=True, shown=True)
     logger: str | None = _setting(
         None, "experiment loggers besides metrics.jsonl, comma-separated: csv, tensorboard, wandb, mlflow",
-        RUN, resumable=True)
+        RUN, resumable=True, shown=True)
     logger_dir: str | None = _setting(
         None, "where tensorboard, wandb and mlflow write (None: the run directory; a study sets its own)", RUN,
-        flag=False, resumable=True, inherited=False)
+        flag=False, resumable=True, inherited=False, shown=True)
     logger_group: str | None = _setting(
         None, "the loggers' group of runs: W&B group, MLflow experiment (None: none, MLflow's 's2hc'; a study: its "
-        "directory's name)", RUN, flag=False, resumable=True, inherited=False)
+        "directory's name)", RUN, flag=False, resumable=True, inherited=False, shown=True)
     out: str = _setting("runs/train", "run directory", RUN, flag=False, resumable=True, grid=True, inherited=False)
 
     def __post_init__(self) -> None:
@@ -451,6 +455,11 @@ def model_fields() -> tuple[str, ...]:
 def resumable_fields() -> tuple[str, ...]:
     """The fields that may change on ``--resume`` without changing what is computed."""
     return _names(lambda meta: meta["resumable"])
+
+
+def shown_fields() -> tuple[str, ...]:
+    """The fields that change only what a run shows and where it logs (the progress bar, the loggers)."""
+    return _names(lambda m: m["shown"])
 
 
 def grid_fields() -> tuple[str, ...]:

@@ -35,6 +35,7 @@ import torch
 import yaml
 
 from .. import __version__
+from ..config import shown_fields
 from ..devices import resolve_device
 from ..extras import check_available
 from ..io import atomic_write_text, check_output_dir, read_json_object
@@ -147,16 +148,12 @@ def _grows(before: dict[str, Any], after: dict[str, Any]) -> bool:
             and set(before.get("seeds", [])) <= set(after["seeds"]))
 
 
-#: Settings that change only what a run shows and where it logs, never what it computes or records in its run
-#: directory: a study may add or change them and still grow.
-_SHOWN_ONLY = ("logger", "logger_dir", "logger_group", "progress")
-
-
 def _computed(train: Any) -> Any:
-    """A grid's ``train`` settings less those of :data:`_SHOWN_ONLY`: what decides its runs' results."""
+    """A grid's ``train`` settings less those that change only what a run shows and where it logs
+    (:func:`~s2hc.config.shown_fields`: a study may add a logger and still grow): what decides its runs."""
     if not isinstance(train, dict):
         return train
-    return {key: value for key, value in train.items() if key not in _SHOWN_ONLY}
+    return {key: value for key, value in train.items() if key not in shown_fields()}
 
 
 def _recorded_grid(path: Path, recorded: dict[str, Any]) -> dict[str, Any]:
