@@ -23,3 +23,8 @@ bench small-n2-compiled-s2hc-vs-mhc          --preset small --streams 2 --famili
 bench small-n8-compiled-s2hc-vs-mhc-repeats3 --preset small --streams 8 --families s2hc,mhc --no-peer --compile --repeats 3 --steps 1
 bench small-n8-compiled-s2hc-vs-mhc-repeats5-steps2 --preset small --streams 8 --families s2hc,mhc --no-peer --no-coefficients --compile --repeats 5 --steps 2
 bench small-n4-eager-all-families            --preset small --streams 4 --families hc,mhc,mhc-lite,kromhc,s2hc,orthogonal,isometric --no-peer --repeats 3 --steps 1
+bench tiny-n4-eager-activation-checkpointing  --preset tiny --streams 4 --families mhc,s2hc --activation-checkpointing --no-peer --no-coefficients --repeats 9 --steps 2
+bench tiny-n8-eager-activation-checkpointing  --preset tiny --streams 8 --families mhc,s2hc --activation-checkpointing --no-peer --no-coefficients --repeats 9 --steps 2
+bench small-n4-eager-activation-checkpointing --preset small --streams 4 --families mhc,s2hc --activation-checkpointing --no-peer --no-coefficients --repeats 5 --steps 1
+bench small-n8-eager-activation-checkpointing --preset small --streams 8 --families mhc,s2hc --activation-checkpointing --no-peer --no-coefficients --repeats 5 --steps 1
+bench tiny-n4-compiled-activation-checkpointing --preset tiny --streams 4 --families s2hc --activation-checkpointing --no-peer --no-coefficients --compile --repeats 5 --steps 2

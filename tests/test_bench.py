@@ -173,3 +173,55 @@ def test_cli_triton_kernels_where_they_cannot_run_exits_2(monkeypatch, capsys):
     assert main(TRITON_ARGV) == 2
     err = capsys.readouterr().err
     assert "s2hc:kernels=triton failed its first training step on cpu: kernels='triton' runs on CUDA tensors" in err
+
+
+# ------------------------------------------------------------------------------ activation checkpointing
+
+
+def test_a_checkpointed_variant_is_compared_with_its_plain_one_and_saves_memory():
+    """The ratios of ``s2hc:activation_checkpointing=true`` are to ``s2hc`` in the same repetitions. At 4 x 64 tokens
+    over 2 layers the blocks' activations outweigh the LM head's logits and the gradients, so the peak falls."""
+    sizes = dict(TINY, batch_size=4, seq_len=64, overrides={"n_layers": 2})
+    variants = [measure.parse_variant("s2hc", 4), measure.parse_variant("s2hc:activation_checkpointing=true", 4)]
+    rows = measure.benchmark_steps("tiny", variants, **sizes)
+    assert [(r["label"], r["activation_checkpointing"]) for r in rows] == [
+        ("residual", False), ("s2hc", False), ("s2hc:activation_checkpointing=True", True)]  # fmt: skip
+    plain, twin = rows[1:]
+    assert plain["step_ratio_vs_without_ac"] is None and plain["peak_mem_ratio_vs_without_ac"] is None
+    assert twin["step_ratio_vs_without_ac"] == twin["step_s"] / plain["step_s"]  # one repetition of one step
+    assert twin["peak_mem_ratio_vs_without_ac"] == twin["peak_mem_bytes"] / plain["peak_mem_bytes"] < 0.9
+    assert twin["params"] == plain["params"]
+    text = measure.format_step_table(rows)
+    assert "| step vs without AC | memory vs without AC |" in text
+    assert "| s2hc:activation_checkpointing=True | 4 |" in text and "| s2hc | 4 |" in text
+
+
+def test_activation_checkpointing_as_a_variant_option():
+    variant = measure.parse_variant("mhc:activation_checkpointing=true:iterations=5", 4)
+    assert variant.activation_checkpointing and variant.family_options == {"iterations": 5}
+    assert variant.compute_options == {}
+    assert measure.parse_variant("s2hc:activation_checkpointing=false", 4) == measure.parse_variant("s2hc", 4)
+    model = measure.build_model("tiny", variant, {"n_layers": 2})
+    assert model.activation_checkpointing and not measure.build_model("tiny", variant.with_activation_checkpointing(
+        False), {"n_layers": 2}).activation_checkpointing
+    with pytest.raises(ValueError, match="option 'activation_checkpointing' of 's2hc' must be true or false, got 2"):
+        measure.parse_variant("s2hc:activation_checkpointing=2", 4)
+    # a checkpointed variant without its plain one in the run: no ratio to it; residual still gets its plain base
+    rows = measure.benchmark_steps("tiny", [variant.with_activation_checkpointing(True)], memory=False, **TINY)
+    assert [r["label"] for r in rows] == ["residual", "mhc:activation_checkpointing=True:iterations=5"]
+    assert rows[1]["step_ratio_vs_without_ac"] is None and "without AC" not in measure.format_step_table(rows)
+
+
+def test_cli_activation_checkpointing(capsys):
+    argv = [*CLI_TINY, "--families", "s2hc", "--streams", "2", "--device", "cpu", "--no-peer", "--no-coefficients",
+            "--activation-checkpointing", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    rows = json.loads(capsys.readouterr().out)["steps"]
+    # every variant, residual included, is followed by its checkpointed twin, whose rows compare with it
+    assert [(r["family"], r["activation_checkpointing"]) for r in rows] == [
+        ("residual", False), ("residual", True), ("s2hc", False), ("s2hc", True)]  # fmt: skip
+    assert all((r["step_ratio_vs_without_ac"] is None) != r["activation_checkpointing"] for r in rows)
+    assert all((r["peak_mem_ratio_vs_without_ac"] is None) != r["activation_checkpointing"] for r in rows)
+    assert rows[1]["peak_mem_ratio_vs_residual"] == rows[1]["peak_mem_ratio_vs_without_ac"]
+    assert main(["bench", "--families", "s2hc:activation_checkpointing=yes please"]) == 2
+    assert "must be true or false, got 'yes please'" in capsys.readouterr().err

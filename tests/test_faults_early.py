@@ -59,6 +59,7 @@ def test_upcycling_with_a_tokenizer_larger_than_the_model_is_refused_before_writ
     _, config = load_model(tiny_checkpoint)
     source = config.replace(family="residual", n_streams=1, max_steps=1, out=str(tmp_path / "residual"))
     train(source)
+    capsys.readouterr()  # the run's own lines
     out = tmp_path / "upcycled"
     assert main(["upcycle", source.out, "--family", "s2hc", "--tokenizer", "gpt2", "--out", str(out)]) == 2
     line = one_line(capsys)

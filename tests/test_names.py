@@ -32,7 +32,7 @@ def test_export_takes_out_and_still_reads_the_positional_directory(tmp_path, cap
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["export", "run"], "the following arguments are required: --out"),
+    (["export", "run"], "the following arguments are required: --out (`s2hc export --help` lists them)"),
     (["export", "run", "a", "--out", "b"], "the output directory is given twice: --out 'b' and OUT_DIR 'a'; "
                                            "give --out alone"),
 ])

@@ -105,3 +105,15 @@ def test_resume_of_a_directory_without_a_run_is_refused_in_one_line(tmp_path, ca
     assert main(["train", "--out", str(tmp_path / "nothing"), "--resume"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("s2hc train: error: ") and "\n" not in err and "nothing" in err
+
+
+def test_a_run_configured_before_a_field_existed_reads_as_what_it_computed(tmp_path):
+    from s2hc.config import BEFORE_FIELD, TrainConfig, completed_settings
+    from s2hc.train.init_from import run_settings
+
+    old = TrainConfig(data="hf:some/dataset").to_dict()
+    del old["streaming"]  # written before streaming existed: that s2hc tokenised every source whole
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    assert run_settings(tmp_path)["streaming"] == "never" == BEFORE_FIELD["streaming"]
+    assert completed_settings({"max_steps": 7})["max_steps"] == 7
+    assert completed_settings({"max_steps": 7})["lr"] == TrainConfig().lr  # other new fields: their defaults

@@ -128,7 +128,7 @@ def test_version_2_files_may_not_carry_later_entries(tmp_path):
 
 
 def test_the_run_directory_lists_are_computed_from_its_entries(tmp_path):
-    assert layout.RUN_FILES == ("config.yaml", "metrics.jsonl", "checkpoint.pt", "checkpoint.dcp")
+    assert layout.RUN_FILES == ("config.yaml", "metrics.jsonl", "checkpoint.pt", "checkpoint.dcp", "checkpoints")
     assert layout.DERIVED == ("diagnostics", "metrics.csv", "loggers.json", "tensorboard", "wandb", "mlflow.db",
                               "mlartifacts")
     assert layout.ATOMIC_FILES == ("config.yaml", "metrics.jsonl", "checkpoint.pt", "metrics.csv", "loggers.json")
@@ -136,7 +136,8 @@ def test_the_run_directory_lists_are_computed_from_its_entries(tmp_path):
     assert not layout.is_run_entry("notes.txt") and not layout.is_run_entry(".notes.s2hc-abcd1234.tmp")
     for name in (*layout.RUN_FILES, *layout.DERIVED):  # --overwrite removes every run and derived entry
         target = tmp_path / name
-        target.mkdir() if name in ("checkpoint.dcp", "diagnostics", "tensorboard", "wandb") else target.write_text("x")
+        target.mkdir() if name in ("checkpoint.dcp", "checkpoints", "diagnostics", "tensorboard", "wandb") \
+            else target.write_text("x")
     (tmp_path / "notes.txt").write_text("mine")
     clear_run(tmp_path, log=None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

@@ -114,8 +114,8 @@ class TrainConfig:
     n_streams: int | None = _setting(None, "streams n (None: 1 for residual, else 4)", FAMILY, flag=False)
     family_options: dict = _setting({}, "options of the family, e.g. {iterations: 10}", FAMILY, flag=False)
     # the data
-    data: str = _setting("embedded", "'embedded', a .txt/.jsonl/.parquet file or directory, or hf:NAME[:CONFIG]",
-                         DATA)
+    data: str = _setting("embedded", "'embedded', a .txt/.jsonl/.json/.parquet file, a datasets.save_to_disk folder, "
+                         "a directory of them, or hf:NAME[:CONFIG]", DATA)
     cache_dir: str | None = _setting(
         None, "where token shards are cached (None: $S2HC_CACHE_DIR/tokens or ~/.cache/s2hc/tokens)", DATA)
     seq_len: int = _setting(256, "tokens per sequence", DATA)
@@ -131,10 +131,14 @@ class TrainConfig:
         0.05, "share of the documents of data held out for validation (without validation_data)", DATA)
     max_documents: int | None = _setting(None, "read at most this many documents of each split (None: all)", DATA)
     max_tokens: int | None = _setting(None, "tokenise at most this many tokens of each split (None: all)", DATA)
-    data_split: str = _setting("train", "the split of an hf: dataset to read (of validation_data too)", DATA)
+    data_split: str = _setting(
+        "train", "the split of an hf: dataset or a save_to_disk DatasetDict to read (of validation_data too)", DATA)
     data_files: str | None = _setting(
         None, "data_files of an hf: dataset (a file, glob or comma-separated list; e.g. hf:json with local files)",
         DATA)
+    streaming: str = _setting(
+        "auto", "tokenise the data chunk by chunk as training reads it: 'auto' (hf: sources and local ones over "
+        "1 GiB), 'always' or 'never' (all before step 1)", DATA)
     # the schedule: AdamW, cosine with linear warmup and a floor
     max_steps: int = _setting(1000, "optimizer steps", SCHEDULE, resumable=True)
     lr: float = _setting(6e-4, "peak learning rate", SCHEDULE)
@@ -258,6 +262,8 @@ class TrainConfig:
         """:class:`~s2hc.extras.MissingExtra` for an optional package this run needs and does not have (its data,
         tokenizer or kernels): checked before the run directory is written, so the retry is not refused."""
         check_available(data_packages(self.data), f"data={self.data!r}")
+        if self.validation_data is not None:
+            check_available(data_packages(self.validation_data), f"validation_data={self.validation_data!r}")
         check_available(tokenizer_packages(self.tokenizer), f"tokenizer={self.tokenizer!r}")
         if self.connection.get("kernels") == "triton":
             check_available(("triton",), "connection.kernels='triton'")
@@ -303,6 +309,33 @@ class TrainConfig:
         overrides.update(family=self.family, n_streams=self.n_streams, family_options=dict(self.family_options))
         overrides.setdefault("max_seq_len", max(self.seq_len, get_preset(self.preset).max_seq_len))
         return get_preset(self.preset, **overrides)
+
+    def token_options(self) -> dict[str, Any]:
+        """The keyword arguments of :func:`s2hc.data.shards.prepare_tokens` for this run's data (besides ``source``,
+        ``tokenizer``, ``cache_dir`` and ``split``): every caller that tokenises the run's data passes them, so the
+        run's training and validation splits are the same everywhere (training, ``eval``, ``diagnose``, a
+        study's rows). ``validation_data`` -> ``val_source``, ``validation_fraction`` -> ``val_fraction``,
+        ``data_split`` -> ``hf_split``; the others keep their names. All of them enter the token cache's key."""
+        return {
+            "text_field": self.text_field,
+            "val_source": self.validation_data,
+            "val_fraction": self.validation_fraction,
+            "max_documents": self.max_documents,
+            "hf_split": self.data_split,
+            "data_files": self.data_files,
+            "max_tokens": self.max_tokens,
+        }
+
+
+#: What s2hc computed before a field existed, where that is not the field's default: a run configured before it
+#: resumes computing what it did (before ``streaming``, every source was tokenised whole before step 1).
+BEFORE_FIELD = {"streaming": "never"}
+
+
+def completed_settings(stored: dict[str, Any]) -> dict[str, Any]:
+    """A run's stored settings (its ``config.yaml``, a checkpoint's config) with every field added since read as
+    that s2hc computed it: :data:`BEFORE_FIELD`'s value, else the field's default."""
+    return {**TrainConfig().to_dict(), **BEFORE_FIELD, **stored}
 
 
 def _option_kinds(family: str) -> dict[str, set[str]]:

@@ -11,6 +11,10 @@ it (parameters, optimizer state), so it does not depend on the C allocator's cac
 read from the allocator's own allocation and free events (``torch.profiler`` with
 ``profile_memory=True``); on CUDA from the caching allocator's peak statistics
 (``torch.cuda.max_memory_allocated``), which count the same thing (:func:`peak_step_bytes`).
+
+Activation checkpointing of whole blocks is measured the same way: a variant with
+``activation_checkpointing=true`` (or every variant's twin, ``benchmark_steps(activation_checkpointing=True)``)
+runs in the same repetitions as the variant without it, and its rows carry the ratios to it.
 """
 
 from __future__ import annotations
@@ -31,16 +35,21 @@ from ..extras import is_available, require
 from ..mixers import GATED_RESIDUAL, REFERENCE_FAMILY, RESIDUAL, check_family
 from ..mixers import get as mixer_class
 from ..models import Transformer, get_preset
-from ..reports import count, mib, ratio, table
+from ..reports import DASH, count, mib, ratio, table
 
 PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the same model
+#: The bench's own option of a variant (``s2hc:activation_checkpointing=true``): whole blocks checkpointed
+#: (:meth:`s2hc.models.Transformer.set_activation_checkpointing`), what ``s2hc train --activation-checkpointing``
+#: does. Neither a compute option of the connections nor a family option.
+ACTIVATION_CHECKPOINTING = "activation_checkpointing"
 _PEER_PACKAGE, _PEER_KIND = PEER.split(":")  # how "hyper-connections:mhc:KEY=VALUE" splits at its colons
 
 
 @dataclass(frozen=True)
 class Variant:
     """One model to time: a family (or :data:`PEER`), its stream count and options: how the connections compute
-    (:data:`s2hc.connection.COMPUTE_OPTIONS`) or the family's own (``family_options``, e.g. ``rank`` of
+    (:data:`s2hc.connection.COMPUTE_OPTIONS`), whether whole blocks are checkpointed
+    (:data:`ACTIVATION_CHECKPOINTING`) or the family's own (``family_options``, e.g. ``rank`` of
     ``gated-residual``)."""
 
     family: str
@@ -55,7 +64,18 @@ class Variant:
     @property
     def family_options(self) -> dict:
         """The options that say what they compute (the model's ``family_options``)."""
-        return {k: v for k, v in self.options.items() if k not in COMPUTE_OPTIONS}
+        return {k: v for k, v in self.options.items() if k not in (*COMPUTE_OPTIONS, ACTIVATION_CHECKPOINTING)}
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        """Whether the model's blocks are checkpointed (recomputed in the backward pass)."""
+        return bool(self.options.get(ACTIVATION_CHECKPOINTING, False))
+
+    def with_activation_checkpointing(self, enabled: bool) -> Variant:
+        """The same variant with whole-block activation checkpointing on (``enabled``) or off (the option
+        dropped, so the label is the plain variant's)."""
+        options = {k: v for k, v in self.options.items() if k != ACTIVATION_CHECKPOINTING}
+        return Variant(self.family, self.n_streams, {**options, ACTIVATION_CHECKPOINTING: True} if enabled else options)
 
     @property
     def label(self) -> str:
@@ -64,10 +84,12 @@ class Variant:
 
 
 def parse_variant(text: str, n_streams: int) -> Variant:
-    """``"s2hc"``, ``"s2hc:recompute=true"``, ``"mhc:iterations=10"`` or :data:`PEER` -> :class:`Variant`.
+    """``"s2hc"``, ``"s2hc:recompute=true"``, ``"mhc:iterations=10"``, ``"s2hc:activation_checkpointing=true"``
+    or :data:`PEER` -> :class:`Variant`.
 
     Values are parsed as YAML (:func:`s2hc.config.parse_assignment`: ``true``, ``10``, bare words).
-    ValueError naming ``--families`` for an unknown family or an option without ``=``.
+    ValueError naming ``--families`` for an unknown family, an option without ``=`` or an
+    ``activation_checkpointing`` that is not a boolean.
     """
     name, *assignments = [part.strip() for part in text.split(":")]
     if name == _PEER_PACKAGE:
@@ -75,7 +97,11 @@ def parse_variant(text: str, n_streams: int) -> Variant:
     if name != PEER:
         check_family(name, "argument --families")
     options = dict(parse_assignment(a, f"argument --families: option {a!r} of {name!r}") for a in assignments)
-    return Variant(name, 1 if name == RESIDUAL else n_streams, options)
+    if not isinstance(options.get(ACTIVATION_CHECKPOINTING, False), bool):
+        raise ValueError(f"argument --families: option {ACTIVATION_CHECKPOINTING!r} of {name!r} must be true or "
+                         f"false, got {options[ACTIVATION_CHECKPOINTING]!r}")
+    variant = Variant(name, 1 if name == RESIDUAL else n_streams, options)
+    return variant.with_activation_checkpointing(variant.activation_checkpointing)  # `=false` is the plain variant
 
 
 def peer_available() -> bool:
@@ -144,20 +170,25 @@ class PeerTransformer(Transformer):
 
 
 def build_model(preset: str, variant: Variant, overrides: dict | None = None) -> nn.Module:
-    """The preset's model for ``variant`` (seeded, float32, on the CPU; the caller moves it)."""
+    """The preset's model for ``variant`` (seeded, float32, on the CPU; the caller moves it), its blocks
+    checkpointed when the variant says so (the same weights either way)."""
     torch.manual_seed(0)
     overrides = dict(overrides or {})
     if variant.family == PEER:
         config = get_preset(preset, **overrides)
         if config.sliding_window is not None or config.embed_scale:
             raise ValueError(f"the {PEER} peer supports presets without sliding windows or embedding scaling")
-        return PeerTransformer(config, variant.n_streams, **variant.options)
-    try:
-        config = get_preset(preset, family=variant.family, n_streams=variant.n_streams,
-                            **{"family_options": variant.family_options, **overrides})
-        return set_connection_options(Transformer(config), **variant.compute_options)
-    except ValueError as error:
-        raise ValueError(f"{variant.label!r}: {error}") from error
+        peer_options = {k: v for k, v in variant.options.items() if k != ACTIVATION_CHECKPOINTING}
+        model = PeerTransformer(config, variant.n_streams, **peer_options)
+    else:
+        try:
+            config = get_preset(preset, family=variant.family, n_streams=variant.n_streams,
+                                **{"family_options": variant.family_options, **overrides})
+            model = set_connection_options(Transformer(config), **variant.compute_options)
+        except ValueError as error:
+            raise ValueError(f"{variant.label!r}: {error}") from error
+    model.set_activation_checkpointing(variant.activation_checkpointing)
+    return model
 
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -265,6 +296,11 @@ def make_runner(
     return StepRunner(variant, model, optimizer, ids[:, :-1], ids[:, 1:], forward, device)
 
 
+def _key(variant: Variant) -> tuple[str, int]:
+    """What tells two variants apart (a Variant holds a dict, so it is not hashable)."""
+    return variant.label, variant.n_streams
+
+
 def _spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
 
@@ -280,26 +316,37 @@ def benchmark_steps(
     steps: int = 2,
     warmup: int = 1,
     memory: bool = True,
+    activation_checkpointing: bool = False,
     overrides: dict | None = None,
     device: torch.device | str = "cpu",
     log: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Time training steps of every variant on ``device``, interleaved, and return one row per variant.
 
-    ``residual`` is added first if absent. Each of ``repeats`` repetitions runs ``steps`` timed steps of
-    every variant in turn; a variant's time in a repetition is the median of its steps, and its ratio to
-    residual is taken within the repetition. Rows: ``family``, ``label``, ``n_streams``, ``compiled``,
-    ``step_s`` (median), ``step_ratio_vs_residual`` with ``step_ratio_min`` / ``step_ratio_max``,
-    ``tokens_per_s``, ``peak_mem_bytes``, ``peak_mem_ratio_vs_residual`` (None when ``memory`` is False),
-    ``params``, ``batch_size``, ``seq_len``, ``preset``, ``device`` (``"cpu"`` or ``"cuda"``). Times are
-    seconds (synchronised on CUDA), memory is bytes (:func:`peak_step_bytes`). A ValueError raised by a
-    variant's first step (e.g. ``kernels=triton`` on a CPU without Triton's interpreter) is raised again
-    with the variant's label and the device.
+    A plain ``residual`` (blocks not checkpointed) is added first if absent. With ``activation_checkpointing``
+    every variant not checkpointed already gets a twin right after it whose blocks are
+    (:meth:`Variant.with_activation_checkpointing`), timed in the same repetitions. Each of ``repeats``
+    repetitions runs ``steps`` timed steps of every variant in turn; a variant's time in a repetition is the
+    median of its steps, and its ratios to residual and to its twin are taken within the repetition. Rows:
+    ``family``, ``label``, ``n_streams``, ``compiled``, ``activation_checkpointing``, ``step_s`` (median),
+    ``step_ratio_vs_residual`` with ``step_ratio_min`` / ``step_ratio_max``, ``tokens_per_s``,
+    ``peak_mem_bytes``, ``peak_mem_ratio_vs_residual`` (None when ``memory`` is False), for a checkpointed
+    variant whose plain twin ran ``step_ratio_vs_without_ac`` with ``step_ratio_vs_without_ac_min`` /
+    ``_max`` and ``peak_mem_ratio_vs_without_ac`` (None otherwise), ``params``, ``batch_size``,
+    ``seq_len``, ``preset``, ``device`` (``"cpu"`` or ``"cuda"``). Times are seconds (synchronised on
+    CUDA), memory is bytes (:func:`peak_step_bytes`). A ValueError raised by a variant's first step (e.g.
+    ``kernels=triton`` on a CPU without Triton's interpreter) is raised again with the variant's label and
+    the device.
     """
     log = log or (lambda _: None)
     device = torch.device(device)
-    if not any(v.family == RESIDUAL for v in variants):
-        variants = [Variant(RESIDUAL, 1), *variants]
+    if activation_checkpointing:
+        variants = [twin for v in variants
+                    for twin in ([v] if v.activation_checkpointing else [v, v.with_activation_checkpointing(True)])]
+    if not any(v.family == RESIDUAL and not v.activation_checkpointing for v in variants):
+        plain = Variant(RESIDUAL, 1)
+        variants = [plain, *([plain.with_activation_checkpointing(True)] * activation_checkpointing), *variants]
+    variants = list({_key(v): v for v in variants}.values())  # each variant once, where it first appears
     runners = []
     for variant in variants:
         log(f"building {variant.label} (n={variant.n_streams}, {device.type}{', compiling' if compile else ''})")
@@ -327,22 +374,32 @@ def benchmark_steps(
             f"repetition {rep + 1}/{repeats}: "
             + ", ".join(f"{r.variant.label} {times[i][-1]:.3f}s" for i, r in enumerate(runners))
         )
-    base = next(i for i, r in enumerate(runners) if r.variant.family == RESIDUAL)
+    plain_residual = _key(Variant(RESIDUAL, 1))
+    base = next(i for i, r in enumerate(runners) if _key(r.variant) == plain_residual)
+    index = {_key(r.variant): i for i, r in enumerate(runners)}
     peaks = {}
     if memory:
         for i, runner in enumerate(runners):
             peaks[i] = peak_step_bytes(runner.step, runner.model, runner.optimizer, device=device)
     rows = []
     for i, runner in enumerate(runners):
-        ratios = [t / b for t, b in zip(times[i], times[base])]
-        ratio, low, high = _spread(ratios)
+        ratio, low, high = _spread([t / b for t, b in zip(times[i], times[base])])
         step_s = statistics.median(times[i])
+        variant = runner.variant
+        plain = None
+        if variant.activation_checkpointing:
+            plain = index.get(_key(variant.with_activation_checkpointing(False)))
+        vs_plain = (None,) * 3 if plain is None else _spread([t / b for t, b in zip(times[i], times[plain])])
         rows.append({
-            "preset": preset, "family": runner.variant.family, "label": runner.variant.label,
-            "n_streams": runner.variant.n_streams, "compiled": compile, "batch_size": batch_size, "seq_len": seq_len,
+            "preset": preset, "family": variant.family, "label": variant.label,
+            "n_streams": variant.n_streams, "compiled": compile, "batch_size": batch_size, "seq_len": seq_len,
+            "activation_checkpointing": variant.activation_checkpointing,
             "step_s": step_s, "step_ratio_vs_residual": ratio, "step_ratio_min": low, "step_ratio_max": high,
             "tokens_per_s": batch_size * seq_len / step_s,
             "peak_mem_bytes": peaks.get(i), "peak_mem_ratio_vs_residual": peaks[i] / peaks[base] if memory else None,
+            "step_ratio_vs_without_ac": vs_plain[0], "step_ratio_vs_without_ac_min": vs_plain[1],
+            "step_ratio_vs_without_ac_max": vs_plain[2],
+            "peak_mem_ratio_vs_without_ac": peaks[i] / peaks[plain] if memory and plain is not None else None,
             "params": sum(p.numel() for p in runner.model.parameters()), "device": device.type,
         })  # fmt: skip
     return rows
@@ -457,7 +514,16 @@ def format_step_table(rows: list[dict[str, Any]], peer_note: str | None = None) 
               f"{ratio(row['step_ratio_vs_residual'])} [{row['step_ratio_min']:.2f}, {row['step_ratio_max']:.2f}]",
               count(row["tokens_per_s"]), mib(row["peak_mem_bytes"]), ratio(row["peak_mem_ratio_vs_residual"])]
              for row in rows]
-    lines += table(["family", "n", "step", "vs residual", "tokens/s", "peak memory", "vs residual"], cells)
+    headers = ["family", "n", "step", "vs residual", "tokens/s", "peak memory", "vs residual"]
+    if any(row.get("step_ratio_vs_without_ac") is not None for row in rows):  # checkpointed twins ran
+        headers += ["step vs without AC", "memory vs without AC"]
+        for cell, row in zip(cells, rows):
+            step = row.get("step_ratio_vs_without_ac")
+            cell += [DASH, DASH] if step is None else [
+                f"{ratio(step)} [{row['step_ratio_vs_without_ac_min']:.2f}, {row['step_ratio_vs_without_ac_max']:.2f}]",
+                ratio(row["peak_mem_ratio_vs_without_ac"])]
+        lines[0] += "; AC: activation checkpointing of whole blocks, against the same variant without it"
+    lines += table(headers, cells)
     if peer_note:
         lines += ["", peer_note]
     return "\n".join(lines)
@@ -480,6 +546,7 @@ def format_coefficient_table(rows: list[dict[str, Any]]) -> str:
 
 
 __all__ = [
+    "ACTIVATION_CHECKPOINTING",
     "PEER",
     "PeerTransformer",
     "StepRunner",

@@ -29,7 +29,8 @@ def register(subparsers) -> None:
             "and peak tensor memory; then the coefficient path alone per token, and the parameter table. "
             f"The hyper-connections package's mHC ({PEER}) runs as a peer at n = 4 when it is importable. "
             "A family may carry options: s2hc:recompute=True, s2hc:fused=False, s2hc:kernels=triton (CUDA, or a CPU "
-            "under TRITON_INTERPRET=1). Runs on a CUDA GPU when there is one (--device). Never fails on a time."
+            "under TRITON_INTERPRET=1), s2hc:activation_checkpointing=True (whole blocks recomputed in backward). "
+            "Runs on a CUDA GPU when there is one (--device). Never fails on a time."
         ),
     )
     parser.add_argument("--preset", default="small", help="model preset (default 'small')")
@@ -47,6 +48,12 @@ def register(subparsers) -> None:
         "cpu, cuda or cuda:N. On cuda, timings are synchronised and peak memory comes from torch.cuda's statistics",
     )  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
+    parser.add_argument(
+        "--activation-checkpointing", action="store_true",
+        help="also time every variant with its blocks checkpointed (recomputed in the backward pass, as `s2hc train "
+        "--activation-checkpointing` does), in the same repetitions; adds its step-time and peak-memory ratios to "
+        "the same variant without it",
+    )  # fmt: skip
     parser.add_argument("--repeats", type=positive_int, default=3, help="interleaved repetitions (default 3)")
     parser.add_argument(
         "--steps", type=positive_int, default=2, help="timed steps per variant and repetition (default 2)"
@@ -87,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         steps = measure.benchmark_steps(
             args.preset, variants, batch_size=args.batch_size, seq_len=args.seq_len, compile=args.compile,
-            repeats=args.repeats, steps=args.steps, memory=not args.no_memory, overrides=overrides,
-            device=device, log=log,
+            repeats=args.repeats, steps=args.steps, memory=not args.no_memory,
+            activation_checkpointing=args.activation_checkpointing, overrides=overrides, device=device, log=log,
         )  # fmt: skip
     except ValueError as error:  # bad options, kernels=triton where it cannot run
         args.subparser.error(str(error))

@@ -97,3 +97,30 @@ def output_directory(path, argument: str):
             except OSError:  # not empty (or gone): keep it and everything above it
                 break
         raise
+
+
+def checkpoint_step(text: str):
+    """argparse type of ``--step``: a step number or ``best`` (:func:`s2hc.rundir.parse_step`)."""
+    from ..rundir import parse_step  # rundir imports torch and the models: on use
+
+    try:
+        return parse_step(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a step number >= 0 or 'best', got {text!r}") from None
+
+
+def add_step_option(parser: argparse.ArgumentParser) -> None:
+    """``--step N|best``, the same on every command that reads a run's checkpoint (eval, generate, export,
+    diagnose): which of the run directory's checkpoints (:func:`s2hc.rundir.resolve_checkpoint`)."""
+    parser.add_argument("--step", type=checkpoint_step, default=None, metavar="N|best",
+                        help="the run directory's checkpoint of step N (kept by --keep-checkpoints, or the latest) "
+                             "or its best one (--keep-best); default: the latest")
+
+
+def resolve_step(args: argparse.Namespace) -> None:
+    """With ``--step``: ``args.checkpoint`` replaced by that checkpoint's path (ValueError in one line, naming
+    the steps kept, when there is none); without it, unchanged."""
+    if getattr(args, "step", None) is not None:
+        from ..rundir import resolve_checkpoint
+
+        args.checkpoint = str(resolve_checkpoint(args.checkpoint, step=args.step))

@@ -19,11 +19,12 @@ from ..diagnostics.synthetic import DEFAULT_SWEEP
 from ..extras import check_available
 from ..io import check_output_dir
 from ..rundir import resolve_checkpoint
-from .common import nonnegative_float, output_directory, parse_families, positive_int
+from ..rundir.layout import DIAGNOSTICS, kept_name
+from .common import add_step_option, nonnegative_float, output_directory, parse_families, positive_int, resolve_step
 
 DEFAULT_SYNTHETIC_OUT = "runs/diagnose-synthetic"
 DEFAULT_STATIC_OUT = "runs/diagnose-static"
-CHECKPOINT_ONLY = ("data", "device", "cache_dir", "seq_len", "batch_size")
+CHECKPOINT_ONLY = ("step", "data", "device", "cache_dir", "seq_len", "batch_size")
 SYNTHETIC_ONLY = ("families", "layers", "streams", "logit_scale", "sweep")
 
 
@@ -46,7 +47,8 @@ def register(subparsers) -> None:
     )
     parser.add_argument("checkpoint", nargs="?", metavar="CHECKPOINT", help="run directory or checkpoint file")
     parser.add_argument("--out", default=None,
-                        help=f"output directory (default: RUN/diagnostics for a checkpoint, {DEFAULT_STATIC_OUT}/NAME "
+                        help=f"output directory (default: RUN/diagnostics for a checkpoint, RUN/diagnostics/"
+                             f"step-00000100 or RUN/diagnostics/best with --step, {DEFAULT_STATIC_OUT}/NAME "
                              f"for --static, {DEFAULT_SYNTHETIC_OUT} for --synthetic)")
     parser.add_argument("--static", action="store_true",
                         help="CHECKPOINT is safetensors (file or directory): measure its matrices at d = 0, reading "
@@ -54,6 +56,7 @@ def register(subparsers) -> None:
     parser.add_argument("--tokens", type=positive_int, default=1024, help="token positions measured (default 1024)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the token sample / random inputs (default 0)")
     model = parser.add_argument_group("checkpoint")
+    add_step_option(model)
     model.add_argument("--data", default=None,
                        help="text whose validation split is measured: 'embedded' (default), a .txt/.jsonl/.parquet "
                             "file or directory, or hf:NAME[:CONFIG]; tokenised with the run's tokenizer")
@@ -135,8 +138,12 @@ def _static(args: argparse.Namespace) -> int:
 def _checkpoint(args: argparse.Namespace) -> int:
     check_available(required_packages(args.data or "embedded"), f"--data {args.data}")
     try:
+        run_dir, step = args.checkpoint, args.step
+        resolve_step(args)  # --step N|best: args.checkpoint is that checkpoint of the run directory
         resolve_checkpoint(args.checkpoint)  # a missing checkpoint is reported before its output is made
-        with output_directory(args.out or default_out(args.checkpoint), "--out") as out:
+        default = default_out(args.checkpoint) if step is None else \
+            Path(run_dir).expanduser() / DIAGNOSTICS / kept_name(step, sharded=False).removesuffix(".pt")
+        with output_directory(args.out or default, "--out") as out:
             result = diagnose_checkpoint(
                 args.checkpoint, data=args.data or "embedded", tokens=args.tokens, out=out, seed=args.seed,
                 device=args.device or "auto", cache_dir=args.cache_dir, seq_len=args.seq_len,

@@ -15,15 +15,23 @@ from pathlib import Path
 
 import torch
 
-from ..data.shards import prepare_tokens, stored_cache_dir
+from ..data.shards import stored_cache_dir
 from ..data.sources import required_packages
 from ..devices import DTYPES
 from ..evaluate.generation import generate_tokens
 from ..evaluate.loading import load_for_eval
-from ..evaluate.perplexity import perplexity
+from ..evaluate.perplexity import perplexity, run_tokens
 from ..extras import check_available
 from ..io import atomic_write_text
-from .common import add_renamed_option, nonnegative_float, nonnegative_int, output_directory, positive_int
+from .common import (
+    add_renamed_option,
+    add_step_option,
+    nonnegative_float,
+    nonnegative_int,
+    output_directory,
+    positive_int,
+    resolve_step,
+)
 
 
 def _limit(text: str) -> float | int:
@@ -39,8 +47,9 @@ def _limit(text: str) -> float | int:
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file"
+        "checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint, or --step's) or checkpoint file"
     )
+    add_step_option(parser)
     parser.add_argument(
         "--device", default="auto", help="'auto' (CUDA if available, else CPU), 'cpu', 'cuda', 'cuda:N'"
     )
@@ -104,6 +113,7 @@ def run_eval(args: argparse.Namespace) -> int:
         check_available(("lm_eval",), "--tasks")
     check_available(required_packages(args.data), f"--data {args.data}")
     try:
+        resolve_step(args)  # --step N|best: args.checkpoint is that checkpoint from here on
         model, tokenizer, train_config = load_for_eval(args.checkpoint, device=args.device, dtype=args.dtype)
     except ValueError as error:
         parser.error(str(error))
@@ -124,9 +134,12 @@ def _evaluate(args: argparse.Namespace, model, tokenizer, train_config, out: Pat
         try:
             # the run's cache only where it is usable here: a shared checkpoint names another machine's path
             cache = stored_cache_dir(train_config.cache_dir) if args.cache_dir is None else args.cache_dir
-            tokens = prepare_tokens(args.data, tokenizer, cache, args.split, progress=args.progress)
+            # the run's own data is split as the run split it; another source is read with the run's text_field
+            seq_len = args.seq_len or min(train_config.seq_len, model.config.max_seq_len)
+            tokens = run_tokens(args.data, tokenizer, train_config, args.split, cache_dir=cache, seq_len=seq_len,
+                                batch_size=args.batch_size, max_batches=args.max_batches, progress=args.progress)
             result = perplexity(
-                model, tokens, args.seq_len or min(train_config.seq_len, model.config.max_seq_len),
+                model, tokens, seq_len,
                 batch_size=args.batch_size, max_batches=args.max_batches, progress=args.progress,
                 source=args.data, split=args.split,
             )  # fmt: skip
@@ -199,6 +212,7 @@ def _add_generate_parser(subparsers) -> None:
 def run_generate(args: argparse.Namespace) -> int:
     parser = args.subparser
     try:
+        resolve_step(args)
         model, tokenizer, _ = load_for_eval(args.checkpoint, device=args.device, dtype=args.dtype)
         generator = torch.Generator(device=next(model.parameters()).device).manual_seed(args.seed)
         prompts = [p for p in args.prompt for _ in range(args.num_samples)]

@@ -6,7 +6,7 @@ import argparse
 
 from ..devices import DTYPES
 from ..extras import check_available
-from .common import deprecated
+from .common import add_step_option, deprecated, resolve_step
 
 
 def register(subparsers) -> None:
@@ -18,8 +18,9 @@ def register(subparsers) -> None:
         "Needs the hf extra (transformers).",
     )
     parser.add_argument(
-        "checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint) or checkpoint file"
+        "checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint, or --step's) or checkpoint file"
     )
+    add_step_option(parser)
     parser.add_argument("--out", metavar="DIR",
                         help="directory to write: built beside it and swapped in whole; an earlier export there "
                         "is replaced, a directory holding other files is refused")
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     from ..hf import export  # the hf extra: imported on use
 
     try:
+        resolve_step(args)  # --step N|best: that checkpoint of the run directory
         out = export(args.checkpoint, args.out, dtype=args.dtype)
     except ValueError as error:
         parser.error(str(error))

@@ -10,12 +10,28 @@ Typical use::
     batches = TokenBatches(train, seq_len=256, batch_size=8, seed=0)
     x, y = next(batches)                                     # int64 (8, 256) each; y is x shifted by one
     for x, y in eval_batches(val, 256, 8, max_batches=20): ...
+
+Sources (:mod:`s2hc.data.sources`): ``"embedded"``, ``.txt`` / ``.jsonl`` / ``.jsonl.gz`` / ``.json`` (an array
+of records or strings) / ``.parquet`` files, ``datasets.save_to_disk`` folders (a Dataset or a DatasetDict), a
+directory of them, ``"hf:NAME[:CONFIG]"`` (optionally with ``data_files``, e.g. ``"hf:json"`` on local files).
+Options of :func:`prepare_tokens` / :func:`iter_documents`: ``text_field``, ``val_source``, ``val_fraction``,
+``max_documents``, ``max_chars``, ``hf_split``, ``data_files`` (and ``max_tokens``); a run's are
+``TrainConfig.token_options()``::
+
+    val = prepare_tokens(config.data, tok, config.cache_dir, "val", **config.token_options())
+
+A dataset too large to tokenise before the first step (``hf:`` sources, say) is streamed instead
+(:mod:`s2hc.data.stream`): a ``ChunkStream`` tokenises it chunk by chunk as ``StreamBatches`` reads it::
+
+    stream = ChunkStream("hf:HuggingFaceFW/fineweb-edu:sample-100BT", tok, "cache", "train", prefetch=2)
+    batches = StreamBatches(stream, seq_len=256, batch_size=8, seed=0)   # the same (x, y) as TokenBatches'
 """
 
 from .corpus import corpus_info, load_corpus, load_documents
-from .loader import TokenBatches, eval_batches
+from .loader import StreamBatches, TokenBatches, eval_batches
 from .shards import default_cache_dir, prepare_tokens
 from .sources import iter_documents
+from .stream import ChunkStream
 from .tokenizer import Tokenizer, get_tokenizer
 
 __all__ = [
@@ -28,5 +44,7 @@ __all__ = [
     "prepare_tokens",
     "default_cache_dir",
     "TokenBatches",
+    "ChunkStream",
+    "StreamBatches",
     "eval_batches",
 ]

@@ -1,14 +1,18 @@
-"""Batches of next-token-prediction windows from a 1-D token array, shuffled, sharded and exactly resumable.
+"""Batches of next-token-prediction windows, shuffled, sharded and exactly resumable: from a 1-D token array
+(:class:`TokenBatches`) or from a stream of token chunks (:class:`StreamBatches`).
 
-The token array (e.g. from :func:`s2hc.data.shards.prepare_tokens`) is cut into non-overlapping windows of
-``seq_len + 1`` tokens starting at ``0, seq_len, 2·seq_len, ...`` (consecutive windows share one token, so every
-token but the first is a target once per epoch); ``x`` is a window's first ``seq_len`` tokens and ``y`` its last
-``seq_len`` (``x`` shifted by one).
+The tokens (of the array, e.g. from :func:`s2hc.data.shards.prepare_tokens`, or of each chunk of a
+:class:`~s2hc.data.stream.ChunkStream`) are cut into non-overlapping windows of ``seq_len + 1`` tokens starting at
+``0, seq_len, 2·seq_len, ...`` (consecutive windows share one token, so every token but the first is a target
+once per epoch); ``x`` is a window's first ``seq_len`` tokens and ``y`` its last ``seq_len`` (``x`` shifted by
+one).
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -17,6 +21,7 @@ import torch
 from ..checks import check_int
 
 STATE_VERSION = 1
+STREAM_STATE_VERSION = 1
 
 
 def _as_array(tokens) -> np.ndarray:
@@ -123,6 +128,9 @@ class TokenBatches:
         """Continue from ``state`` (from any rank of a run with the same data, seed, sequence length and
         global batch ``batch_size × world_size``: a run saved with 2 processes of 4 resumes with 1 of 8);
         ``ValueError`` listing what differs otherwise."""
+        if state.get("kind", "array") != "array":
+            raise ValueError(f"loader state is of a {state.get('kind')!r} loader (the run streamed its data), not of "
+                             "a whole-array one; resume with the run's own streaming setting")
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
         mine = {**self.state_dict(), "global_batch": self.global_batch}
@@ -138,6 +146,168 @@ class TokenBatches:
         if epoch < 0 or not 0 <= step <= self.batches_per_epoch:
             raise ValueError(f"loader state position epoch={epoch}, step_in_epoch={step} is out of range")
         self.epoch, self.step_in_epoch = epoch, step
+
+
+@dataclass
+class _Loaded:
+    """A chunk the loader holds: its windows are the positions ``[start, start + n_windows)`` of the epoch."""
+
+    chunk: Any  # s2hc.data.stream.Chunk
+    start: int
+    n_windows: int
+    order: np.ndarray | None = None  # the window order within the chunk, made when first needed
+
+
+class StreamBatches:
+    """An endless iterator of training batches ``(x, y)`` (int64 CPU tensors, ``(batch_size, seq_len)``) from a
+    :class:`~s2hc.data.stream.ChunkStream`, the streaming counterpart of :class:`TokenBatches`.
+
+    Every chunk is cut into windows of its own (a window never spans two chunks) and its windows are visited in an
+    order shuffled by ``(seed, epoch, chunk)`` (``numpy`` PCG64 seeded from ``SeedSequence([seed, epoch,
+    chunk])``): a shuffle bounded by the chunk, so only the chunks being read are needed, in order. The windows of
+    an epoch, chunk after chunk, make *global* batches of ``batch_size * world_size``; rank ``r`` takes windows
+    ``[r·batch_size, (r+1)·batch_size)`` of each, as in :class:`TokenBatches`, so N processes see exactly what one
+    process with N times the batch would. When the split ends (a finite dataset, or ``max_tokens``), the windows
+    left that do not fill a global batch are dropped and the next epoch starts again at chunk 0, reshuffled.
+
+    ``state_dict()`` records the position (epoch, batch, and the chunk it lies in with that chunk's first
+    document, token and window), so ``load_state_dict()`` continues exactly, reading the chunk from the cache or
+    tokenising it again from that document on, without the chunks before it. ``stream``: a
+    :class:`~s2hc.data.stream.ChunkStream` (it is closed when the loader is collected). Errors: ``ValueError``
+    naming the sizes when the whole split makes fewer windows than one global batch, or when an argument is
+    out of range; the stream's errors."""
+
+    def __init__(self, stream, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1):
+        self.stream = stream
+        self.seq_len = check_int("seq_len", seq_len, 1)
+        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.seed = check_int("seed", seed, 0)
+        self.world_size = check_int("world_size", world_size, 1)
+        self.rank = check_int("rank", rank, 0)
+        if self.rank >= self.world_size:
+            raise ValueError(f"rank={rank!r} is not allowed with world_size={world_size}; use 0 <= rank < world_size")
+        self.global_batch = self.batch_size * self.world_size
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self._loaded: list[_Loaded] = []
+        self._restart(0, 0, 0, 0)
+        weakref.finalize(self, stream.close)  # stops its background thread
+
+    def _restart(self, chunk: int, start: int, doc_start: int, token_start: int) -> None:
+        """Read on from chunk ``chunk`` (its first window is position ``start`` of the epoch)."""
+        self._origin = (chunk, start, doc_start, token_start)
+        self._loaded = []
+        self.stream.seek(chunk, doc_start, token_start)
+
+    def _covered(self) -> int:
+        """The positions of this epoch the loaded chunks reach (exclusive)."""
+        return self._loaded[-1].start + self._loaded[-1].n_windows if self._loaded else self._origin[1]
+
+    def _load_until(self, position: int) -> bool:
+        """Load chunks until they hold ``position - 1``; False when the split ends first."""
+        while self._covered() < position:
+            index = self._loaded[-1].chunk.index + 1 if self._loaded else self._origin[0]
+            chunk = self.stream.get(index)
+            if chunk is None:
+                return False
+            self._loaded.append(_Loaded(chunk, self._covered(), max(0, (chunk.n_tokens - 1) // self.seq_len)))
+        return True
+
+    def _order(self, loaded: _Loaded) -> np.ndarray:
+        if loaded.order is None:
+            entropy = [self.seed, self.epoch, loaded.chunk.index]
+            loaded.order = np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy))).permutation(
+                loaded.n_windows)
+        return loaded.order
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        while True:
+            first = self.step_in_epoch * self.global_batch
+            if self._load_until(first + self.global_batch):
+                break
+            if self.step_in_epoch == 0:
+                windows = self._covered()
+                raise ValueError(
+                    f"corpus too small: split {self.stream.split!r} makes {windows} windows of seq_len="
+                    f"{self.seq_len} (each of its chunks cut on its own), fewer than one global batch of "
+                    f"{self.global_batch} (batch_size={self.batch_size} x world_size={self.world_size})"
+                )
+            self.epoch += 1  # the split ended: the next epoch reads it again from its start, reshuffled
+            self.step_in_epoch = 0
+            self._restart(0, 0, 0, 0)
+        mine = first + self.rank * self.batch_size
+        rows, at = [], 0
+        for position in range(mine, mine + self.batch_size):
+            while self._loaded[at].start + self._loaded[at].n_windows <= position:
+                at += 1
+            loaded = self._loaded[at]
+            start = int(self._order(loaded)[position - loaded.start]) * self.seq_len
+            rows.append(loaded.chunk.tokens[start : start + self.seq_len + 1])
+        self.step_in_epoch += 1
+        self._drop_before(first + self.global_batch)
+        t = torch.from_numpy(np.stack(rows).astype(np.int64))
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+
+    def _drop_before(self, position: int) -> None:
+        """Forget the chunks that end at or before ``position`` (the next batch's first): the origin becomes the
+        chunk that holds it, or the one after the last loaded."""
+        while self._loaded and self._loaded[0].start + self._loaded[0].n_windows <= position:
+            gone = self._loaded.pop(0)
+            chunk = gone.chunk
+            self._origin = (chunk.index + 1, gone.start + gone.n_windows, chunk.doc_end, chunk.token_end)
+        if self._loaded:
+            head = self._loaded[0]
+            self._origin = (head.chunk.index, head.start, head.chunk.doc_start, head.chunk.token_start)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position (plain ints and strings: JSON- and ``torch.save``-safe) plus what it is only valid for
+        (``stream_key``: the stream's cache key, which hashes the source, its options, the tokenizer and the chunk
+        sizes)."""
+        chunk, start, doc_start, token_start = self._origin
+        return {
+            "version": STREAM_STATE_VERSION,
+            "kind": "stream",
+            "epoch": self.epoch,
+            "step_in_epoch": self.step_in_epoch,
+            "seed": self.seed,
+            "seq_len": self.seq_len,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "stream_key": self.stream.key,
+            "chunk": chunk,
+            "chunk_window": start,
+            "chunk_document": doc_start,
+            "chunk_token": token_start,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from ``state`` (from any rank of a run with the same data, seed, sequence length and global
+        batch ``batch_size × world_size``); ``ValueError`` listing what differs otherwise."""
+        if state.get("kind") != "stream":
+            raise ValueError("loader state is of a whole-array loader (the run tokenised its data whole before "
+                             "training), not of a streaming one; resume with the run's own streaming setting")
+        if state.get("version") != STREAM_STATE_VERSION:
+            raise ValueError(f"streaming loader state version {state.get('version')!r} is not {STREAM_STATE_VERSION}")
+        mine = {**self.state_dict(), "global_batch": self.global_batch}
+        state = {**state, "global_batch": state.get("batch_size", 0) * state.get("world_size", 0)}
+        diff = [
+            f"{k}: state {state.get(k)!r}, loader {mine[k]!r}"
+            for k in ("seed", "seq_len", "global_batch", "stream_key")
+            if state.get(k) != mine[k]
+        ]
+        if diff:
+            raise ValueError("loader state does not match this loader (" + "; ".join(diff) + ")")
+        names = ("epoch", "step_in_epoch", "chunk", "chunk_window", "chunk_document", "chunk_token")
+        values = [state.get(name) for name in names]
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values) or (
+                values[3] > values[1] * self.global_batch):
+            raise ValueError("loader state position " + ", ".join(f"{n}={v!r}" for n, v in zip(names, values))
+                             + " is out of range")
+        self.epoch, self.step_in_epoch = values[0], values[1]
+        self._restart(*values[2:])
 
 
 def eval_batches(

@@ -1,5 +1,8 @@
 """Token shards: a source tokenised once into a flat memory-mapped array on disk, reused on every later run.
 
+(A dataset too large to tokenise before training starts is streamed instead, chunk by chunk as training reads
+it: :mod:`s2hc.data.stream`.)
+
 Layout: ``cache_dir/<key>/<split>.bin`` (the raw token ids, native little-endian ``uint16`` when the vocabulary
 has fewer than 65536 tokens, else ``uint32``) and ``cache_dir/<key>/meta.json`` (what made them, and per split
 the number of tokens and documents). ``key`` is a hash of the format version, the source's identity

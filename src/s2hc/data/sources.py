@@ -8,28 +8,38 @@
   Without ``val_source``, the last ``val_fraction`` of every file (cut at a blank line, else at a line end,
   near that point) is the validation split and the rest the training split.
 - a ``.jsonl`` / ``.jsonl.gz`` file: one JSON object per line, its ``text_field`` (default ``"text"``) a document.
+- a ``.json`` file: a JSON array of records (objects; each one's ``text_field`` a document) or of strings (each a
+  document). Unlike the others it is parsed whole, so it must fit in memory: use JSON Lines for large data.
 - a ``.parquet`` file: its ``text_field`` column (needs ``pyarrow``).
-- a directory: every ``.txt``, ``.jsonl``, ``.jsonl.gz`` and ``.parquet`` file under it, sorted by path.
+- a ``datasets.save_to_disk`` folder (recognised by its ``dataset_info.json`` and ``state.json``, or by the
+  ``dataset_dict.json`` of a ``DatasetDict``, whose split ``hf_split`` is read): its ``text_field`` column,
+  read from the memory-mapped Arrow files (needs ``datasets``).
+- a directory: every ``.txt``, ``.jsonl``, ``.jsonl.gz``, ``.json`` and ``.parquet`` file and every
+  ``save_to_disk`` folder under it, sorted by path (the files inside a ``save_to_disk`` folder are its own).
 - ``"hf:NAME"`` or ``"hf:NAME:CONFIG"``: ``datasets.load_dataset(NAME, CONFIG, split=hf_split, streaming=True)``
   (e.g. ``"hf:HuggingFaceFW/fineweb-edu:sample-10BT"``); needs the network (or the local Hub cache) and the
-  ``datasets`` package.
+  ``datasets`` package. With ``data_files`` (a path, glob or list, or a comma-separated string of them), those
+  files are read as the split ``hf_split``: ``"hf:json"`` / ``"hf:parquet"`` / ``"hf:csv"`` with local files
+  (offline), or a Hub name with files of its repository.
 
-For record sources (JSONL, Parquet, ``hf:``) without ``val_source``, the validation split is every
-``k``-th record, ``k = round(1 / val_fraction)`` (records ``k-1, 2k-1, ...`` counted over the whole source), and
-the training split the others: deterministic, interleaved, and computable while streaming. With ``val_source``
-(another source of any kind) the training split is all of ``source`` and the validation split all of
-``val_source``. ``max_documents`` caps the number of documents yielded (per split), ``max_chars`` their total
-characters (the last document is cut): the way to take a slice of a huge streamed dataset.
+For record sources (JSONL, JSON, Parquet, ``save_to_disk`` folders, ``hf:``) without ``val_source``, the
+validation split is every ``k``-th record, ``k = round(1 / val_fraction)`` (records ``k-1, 2k-1, ...`` counted
+over the whole source), and the training split the others: deterministic, interleaved, and computable while
+streaming. With ``val_source`` (another source of any kind; ``data_files`` is not applied to it) the training
+split is all of ``source`` and the validation split all of ``val_source``. ``max_documents`` caps the number of
+documents yielded (per split), ``max_chars`` their total characters (the last document is cut): the way to take a
+slice of a huge streamed dataset. Everything but a ``.txt`` or ``.json`` file is read lazily, record by record.
 """
 
 from __future__ import annotations
 
+import glob
 import gzip
 import hashlib
 import json
 import os
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +51,17 @@ HF_PREFIX = "hf:"
 SPLITS = ("train", "val")
 TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
+JSON_SUFFIXES = (".json",)
 PARQUET_SUFFIXES = (".parquet",)
+#: The files a ``datasets.save_to_disk`` folder holds beside its Arrow files: a ``Dataset`` has both of the
+#: first two, a ``DatasetDict`` the third (and a ``Dataset`` folder per split).
+SAVED_DATASET_FILES = ("dataset_info.json", "state.json")
+SAVED_DATASET_DICT_FILE = "dataset_dict.json"
+#: ``datasets``' packaged builders that read files (``hf:json`` etc.): their ``data_files`` are local paths.
+FILE_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas", "xml")
+_KINDS = ".txt, .jsonl, .jsonl.gz, .json or .parquet files or datasets.save_to_disk folders"
+_JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
 
 
 def _check_split(split: str) -> None:
@@ -55,9 +75,31 @@ def _kind(path: Path) -> str | None:
         return "text"
     if name.endswith(JSONL_SUFFIXES):
         return "jsonl"
+    if name.endswith(JSON_SUFFIXES):
+        return "json"
     if name.endswith(PARQUET_SUFFIXES):
         return "parquet"
     return None
+
+
+def saved_dataset_kind(path: str | os.PathLike) -> str | None:
+    """``"dataset"`` or ``"dataset_dict"`` when ``path`` is a folder written by ``datasets``' ``save_to_disk``
+    (told by its files, without importing ``datasets``), else None."""
+    path = Path(path).expanduser()
+    if not path.is_dir():
+        return None
+    if (path / SAVED_DATASET_DICT_FILE).is_file():
+        return "dataset_dict"
+    if all((path / name).is_file() for name in SAVED_DATASET_FILES):
+        return "dataset"
+    return None
+
+
+def _entry_kind(path: Path) -> str | None:
+    """What one entry of :func:`resolve_files` is: a file's kind, or ``"saved"`` for a save_to_disk folder."""
+    if path.is_dir():
+        return "saved" if saved_dataset_kind(path) else None
+    return _kind(path)
 
 
 def parse_hf(source: str) -> tuple[str, str | None]:
@@ -69,42 +111,60 @@ def parse_hf(source: str) -> tuple[str, str | None]:
     return name, (config or None)
 
 
+def _is_hf(source) -> bool:
+    return isinstance(source, str) and source.startswith(HF_PREFIX)
+
+
 def resolve_files(source: str | os.PathLike) -> list[Path]:
-    """The files a local source reads, sorted; ``ValueError`` naming the path if it does not exist, or names a
-    file of an unsupported kind, or a directory holding none of the supported files."""
+    """The entries a local source reads, sorted: files, and ``save_to_disk`` folders (one entry each, whatever
+    they hold). ``ValueError`` naming the path if it does not exist, or names a file of an unsupported kind, or
+    a directory holding none of the supported files."""
     path = Path(source).expanduser()
     if not path.exists():
         raise ValueError(
             f"source {os.fspath(source)!r} does not exist (expected 'embedded', 'hf:NAME[:CONFIG]', or a path to a "
-            ".txt / .jsonl / .jsonl.gz / .parquet file or a directory of them)"
+            ".txt / .jsonl / .jsonl.gz / .json / .parquet file, a datasets.save_to_disk folder or a directory of them)"
         )
     if path.is_file():
         if _kind(path) is None:
             raise ValueError(
-                f"source {os.fspath(source)!r}: unsupported file type; use .txt, .jsonl, .jsonl.gz or .parquet"
+                f"source {os.fspath(source)!r}: unsupported file type; use .txt, .jsonl, .jsonl.gz, .json or .parquet"
             )
         return [path]
-    files = sorted(p for p in path.rglob("*") if p.is_file() and _kind(p) is not None)
-    if not files:
-        raise ValueError(
-            f"source {os.fspath(source)!r} is a directory with no .txt, .jsonl, .jsonl.gz or .parquet files"
-        )
-    return files
+    if saved_dataset_kind(path):
+        return [path]
+    entries = sorted(p for p in path.rglob("*") if _entry_kind(p) is not None)
+    saved = [p for p in entries if p.is_dir()]
+    if saved:  # a save_to_disk folder's own .json files (and a DatasetDict's splits) are not documents
+        entries = [p for p in entries if not any(folder in p.parents for folder in saved)]
+    if not entries:
+        raise ValueError(f"source {os.fspath(source)!r} is a directory with no {_KINDS}")
+    return entries
 
 
-def required_packages(source: str | os.PathLike) -> tuple[str, ...]:
+def required_packages(source: str | os.PathLike | None) -> tuple[str, ...]:
     """The optional packages reading ``source`` needs (:mod:`s2hc.extras`), found without reading it: ``datasets``
-    for ``hf:``, ``pyarrow`` for Parquet files. A path that does not exist needs nothing (it fails later, by name)."""
-    if isinstance(source, str) and source.startswith(HF_PREFIX):
-        return ("datasets",)
-    if source == EMBEDDED:
+    for ``hf:`` and ``save_to_disk`` folders, ``pyarrow`` for Parquet files. A path that does not exist needs
+    nothing (it fails later, by name); nor does None (no source)."""
+    if source is None or source == EMBEDDED:
         return ()
+    if _is_hf(source):
+        return ("datasets",)
     path = Path(source).expanduser()
     if path.is_file():
         return ("pyarrow",) if _kind(path) == "parquet" else ()
-    if path.is_dir() and any(p.is_file() and _kind(p) == "parquet" for p in path.rglob("*")):
-        return ("pyarrow",)
-    return ()
+    if saved_dataset_kind(path):
+        return ("datasets",)
+    if not path.is_dir():
+        return ()
+    needs = set()
+    for p in path.rglob("*"):
+        kind = _entry_kind(p)
+        if kind == "parquet" and p.is_file():
+            needs.add("pyarrow")
+        elif kind == "saved":
+            needs.add("datasets")
+    return tuple(name for name in ("datasets", "pyarrow") if name in needs)
 
 
 def _val_every(val_fraction: float) -> int:
@@ -186,11 +246,64 @@ def _jsonl_records(path: Path, text_field: str, compressed: bool) -> Iterator[st
                 raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
             if not isinstance(record, dict) or text_field not in record:
                 keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(f"{path}:{lineno}: no field text_field={text_field!r} (found {keys})")
+                raise ValueError(
+                    f"{path}:{lineno}: no field text_field={text_field!r} (found {keys}); set --text-field"
+                )
             text = record[text_field]
             if not isinstance(text, str):
                 raise ValueError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string")
             yield text
+
+
+def _json_name(value: Any) -> str:
+    return _JSON_NAMES.get(type(value), type(value).__name__)
+
+
+def _iter_json(path: Path, text_field: str) -> Iterator[str]:
+    """The documents of a ``.json`` file: a JSON array of records (objects holding ``text_field``) or of strings.
+
+    The array is parsed whole (``json.load``: the file must fit in memory, several times over); JSON Lines
+    (``.jsonl``) is read a line at a time. Records are numbered from 1 in the messages."""
+    try:
+        with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is allowed
+            value = json.load(f)
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{str(path)!r} is not UTF-8 text ({e.encoding} cannot decode it: {e.reason}); convert it to UTF-8"
+        ) from None
+    except json.JSONDecodeError as e:
+        where = f"{e.msg} at line {e.lineno} column {e.colno}"
+        if e.msg == "Extra data":
+            raise ValueError(
+                f"{str(path)!r} holds more than one JSON value ({where}): a file of one object per line is JSON "
+                "Lines, rename it .jsonl"
+            ) from None
+        raise ValueError(f"{str(path)!r} is not valid JSON ({where}); fix it or remove it from the source") from None
+    if not isinstance(value, list):
+        found = f"object (keys: {sorted(value)[:10]})" if isinstance(value, dict) else _json_name(value)
+        raise ValueError(
+            f"{str(path)!r} holds a JSON {found}, not an array of records or of strings; write its documents as "
+            "a JSON array, or one record per line as .jsonl"
+        )
+    for number, item in enumerate(value, start=1):
+        if isinstance(item, str):
+            yield item
+            continue
+        if not isinstance(item, dict):
+            raise ValueError(
+                f"element {number} of {str(path)!r} is a JSON {_json_name(item)}, not a record (an object) or a string"
+            )
+        if text_field not in item:
+            raise ValueError(
+                f"record {number} of {str(path)!r} has no field {text_field!r}; its fields: {sorted(item)}; "
+                "set --text-field"
+            )
+        text = item[text_field]
+        if not isinstance(text, str):
+            raise ValueError(
+                f"record {number} of {str(path)!r}: field {text_field!r} is a JSON {_json_name(text)}, not a string"
+            )
+        yield text
 
 
 def _iter_parquet(path: Path, text_field: str) -> Iterator[str]:
@@ -201,7 +314,7 @@ def _iter_parquet(path: Path, text_field: str) -> Iterator[str]:
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
         if text_field not in names:
-            raise ValueError(f"{path}: no column text_field={text_field!r} (columns: {names})")
+            raise ValueError(f"{path}: no column text_field={text_field!r} (columns: {names}); set --text-field")
         for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
             for text in batch.column(0).to_pylist():
                 if text is not None and not isinstance(text, str):
@@ -215,72 +328,202 @@ def _iter_parquet(path: Path, text_field: str) -> Iterator[str]:
         ) from None
 
 
-def _hf_error(source: str, e: BaseException) -> ValueError:
+def _saved_splits(path: Path) -> list[str] | None:
+    """The splits a DatasetDict folder's ``dataset_dict.json`` names (None when it cannot be read)."""
+    try:
+        with open(path / SAVED_DATASET_DICT_FILE, encoding="utf-8") as f:
+            splits = json.load(f).get("splits")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return [str(s) for s in splits] if isinstance(splits, list) else None
+
+
+def _check_saved_split(path: Path, hf_split: str) -> None:
+    """ValueError naming the splits there when ``path`` is a DatasetDict folder without ``hf_split``."""
+    if saved_dataset_kind(path) != "dataset_dict":
+        return
+    splits = _saved_splits(path)
+    if splits is not None and hf_split not in splits:
+        raise ValueError(
+            f"{str(path)!r} is a datasets.save_to_disk DatasetDict without the split data_split={hf_split!r}; "
+            f"its splits: {splits}; set --data-split"
+        )
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def _iter_saved(path: Path, text_field: str, hf_split: str) -> Iterator[str]:
+    """The ``text_field`` column of a ``save_to_disk`` folder (of its split ``hf_split`` for a DatasetDict), read
+    in batches from its memory-mapped Arrow files."""
+    datasets = require("datasets", f"reading the datasets.save_to_disk folder {str(path)!r}")
+    _check_saved_split(path, hf_split)
+    try:
+        ds = datasets.load_from_disk(str(path))
+    except (ImportError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        raise ValueError(
+            f"{str(path)!r} is not a readable datasets.save_to_disk folder ({type(e).__name__}: {_first_line(e)}); "
+            "save it again or remove it from the source"
+        ) from None
+    if isinstance(ds, datasets.DatasetDict):
+        if hf_split not in ds:
+            raise ValueError(
+                f"{str(path)!r} is a datasets.save_to_disk DatasetDict without the split data_split={hf_split!r}; "
+                f"its splits: {list(ds)}; set --data-split"
+            )
+        ds = ds[hf_split]
+    names = list(ds.column_names)
+    if text_field not in names:
+        raise ValueError(f"{str(path)!r} has no field {text_field!r}; its fields: {names}; set --text-field")
+    for batch in ds.select_columns([text_field]).with_format(None).iter(batch_size=1024):
+        for text in batch[text_field]:
+            if text is not None and not isinstance(text, str):
+                raise ValueError(f"{str(path)!r}: field {text_field!r} holds {type(text).__name__}, not strings")
+            if text is not None:
+                yield text
+
+
+def parse_data_files(data_files: str | Sequence[str] | None) -> list[str] | None:
+    """``data_files`` as a list: a comma-separated string is split (blanks dropped), a list kept; None stays
+    None. ``ValueError`` for an empty one."""
+    if data_files is None:
+        return None
+    try:
+        if isinstance(data_files, (str, os.PathLike)):
+            files = [part.strip() for part in os.fspath(data_files).split(",") if part.strip()]
+        else:
+            files = [os.fspath(part) for part in data_files]
+    except TypeError:
+        files = []
+    if not files or not all(isinstance(f, str) and f for f in files):
+        raise ValueError(f"data_files={data_files!r} is not allowed; use a path, a glob or a comma-separated list")
+    return [os.path.expanduser(f) for f in files]
+
+
+def _local_matches(pattern: str) -> list[str]:
+    return sorted(glob.glob(pattern, recursive=True)) if glob.has_magic(pattern) else (
+        [pattern] if os.path.exists(pattern) else [])
+
+
+def _check_hf(source: str, hf_split: str, data_files: list[str] | None) -> None:
+    """What can be refused about an ``hf:`` source before ``datasets`` is asked: a ``save_to_disk`` folder named
+    as ``hf:PATH``, and ``data_files`` of a file builder (``hf:json``, ...) that match no local file."""
+    name, _ = parse_hf(source)
+    if saved_dataset_kind(name):
+        raise ValueError(
+            f"source {source!r}: {name!r} is a datasets.save_to_disk folder: pass the path itself as --data, not hf:"
+        )
+    if data_files is not None and name in FILE_BUILDERS:
+        for pattern in data_files:
+            if "://" not in pattern and not _local_matches(pattern):  # a URL is datasets' to fetch
+                raise ValueError(
+                    f"source {source!r}: data_files entry {pattern!r} matches no file (paths are relative to the "
+                    f"working directory {os.getcwd()!r})"
+                )
+
+
+def _hf_error(source: str, e: BaseException, hf_split: str = "train", data_files=None) -> ValueError:
+    if isinstance(e, ValueError) and str(e).startswith("Bad split"):
+        return ValueError(f"source {source!r} has no split data_split={hf_split!r} ({_first_line(e)}); "
+                          "set --data-split")
+    if data_files is not None and isinstance(e, (FileNotFoundError, StopIteration)):
+        return ValueError(f"source {source!r}: data_files={data_files} matched no file ({type(e).__name__}: "
+                          f"{_first_line(e)})")
     return ValueError(
         f"source {source!r}: the Hugging Face dataset could not be loaded ({type(e).__name__}): the Hub is "
         "unreachable or offline (HF_HUB_OFFLINE), the name or config does not exist, or it needs a login"
     )
 
 
-def _iter_hf(source: str, text_field: str, hf_split: str) -> Iterator[str]:
+def _iter_hf(source: str, text_field: str, hf_split: str, data_files: list[str] | None = None) -> Iterator[str]:
     datasets = require("datasets", f"source {source!r}")
     name, config = parse_hf(source)
+    _check_hf(source, hf_split, data_files)
+    options = {} if data_files is None else {"data_files": {hf_split: data_files}}  # the files are that split
     try:
-        ds = datasets.load_dataset(name, config, split=hf_split, streaming=True)
+        ds = datasets.load_dataset(name, config, split=hf_split, streaming=True, **options)
         # a streaming dataset fetches lazily: failures can surface on the first record as well
-        for record in ds:
+        for number, record in enumerate(ds, start=1):
             if text_field not in record:
                 raise ValueError(
-                    f"source {source!r}: records have no field text_field={text_field!r} (found {sorted(record)})"
+                    f"record {number} of source {source!r} has no field {text_field!r}; its fields: "
+                    f"{sorted(record)}; set --text-field"
                 )
             text = record[text_field]
             if isinstance(text, str):
                 yield text
     except ValueError as e:
-        if str(e).startswith(f"source {source!r}"):
+        if str(e).startswith((f"source {source!r}", "record ")):
             raise
-        raise _hf_error(source, e) from e
+        raise _hf_error(source, e, hf_split, data_files) from e
     except (ImportError, GeneratorExit, KeyboardInterrupt):
         raise
     except Exception as e:
-        raise _hf_error(source, e) from e
+        raise _hf_error(source, e, hf_split, data_files) from e
 
 
-def _iter_records(source: str | os.PathLike, text_field: str, hf_split: str) -> Iterator[str]:
+def _iter_entry(path: Path, text_field: str, hf_split: str) -> Iterator[str]:
+    """The records of one entry of :func:`resolve_files` (a file, or a save_to_disk folder)."""
+    kind = _entry_kind(path)
+    if kind == "text":
+        yield from _iter_text_file(path)
+    elif kind == "jsonl":
+        yield from _iter_jsonl(path, text_field)
+    elif kind == "json":
+        yield from _iter_json(path, text_field)
+    elif kind == "saved":
+        yield from _iter_saved(path, text_field, hf_split)
+    else:
+        yield from _iter_parquet(path, text_field)
+
+
+def _iter_records(source: str | os.PathLike, text_field: str, hf_split: str, data_files=None) -> Iterator[str]:
     """All records of a record source or all files of a local source, in order, before any split."""
-    if isinstance(source, str) and source.startswith(HF_PREFIX):
-        yield from _iter_hf(source, text_field, hf_split)
+    if _is_hf(source):
+        yield from _iter_hf(source, text_field, hf_split, data_files)
         return
     for path in resolve_files(source):
-        kind = _kind(path)
-        if kind == "text":
-            yield from _iter_text_file(path)
-        elif kind == "jsonl":
-            yield from _iter_jsonl(path, text_field)
-        else:
-            yield from _iter_parquet(path, text_field)
+        yield from _iter_entry(path, text_field, hf_split)
 
 
-def _split_source(source, split, *, text_field, val_fraction, hf_split) -> Iterator[str]:
+def _split_source(source, split, *, text_field, val_fraction, hf_split, data_files=None) -> Iterator[str]:
     """One split of a source that has no separate validation source."""
     if isinstance(source, str) and source == EMBEDDED:
         yield from load_corpus(split)
         return
     every = _val_every(val_fraction)
-    is_hf = isinstance(source, str) and source.startswith(HF_PREFIX)
+    is_hf = _is_hf(source)
     index = 0
     for path_or_none in [None] if is_hf else resolve_files(source):
-        if path_or_none is not None and _kind(path_or_none) == "text":
+        if path_or_none is not None and _entry_kind(path_or_none) == "text":
             # a text file is one (often the only) document: hold out its tail
             for text in _iter_text_file(path_or_none):
                 yield _split_text(text, split, val_fraction)
             continue
-        records = _iter_hf(source, text_field, hf_split) if is_hf else _iter_records(path_or_none, text_field, hf_split)
+        records = (_iter_hf(source, text_field, hf_split, data_files) if is_hf
+                   else _iter_entry(path_or_none, text_field, hf_split))
         for text in records:
             in_val = index % every == every - 1
             index += 1
             if in_val == (split == "val"):
                 yield text
+
+
+def _check_source(src, hf_split: str, data_files: list[str] | None) -> None:
+    """Refuse at the call, before the first ``next()``: a missing path, a DatasetDict without ``hf_split``, a
+    save_to_disk folder named as ``hf:PATH``, data_files matching no local file."""
+    if isinstance(src, str) and src == EMBEDDED:
+        return
+    if _is_hf(src):
+        _check_hf(src, hf_split, data_files)
+        return
+    for path in resolve_files(src):
+        if path.is_dir():
+            _check_saved_split(path, hf_split)
 
 
 def iter_documents(
@@ -293,6 +536,7 @@ def iter_documents(
     max_documents: int | None = None,
     max_chars: int | None = None,
     hf_split: str = "train",
+    data_files: str | Sequence[str] | None = None,
 ) -> Iterator[str]:
     """Yield the documents (non-empty str) of ``split`` (``"train"`` or ``"val"``) of ``source``; see the module
     docstring for the sources and how the validation split is held out.
@@ -300,28 +544,40 @@ def iter_documents(
     ``text_field``: the JSON field / Parquet column / dataset field holding the text. ``val_source``: a separate
     validation source (then ``source`` is all training data). ``val_fraction``: the share held out otherwise,
     in (0, 0.5]. ``max_documents`` / ``max_chars``: caps on what is yielded. ``hf_split``: the split of a
-    Hugging Face dataset to stream (of ``val_source`` too when that is an ``hf:`` source).
+    Hugging Face dataset to stream, or of a ``save_to_disk`` DatasetDict (of ``val_source`` too).
+    ``data_files``: the files of an ``hf:`` ``source`` (a path, glob or list, or a comma-separated string),
+    read as its split ``hf_split``; only for an ``hf:`` source (not applied to ``val_source``).
 
     Errors: ``ValueError`` naming the path for a missing or unsupported path or a damaged file (a ``.jsonl.gz``
-    that is not gzip or is truncated, a ``.jsonl`` that is not UTF-8, a broken Parquet file, a ``.txt`` that is
-    not text), naming the field for a record without it, and one sentence for a Hub dataset that cannot be
-    reached. Damaged files fail when they are read, i.e. on iteration."""
+    that is not gzip or is truncated, a ``.jsonl`` that is not UTF-8, a ``.json`` that is not an array of
+    records or of strings, a broken Parquet file, a ``.txt`` that is not text), naming the field and the fields
+    found for a record without it, naming the splits there for a DatasetDict without ``hf_split``, for a
+    ``save_to_disk`` folder given as ``hf:PATH``, and one sentence for a Hub dataset that cannot be reached.
+    Paths, splits of DatasetDict folders and ``hf:`` names are checked at the call; damaged files fail when
+    they are read, i.e. on iteration."""
     _check_split(split)
     if max_documents is not None and max_documents < 1:
         raise ValueError(f"max_documents={max_documents!r} is not allowed; use a positive integer or None")
     if max_chars is not None and max_chars < 1:
         raise ValueError(f"max_chars={max_chars!r} is not allowed; use a positive integer or None")
     _val_every(val_fraction)
-    for src in (source,) if val_source is None else (source, val_source):
-        if not (isinstance(src, str) and (src == EMBEDDED or src.startswith(HF_PREFIX))):
-            resolve_files(src)  # a missing path fails here, at the call, not at the first next()
+    files = parse_data_files(data_files)
+    if files is not None and not _is_hf(source):
+        raise ValueError(
+            f"data_files={data_files!r} is for an hf: source (e.g. hf:json); source {os.fspath(source)!r} is not "
+            "one: pass local files as the source itself"
+        )
+    _check_source(source, hf_split, files)
+    if val_source is not None:
+        _check_source(val_source, hf_split, None)
     if val_source is None:
-        docs = _split_source(source, split, text_field=text_field, val_fraction=val_fraction, hf_split=hf_split)
+        docs = _split_source(source, split, text_field=text_field, val_fraction=val_fraction, hf_split=hf_split,
+                             data_files=files)
     else:
-        chosen = source if split == "train" else val_source
         if EMBEDDED in (source, val_source):
             raise ValueError("source 'embedded' has its own validation split; do not combine it with val_source")
-        docs = _iter_records(chosen, text_field, hf_split)
+        docs = (_iter_records(source, text_field, hf_split, files) if split == "train"
+                else _iter_records(val_source, text_field, hf_split))
     return _capped(docs, max_documents, max_chars)
 
 
@@ -339,6 +595,16 @@ def _capped(docs: Iterator[str], max_documents: int | None, max_chars: int | Non
             return
 
 
+def _file_stats(path: Path) -> list[list[Any]]:
+    """``[resolved path, size, mtime_ns]`` of a file, or of every file under a folder (a save_to_disk one)."""
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    out = []
+    for p in files:
+        st = p.stat()
+        out.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
+    return out
+
+
 def source_identity(
     source: str | os.PathLike = EMBEDDED,
     *,
@@ -348,26 +614,36 @@ def source_identity(
     max_documents: int | None = None,
     max_chars: int | None = None,
     hf_split: str = "train",
+    data_files: str | Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """A JSON-serialisable description of everything that decides the documents ``iter_documents`` yields, for
-    cache keys: local files by resolved path, size and modification time (an edited file changes it), the
-    embedded corpus by the sha256 of its file, ``hf:`` sources by name (a dataset changed on the Hub is not
-    noticed: delete the cache to refetch)."""
+    cache keys: local files by resolved path, size and modification time (an edited file changes it; a
+    ``save_to_disk`` folder by every file in it, and the split ``hf_split`` of a DatasetDict), the embedded
+    corpus by the sha256 of its file, ``hf:`` sources by name, split and ``data_files`` (the local files these
+    match by path, size and mtime; a dataset changed on the Hub is not noticed: delete the cache to refetch).
+    Options that do not apply to a source are left out, so they do not change its key."""
+    files_option = parse_data_files(data_files)
 
-    def one(src) -> dict[str, Any]:
+    def one(src, data_files=None) -> dict[str, Any]:
         if isinstance(src, str) and src == EMBEDDED:
             return {"kind": "embedded", "sha256": corpus_fingerprint()}
-        if isinstance(src, str) and src.startswith(HF_PREFIX):
+        if _is_hf(src):
             name, config = parse_hf(src)
-            return {"kind": "hf", "name": name, "config": config, "hf_split": hf_split}
-        files = []
-        for p in resolve_files(src):
-            st = p.stat()
-            files.append([str(p.resolve()), st.st_size, st.st_mtime_ns])
-        return {"kind": "files", "path": str(Path(src).expanduser().resolve()), "files": files}
+            ident = {"kind": "hf", "name": name, "config": config, "hf_split": hf_split}
+            if data_files is not None:
+                ident["data_files"] = data_files
+                ident["local_files"] = [s for pattern in data_files for p in _local_matches(pattern)
+                                        for s in _file_stats(Path(p))]
+            return ident
+        entries = resolve_files(src)
+        files = [s for p in entries for s in _file_stats(p)]
+        ident = {"kind": "files", "path": str(Path(src).expanduser().resolve()), "files": files}
+        if any(saved_dataset_kind(p) == "dataset_dict" for p in entries):
+            ident["hf_split"] = hf_split
+        return ident
 
     ident = {
-        "source": one(source),
+        "source": one(source, files_option),
         "text_field": text_field,
         "max_documents": max_documents,
         "max_chars": max_chars,
@@ -377,6 +653,34 @@ def source_identity(
     elif not (isinstance(source, str) and source == EMBEDDED):
         ident["val_fraction"] = val_fraction
     return ident
+
+
+def options_for(data: str | os.PathLike, run_data: str | os.PathLike, run_options: dict[str, Any]) -> dict[str, Any]:
+    """The options (of :func:`s2hc.data.shards.prepare_tokens`) to tokenise ``data`` with, for a run that
+    tokenised ``run_data`` with ``run_options`` (``TrainConfig.token_options()``).
+
+    ``data`` the run's own source (the same string, or the same path resolved): all of ``run_options``, so its
+    splits are exactly the run's (its validation source, fraction, caps and data_files). Another source: only how
+    the run reads a source, ``text_field``, ``hf_split`` and ``val_fraction`` (a held-out share like the run's);
+    the run's ``val_source``, ``data_files``, ``max_documents`` and ``max_tokens`` describe its own data and are
+    not applied. The embedded corpus takes no options (it has its own splits)."""
+    if same_source(data, run_data):
+        return dict(run_options)
+    if isinstance(data, str) and data == EMBEDDED:
+        return {}
+    return {key: run_options[key] for key in ("text_field", "hf_split", "val_fraction") if key in run_options}
+
+
+def same_source(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bool:
+    """Whether two sources name the same data: equal strings, or local paths that resolve to the same place."""
+    if a is None or b is None:
+        return a is b
+    if os.fspath(a) == os.fspath(b):
+        return True
+    special = [isinstance(s, str) and (s == EMBEDDED or _is_hf(s)) for s in (a, b)]
+    if any(special):
+        return False
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 def identity_hash(obj: Any) -> str:

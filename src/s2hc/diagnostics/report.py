@@ -24,7 +24,9 @@ from torch import nn
 from ..checks import check_int, check_str
 from ..connection import CONNECTIONS, HyperConnection
 from ..data.loader import eval_batches
-from ..data.shards import prepare_tokens, stored_cache_dir
+from ..data.shards import stored_cache_dir
+from ..data.sources import options_for
+from ..data.stream import validation_tokens
 from ..data.tokenizer import check_tokenizer_fits, get_tokenizer
 from ..devices import autocast_dtype, resolve_device
 from ..io import atomic_write_text, check_output_dir
@@ -383,8 +385,12 @@ def default_out(checkpoint: str | Path) -> Path:
 
 
 def _validation_ids(data: str, config, cache_dir, tokens: int, seq_len: int, batch_size: int) -> torch.Tensor:
-    val = prepare_tokens(data, config.tokenizer, cache_dir, "val", progress=False)
+    # the run's own data: the run's validation split exactly (s2hc.data.sources.options_for)
+    options = options_for(data, config.data, config.token_options())
     windows = max(1, math.ceil(tokens / seq_len))
+    # a source that streams is read only as far as these windows (the whole split otherwise)
+    val = validation_tokens(data, config.tokenizer, cache_dir, streaming=config.streaming, seq_len=seq_len,
+                            batch_size=batch_size, eval_batches=math.ceil(windows / batch_size), **options)
     batches = eval_batches(val, seq_len, batch_size, max_batches=math.ceil(windows / batch_size))
     ids = torch.cat([x for x, _ in batches])[:windows]
     return ids

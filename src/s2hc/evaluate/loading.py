@@ -8,18 +8,22 @@ import torch
 
 from ..data.tokenizer import check_tokenizer_fits, get_tokenizer
 from ..devices import resolve_device, resolve_dtype
-from ..rundir import load_model
+from ..rundir import load_model, resolve_checkpoint
 
 __all__ = ["check_finite_weights", "load_for_eval"]
 
 
-def load_for_eval(checkpoint: str | os.PathLike, device: str | torch.device | None = "auto", dtype=None):
-    """``(model, tokenizer, train_config)`` of a checkpoint (a run directory or a checkpoint file).
+def load_for_eval(checkpoint: str | os.PathLike, device: str | torch.device | None = "auto", dtype=None, *,
+                  step: int | str | None = None):
+    """``(model, tokenizer, train_config)`` of a checkpoint (a run directory or a checkpoint file; with ``step``,
+    the run directory's kept checkpoint of that step or ``"best"``, :func:`s2hc.rundir.resolve_checkpoint`).
 
     ValueError in one sentence when the path does not exist or is not an s2hc checkpoint, when its weights are
-    not all finite (:func:`check_finite_weights`), or for a bad ``device`` / ``dtype``.
+    not all finite (:func:`check_finite_weights`), for a step not kept, or for a bad ``device`` / ``dtype``.
     """
     target, dtype = resolve_device(device), resolve_dtype(dtype)
+    if step is not None:
+        checkpoint = resolve_checkpoint(checkpoint, step)  # named in the messages below
     model, train_config = load_model(checkpoint)
     check_finite_weights(model, checkpoint)
     model = model.to(device=target, dtype=dtype) if dtype is not None else model.to(target)

@@ -13,6 +13,11 @@ SHA-256 of each shard file in its ``extra.pt``. Loading verifies them (``verify=
 it was written (a flipped bit, a truncated copy) is refused with a ValueError naming it. Version-1 files,
 written before checksums, load unverified; versions 2 and 3 differ only in ``written_by``.
 
+Kept checkpoints (``RUN/checkpoints/``, :mod:`~s2hc.rundir.layout`): :func:`keep_copy` puts the checkpoint just
+written in a second place (a hard link, or a copy verified byte for byte where links are refused), atomically;
+:func:`kept_checkpoints` lists them, :func:`prune_kept` removes all but the newest steps, and
+``resolve_checkpoint(RUN, step=100)`` / ``step="best"`` picks one (``s2hc eval RUN --step 100``).
+
 Safety: nothing is unpickled but data. Single files and ``extra.pt`` are read with ``weights_only=True``; a
 sharded checkpoint's ``.metadata`` with an allowlist of torch.distributed.checkpoint's metadata classes and its
 non-tensor values with ``weights_only=True`` (:func:`read_sharded_metadata`), since a checksum is no signature.
@@ -20,21 +25,24 @@ non-tensor values with ``weights_only=True`` (:func:`read_sharded_metadata`), si
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
+import math
 import os
 import pickle
 import re
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..config import TrainConfig
-from ..io import WriteError, atomic_write_bytes, os_error_in
+from ..config import TrainConfig, completed_settings
+from ..io import TEMPORARY_MARK, WriteError, atomic_write_bytes, fsync_path, os_error_in
 from ..models import ModelConfig, Transformer
-from .layout import CHECKPOINT, EXTRA, SHARDED
+from .layout import BEST, CHECKPOINT, EXTRA, KEPT, SHARDED, kept_name, parse_kept_name, sharded_temporaries
 from .schema import FORMAT, READABLE, VERSION, Checkpoint, writer
 
 CHECKSUM = "checksum"
@@ -141,9 +149,11 @@ def save_sharded_checkpoint(directory: Path, state: dict[str, Any], checkpoint: 
     import torch.distributed.checkpoint as dcp  # imported on use: it is slow to import
 
     directory = Path(directory)
-    tmp = directory.with_name(directory.name + ".tmp")
-    if is_main and tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = directory.with_name(sharded_temporaries(directory.name)[0])
+    if is_main:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        directory.parent.mkdir(parents=True, exist_ok=True)  # RUN/checkpoints/ for a kept one
     barrier()
     try:
         dcp.save(state, checkpoint_id=str(tmp))
@@ -157,17 +167,203 @@ def save_sharded_checkpoint(directory: Path, state: dict[str, Any], checkpoint: 
             shards = {p.name: file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != EXTRA}
             payload = _with_checksum({"format": FORMAT, "version": VERSION, **checkpoint.header(), SHARDS: shards})
             atomic_write_bytes(tmp / EXTRA, lambda handle: torch.save(payload, handle))
-            old = directory.with_name(directory.name + ".old")
-            try:
-                if directory.exists():
-                    shutil.rmtree(old, ignore_errors=True)
-                    os.replace(directory, old)
-                os.replace(tmp, directory)
-            except OSError as error:
-                raise WriteError(directory, error) from error
-            shutil.rmtree(old, ignore_errors=True)
+            swap_in(tmp, directory)
     finally:
         barrier()  # even when rank 0 failed: the other ranks must not wait here for ever
+
+
+def swap_in(tmp: Path, directory: Path) -> None:
+    """Put the complete sharded checkpoint ``tmp`` (``NAME.tmp/``) in place as ``directory``: the one there
+    renamed to ``NAME.old/``, ``tmp`` renamed in, ``NAME.old/`` removed. Killed between the two renames, the
+    run directory's guard puts ``NAME/`` back (:func:`s2hc.rundir.guard.clean_interrupted_saves`). WriteError
+    naming ``directory`` when a rename is refused."""
+    old, moved = directory.with_name(sharded_temporaries(directory.name)[1]), False
+    try:
+        if directory.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(directory, old)
+            moved = True
+        os.replace(tmp, directory)
+        fsync_path(directory.parent)
+    except OSError as error:
+        if moved and not directory.exists():  # the second rename refused: the old one back in place
+            with contextlib.suppress(OSError):
+                os.replace(old, directory)
+        raise WriteError(directory, error) from error
+    shutil.rmtree(old, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------------- kept checkpoints
+#
+# The checkpoint just written is put in a second place (RUN/checkpoints/step-N.pt, best.pt, or the latest when
+# the best was written first) without writing the state again: a hard link (s2hc never changes a checkpoint in
+# place, it replaces it by a rename, so the link keeps its bytes), or where the file system refuses links a
+# copy compared with its source before it is renamed into place.
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """``target`` (a new name): the bytes of ``source``, hard-linked, else copied, fsynced and compared.
+    FileExistsError when ``target`` exists; OSError when neither works."""
+    try:
+        os.link(source, target)
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here (EPERM, EXDEV, EMLINK, ENOTSUP): a copy
+        with open(source, "rb") as src, open(target, "xb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+            dst.flush()
+            os.fsync(dst.fileno())
+        if file_digest(target) != file_digest(source):
+            target.unlink(missing_ok=True)
+            raise OSError(f"the copy of {str(source)!r} differs from it (a disk or memory error)") from None
+    else:
+        if not os.path.samefile(source, target):
+            raise OSError(f"the hard link to {str(source)!r} is another file") from None
+
+
+def _place_file(source: Path, target: Path) -> None:
+    """``target``: the file ``source`` too, through a temporary name (``.NAME.s2hc-XXXXXXXX.tmp``) renamed over it."""
+    for _ in range(100):
+        tmp = target.with_name(f".{target.name}.{TEMPORARY_MARK}{secrets.token_hex(4)}.tmp")
+        try:
+            _link_or_copy(source, tmp)
+        except FileExistsError:  # another write drew the same digits
+            continue
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_path(target.parent)
+        return
+    raise FileExistsError(f"no unused temporary name for {str(target)!r}")
+
+
+def keep_copy(source: Path, target: Path) -> None:
+    """Make ``target`` the checkpoint ``source`` too (a file, or a complete sharded directory), atomically: a
+    kill leaves either the old ``target`` or the new one, and a temporary name the run directory's guard removes.
+
+    Written once: hard links to ``source``'s files (:func:`os.link`), or where the file system has none, copies
+    compared byte for byte with them before they are put in place. A sharded one is built in ``NAME.tmp/``, its
+    ``extra.pt`` last (so a complete-looking ``NAME.tmp/`` is complete), then swapped in (:func:`swap_in`).
+    WriteError naming ``target`` when the disk refuses it; the old ``target`` is then untouched."""
+    source, target = Path(source), Path(target)
+    if source == target:
+        return
+    tmp = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if not is_sharded(source):
+            _place_file(source, target)
+            return
+        tmp = target.with_name(sharded_temporaries(target.name)[0])
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir()
+        files = sorted((p for p in source.iterdir() if p.is_file()), key=lambda p: (p.name == EXTRA, p.name))
+        for file in files:
+            _link_or_copy(file, tmp / file.name)
+        fsync_path(tmp)
+        swap_in(tmp, target)
+    except OSError as error:  # a kill leaves NAME.tmp/ instead, which the guard removes
+        if tmp is not None and tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, WriteError):
+            raise
+        raise WriteError(target, error) from error
+
+
+def remove_checkpoint(path: Path) -> None:
+    """Remove a checkpoint file, or a sharded directory so that no kill leaves part of one under its name: a
+    kept one (``RUN/checkpoints/``) is renamed to a temporary name first (which the guard removes), the latest
+    loses its ``extra.pt`` first (an incomplete directory, which nothing reads as a checkpoint)."""
+    path = Path(path)
+    if not path.is_dir() or path.is_symlink():
+        path.unlink(missing_ok=True)
+        return
+    if parse_kept_name(path.name) is not None:
+        doomed = path.with_name(f".{path.name}.{TEMPORARY_MARK}{secrets.token_hex(4)}.tmp")
+        os.replace(path, doomed)
+        path = doomed
+    else:
+        (path / EXTRA).unlink(missing_ok=True)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _written(path: Path) -> int:
+    """When a checkpoint was written (ns): its file's, or a sharded one's extra.pt's, which is written last."""
+    return ((path / EXTRA) if path.is_dir() else path).stat().st_mtime_ns
+
+
+def kept_checkpoints(run_dir: str | Path) -> dict[int | str, Path]:
+    """The complete checkpoints in ``RUN/checkpoints/``: ``{step: path, ...}`` in step order, then ``"best":
+    path`` when there is one. Of two kinds of one name (a run whose process count changed, killed before it
+    removed the older kind), the one written last."""
+    directory = Path(run_dir) / KEPT
+    found: dict[int | str, Path] = {}
+    if not directory.is_dir():
+        return found
+    for path in directory.iterdir():
+        parsed = parse_kept_name(path.name)
+        if parsed is None:
+            continue
+        key, sharded = parsed
+        if not (is_sharded(path) if sharded else path.is_file()):
+            continue  # a sharded one whose removal was cut short
+        try:
+            if key not in found or _written(path) > _written(found[key]):
+                found[key] = path
+        except FileNotFoundError:  # removed meanwhile by the run that keeps them
+            continue
+    steps = sorted(k for k in found if k != BEST)
+    return {**{k: found[k] for k in steps}, **({BEST: found[BEST]} if BEST in found else {})}
+
+
+def kept_path(run_dir: str | Path, step: int | str, sharded: bool) -> Path:
+    """Where the kept checkpoint of ``step`` (or ``"best"``) of that kind goes: ``RUN/checkpoints/NAME``."""
+    return Path(run_dir) / KEPT / kept_name(step, sharded)
+
+
+def remove_other_kind(path: Path) -> None:
+    """Remove the checkpoint of the other kind of the same name as ``path`` (``step-N.dcp`` beside a new
+    ``step-N.pt``, ``checkpoint.pt`` beside a new ``checkpoint.dcp``): older now."""
+    other = {CHECKPOINT: SHARDED, SHARDED: CHECKPOINT}.get(path.name)
+    if other is None:
+        parsed = parse_kept_name(path.name)
+        if parsed is None:
+            return
+        other = kept_name(parsed[0], not parsed[1])
+    target = path.with_name(other)
+    if target.exists():
+        remove_checkpoint(target)
+
+
+def prune_kept(run_dir: str | Path, keep: int) -> list[Path]:
+    """Remove the step checkpoints of ``RUN/checkpoints/`` but the newest ``keep`` (>= 1) by step (the best one
+    is not a step checkpoint); returns what was removed."""
+    kept = [(key, path) for key, path in kept_checkpoints(run_dir).items() if key != BEST]
+    removed = []
+    for step, _ in kept[:-keep]:
+        for sharded in (False, True):
+            path = kept_path(run_dir, step, sharded)
+            if path.exists():
+                remove_checkpoint(path)
+                removed.append(path)
+    return removed
+
+
+def best_val_loss(run_dir: str | Path) -> float:
+    """The validation loss of ``RUN/checkpoints/best``'s step (what a new best must beat), read from its
+    history without loading its tensors; infinity when there is none. ValueError naming it when it is
+    unreadable."""
+    path = kept_checkpoints(run_dir).get(BEST)
+    if path is None:
+        return math.inf
+    loss = _peek(path).history.val_loss
+    return math.inf if loss is None else float(loss)
 
 
 def load_sharded_into(directory: Path, state: dict[str, Any]) -> None:
@@ -379,32 +575,89 @@ def _unreadable(directory: Path, error: BaseException) -> ValueError:
 
 
 def checkpoint_paths(run_dir: Path) -> list[Path]:
-    """The checkpoints a run directory holds: ``checkpoint.pt`` and/or ``checkpoint.dcp/``."""
+    """The latest checkpoints a run directory holds: ``checkpoint.pt`` and/or ``checkpoint.dcp/`` (the kept
+    ones of ``RUN/checkpoints/`` are :func:`kept_checkpoints`)."""
     run_dir = Path(run_dir)
     return [p for p in (run_dir / CHECKPOINT, run_dir / SHARDED) if p.is_file() or is_sharded(p)]
 
 
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint (file or sharded directory), or the newest checkpoint of a run directory.
+def parse_step(value: int | str) -> int | str:
+    """A checkpoint's step as a caller names it: an integer >= 0 (``100``, ``"100"``) or ``"best"``; ValueError
+    otherwise. What ``--step`` of ``s2hc eval``, ``generate``, ``export`` and ``diagnose`` reads."""
+    if value == BEST:
+        return BEST
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and re.fullmatch(r"[0-9]+", value.strip()):
+        return int(value)
+    raise ValueError(f"step must be a step number >= 0 or {BEST!r}, got {value!r}")
 
-    ValueError when there is none."""
+
+def resolve_checkpoint(path: str | Path, step: int | str | None = None) -> Path:
+    """A checkpoint (file or sharded directory), or a run directory's checkpoint: without ``step`` its newest
+    (``checkpoint.pt`` / ``checkpoint.dcp/``); with ``step`` (an int, its string, or ``"best"``,
+    :func:`parse_step`) the one kept of that step (``RUN/checkpoints/step-00000100.pt``, or the latest when it
+    is of that step) or the best one (``RUN/checkpoints/best.pt``).
+
+    ValueError when there is none: for a step, one line listing the steps kept and whether a best one is."""
     path = Path(path).expanduser()
     if not path.exists():
         raise ValueError(f"checkpoint {str(path)!r} does not exist")
+    if step is not None:
+        return _kept_checkpoint(path, parse_step(step))
     if path.is_dir() and not is_sharded(path):
         found = checkpoint_paths(path)
         if not found:
             raise ValueError(f"run directory {str(path)!r} holds no checkpoint ({CHECKPOINT} or {SHARDED}/)")
         if len(found) == 1:
             return found[0]
-        return max(found, key=lambda p: _read_header(p, verify=False).step)
+        return max(found, key=lambda p: _peek(p).step)
     return path
 
 
+def _kept_checkpoint(run_dir: Path, step: int | str) -> Path:
+    if not run_dir.is_dir() or is_sharded(run_dir):
+        raise ValueError(f"step {step!r} names a checkpoint of a run directory, and {str(run_dir)!r} is a checkpoint "
+                         f"itself; give its run directory, or no step")
+    kept = kept_checkpoints(run_dir)
+    if step in kept:
+        return kept[step]
+    latest, latest_step = checkpoint_paths(run_dir), None
+    if latest:
+        with_steps = [(p, _step_or_none(p)) for p in latest]
+        latest, latest_step = max(with_steps, key=lambda item: -1 if item[1] is None else item[1])
+    if step != BEST and latest_step == step:
+        return latest
+    wanted = ("no best checkpoint (a run keeps one with --keep-best)" if step == BEST else
+              f"no checkpoint of step {step}")
+    raise ValueError(f"run directory {str(run_dir)!r} keeps {wanted}; {_kept_summary(kept, latest_step)}")
+
+
+def _step_or_none(path: Path) -> int | None:
+    try:
+        return _peek(path).step
+    except ValueError:  # damaged: named when it is loaded, not here
+        return None
+
+
+def _kept_summary(kept: dict[int | str, Path], latest_step: int | None) -> str:
+    """``it keeps steps 4, 5, 6 and best (step 3)``: what a run directory holds, for a refusal."""
+    steps = sorted({k for k in kept if k != BEST} | ({latest_step} if latest_step is not None else set()))
+    held = (f"step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}" if steps else "no step's checkpoint")
+    if BEST not in kept:
+        return f"it keeps {held} and no best checkpoint"
+    best_step = _step_or_none(kept[BEST])
+    return f"it keeps {held} and best{'' if best_step is None else f' (step {best_step})'}"
+
+
 def _damaged(file: Path, what: str) -> ValueError:
+    kept = kept_checkpoints(file.parent) if file.name in (CHECKPOINT, SHARDED) else {}  # a run's latest
+    names = ", ".join(p.name for p in kept.values())
+    hint = f", or resume from a kept checkpoint: copy an intact one of {str(file.parent / KEPT)!r} ({names}) over it" \
+        if kept else ""
     return ValueError(
         f"checkpoint {str(file)!r} is damaged: {what} (it changed after it was written: a disk, memory or copy "
-        f"error); restore it from a copy, or start the run again with --overwrite"
+        f"error); restore it from a copy, or start the run again with --overwrite{hint}"
     )
 
 
@@ -428,11 +681,18 @@ def _verify(file: Path, payload: dict[str, Any]) -> None:
                 raise _damaged(file, f"checksum mismatch of {name}")
 
 
-def _read_header(file: Path, map_location: str | torch.device = "cpu", verify: bool = True) -> Checkpoint:
-    """The checkpoint in a file, or the ``extra.pt`` of a sharded one (no model tensors), verified."""
+def _read_header(file: Path, map_location: str | torch.device = "cpu", verify: bool = True,
+                 mmap: bool = False) -> Checkpoint:
+    """The checkpoint in a file, or the ``extra.pt`` of a sharded one (no model tensors), verified. ``mmap``
+    (unverified reads): the tensors mapped, not read (a file of torch's legacy format is read whole)."""
     source = file / EXTRA if is_sharded(file) else file
     try:
-        payload = torch.load(source, map_location=map_location, weights_only=True)
+        try:
+            payload = torch.load(source, map_location=map_location, weights_only=True, mmap=mmap)
+        except RuntimeError:
+            if not mmap:
+                raise
+            payload = torch.load(source, map_location=map_location, weights_only=True)
     except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors all mean "not ours" or damaged
         raise ValueError(
             f"{str(file)!r} is not an s2hc checkpoint, or is damaged (could not be read: {type(error).__name__})"
@@ -452,18 +712,25 @@ def _read_header(file: Path, map_location: str | torch.device = "cpu", verify: b
     return Checkpoint.from_payload(stored, str(file), version)
 
 
+def _peek(file: Path) -> Checkpoint:
+    """A checkpoint's step and history, unverified and without reading its tensors (mapped, never touched)."""
+    return _read_header(file, verify=False, mmap=True)
+
+
 def load_checkpoint(
-    path: str | Path, map_location: str | torch.device = "cpu", *, with_model: bool = True, verify: bool = True
+    path: str | Path, map_location: str | torch.device = "cpu", *, with_model: bool = True, verify: bool = True,
+    step: int | str | None = None,
 ) -> Checkpoint:
-    """Read a checkpoint of either kind (a file, a sharded directory or a run directory's newest); ValueError if
-    ``path`` is not an s2hc checkpoint or is damaged.
+    """Read a checkpoint of either kind (a file, a sharded directory, or a run directory's newest, or with
+    ``step`` its kept checkpoint of that step or ``"best"``: :func:`resolve_checkpoint`); ValueError if ``path``
+    is not an s2hc checkpoint or is damaged, or keeps no checkpoint of ``step``.
 
     With ``with_model`` the result's ``model`` is the whole model's state dict, assembled from shards when
     sharded; without it, None. ``optimizer`` is read only from single-file checkpoints; resuming reads a
     sharded one itself. ``verify``: check the checksums (every shard file's too); off only to re-read a file
     verified a moment ago.
     """
-    file = resolve_checkpoint(path)
+    file = resolve_checkpoint(path, step)
     checkpoint = _read_header(file, map_location, verify)
     if not with_model:
         checkpoint.model = checkpoint.optimizer = None
@@ -472,9 +739,10 @@ def load_checkpoint(
     return checkpoint
 
 
-def load_model(path: str | Path, map_location: str | torch.device = "cpu"):
-    """``(model, train_config)`` rebuilt from the configuration stored in a checkpoint, weights loaded."""
-    return model_from_checkpoint(load_checkpoint(path, map_location))
+def load_model(path: str | Path, map_location: str | torch.device = "cpu", *, step: int | str | None = None):
+    """``(model, train_config)`` rebuilt from the configuration stored in a checkpoint, weights loaded: ``path``
+    and ``step`` as :func:`resolve_checkpoint` takes them (``load_model("runs/x", step="best")``)."""
+    return model_from_checkpoint(load_checkpoint(path, map_location, step=step))
 
 
 def model_from_checkpoint(checkpoint: Checkpoint):
@@ -489,7 +757,7 @@ def model_from_checkpoint(checkpoint: Checkpoint):
             f"{checkpoint.path!r} does not fit the model its own config describes ({first}); it was written by "
             f"{written}, this is {writer()}"
         ) from None
-    return model, TrainConfig.from_dict(checkpoint.config)
+    return model, TrainConfig.from_dict(completed_settings(checkpoint.config))  # an older run's, as it computed
 
 
 def saved_step(run_dir: str | Path) -> int | None:

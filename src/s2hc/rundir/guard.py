@@ -11,8 +11,8 @@
   so a lock file left by a killed run is taken over (and said so);
 - temporary files of saves a killed process left behind are removed: those s2hc names itself
   (``.checkpoint.pt.s2hc-XXXXXXXX.tmp`` and the like, :func:`s2hc.io.temporary_pattern`, for the files it writes
-  into a run directory; ``checkpoint.dcp.tmp/``), never a user's own ``.notes.tmp``; a sharded checkpoint whose
-  swap was cut between its two renames is put back.
+  into a run directory; ``checkpoint.dcp.tmp/``; the same of the kept checkpoints in ``checkpoints/``), never a
+  user's own ``.notes.tmp``; a sharded checkpoint whose swap was cut between its two renames is put back.
 """
 
 from __future__ import annotations
@@ -31,13 +31,17 @@ from .checkpoint import is_sharded
 from .layout import (
     CONFIG,
     DERIVED,
+    KEPT,
     LOCK,
     METRICS,
     RUN_FILES,
     SHARDED,
     SHARDED_OLD,
     SHARDED_TMP,
+    is_kept_temporary,
     is_temporary,
+    parse_kept_name,
+    sharded_temporaries,
 )
 
 try:
@@ -243,33 +247,62 @@ def _size(path: Path) -> int:
     return path.stat().st_size
 
 
+def _put_back(directory: Path, name: str, log: Callable[[str], None] | None, shown: str, prefix: str = "") -> None:
+    """A sharded checkpoint ``directory/name`` missing because its swap was cut between its two renames: the
+    complete new one (``NAME.tmp/``), else the old one (``NAME.old/``), renamed back into place."""
+    target = directory / name
+    if target.exists():
+        return
+    for candidate in (directory / temporary for temporary in sharded_temporaries(name)):
+        if is_sharded(candidate):
+            os.replace(candidate, target)
+            if log is not None:
+                log(f"{shown!r}: put back {prefix}{name}/ from {prefix}{candidate.name}/ (a save was cut between "
+                    f"its two renames)")
+            return
+
+
+def _kept_leftovers(run_dir: Path, log: Callable[[str], None] | None) -> list[Path]:
+    """What interrupted writes left in ``RUN/checkpoints/``, after a cut swap's checkpoint is put back: the
+    temporaries of kept files and directories (a sharded one being removed is renamed to one first), and any
+    sharded one that is not complete."""
+    kept = run_dir / KEPT
+    if not kept.is_dir():
+        return []
+    for path in list(kept.iterdir()):
+        for suffix in (".tmp", ".old"):
+            name = path.name.removesuffix(suffix)
+            if name != path.name and parse_kept_name(name) is not None and path.is_dir():
+                _put_back(kept, name, log, str(run_dir), prefix=f"{KEPT}/")
+    leftovers = []
+    for path in kept.iterdir():
+        parsed = parse_kept_name(path.name)
+        if is_kept_temporary(path.name) or (parsed is not None and parsed[1] and not is_sharded(path)):
+            leftovers.append(path)
+    return leftovers
+
+
 def clean_interrupted_saves(run_dir: str | Path, log: Callable[[str], None] | None = notice) -> list[str]:
     """Remove what saves cut short by a kill left in ``run_dir``; returns the names removed.
 
     The temporary files :func:`s2hc.io.atomic_write_bytes` names for the files of a run (:data:`ATOMIC_FILES`:
     ``.checkpoint.pt.s2hc-XXXXXXXX.tmp`` and the like, exactly), ``checkpoint.dcp.tmp/`` and
-    ``checkpoint.dcp.old/``; any other file, a user's ``.notes.tmp`` included, is left alone. A sharded save
-    swaps its directory in with two renames; killed between them, ``checkpoint.dcp/`` is missing and the
-    complete new one (``.tmp``, else the old one, ``.old``) is put back first. Call it only while holding the
-    directory's lock."""
+    ``checkpoint.dcp.old/``, and in ``checkpoints/`` the same of the kept ones (``.step-00000100.pt.s2hc-
+    XXXXXXXX.tmp``, ``best.dcp.tmp/``, and a sharded one whose removal was cut short); any other file, a user's
+    ``.notes.tmp`` included, is left alone. A sharded save swaps its directory in with two renames; killed
+    between them, ``checkpoint.dcp/`` (or a kept one) is missing and the complete new one (``.tmp``, else the
+    old one, ``.old``) is put back first. Call it only while holding the directory's lock."""
     run_dir = Path(run_dir)
-    sharded = run_dir / SHARDED
-    if not sharded.exists():
-        for candidate in (run_dir / SHARDED_TMP, run_dir / SHARDED_OLD):
-            if is_sharded(candidate):
-                os.replace(candidate, sharded)
-                if log is not None:
-                    log(f"{str(run_dir)!r}: put back {SHARDED}/ from {candidate.name}/ (a save was cut between "
-                        f"its two renames)")
-                break
+    _put_back(run_dir, SHARDED, log, str(run_dir))
     removed, size = [], 0
     leftovers = [p for p in run_dir.iterdir() if is_temporary(p.name) and p.is_file()]
     leftovers += [p for p in (run_dir / SHARDED_TMP, run_dir / SHARDED_OLD) if p.exists()]
+    leftovers += _kept_leftovers(run_dir, log)
     for path in sorted(leftovers):
         with contextlib.suppress(OSError):
             size += _size(path)
             shutil.rmtree(path) if path.is_dir() else path.unlink()
-            removed.append(path.name)
+            removed.append(str(path.relative_to(run_dir)))
     if removed and log is not None:
         log(f"{str(run_dir)!r}: removed {len(removed)} temporary file(s) of interrupted saves "
             f"({size / 2**20:.1f} MiB): {', '.join(removed)}")

@@ -18,10 +18,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..config import TrainConfig
+from ..config import TrainConfig, completed_settings
 from ..connection import HyperConnection
 from ..data.loader import eval_batches
-from ..data.shards import prepare_tokens
+from ..data.stream import validation_tokens
 from ..data.tokenizer import get_tokenizer
 from ..diagnostics import diagnose_checkpoint, mixing_connections
 from ..mixers.orthomaps import Rotation
@@ -215,7 +215,7 @@ def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnost
                 device: str = "cpu") -> dict[str, Any]:
     """The row of one run whose directory holds a finished or diverged run."""
     records = read_metrics(run_dir)
-    config = TrainConfig.from_dict({**read_config(run_dir), "out": str(run_dir)})
+    config = TrainConfig.from_dict({**completed_settings(read_config(run_dir)), "out": str(run_dir)})
     diverged = next((r for r in records if "diverged" in r), None)
     train_points = [(r["step"], r["loss"]) for r in records if "loss" in r]
     val_points = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
@@ -260,5 +260,7 @@ def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnost
 def _probe_batch(config: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The run's first validation batch (inputs, targets)."""
     tokenizer = get_tokenizer(config.tokenizer)
-    tokens = prepare_tokens(config.data, tokenizer, config.cache_dir, "val", progress=False)
-    return next(iter(eval_batches(tokens, config.seq_len, config.batch_size, 1)))
+    tokens = validation_tokens(config.data, tokenizer, config.cache_dir, streaming=config.streaming,
+                               seq_len=config.seq_len, batch_size=config.batch_size,
+                               eval_batches=config.eval_batches, **config.token_options())
+    return next(iter(eval_batches(tokens, config.seq_len, config.batch_size, config.eval_batches)))

@@ -6,13 +6,20 @@ un-wrapped model saves the same names), writes one file with one process and sha
 under FSDP, and restores either into the current wrapping, resharding when the process count changed.
 Nothing is written unless every tensor of the state is finite (:class:`~s2hc.rundir.checkpoint.NonFiniteError`
 otherwise, on every rank).
+
+Kept checkpoints (``keep_checkpoints``, ``keep_best``): the state is written once, into ``RUN/checkpoints/best``
+first when the step's validation loss is a new best (so a kill before the latest follows does not lose it), else
+into the latest; the latest and ``RUN/checkpoints/step-N`` are then hard links to it (or verified copies,
+:func:`~s2hc.rundir.checkpoint.keep_copy`), and the step checkpoints beyond the newest ``keep_checkpoints`` are
+removed only after the new one is in place.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import math
 import random
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +33,20 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from ..io import WriteError
 from ..rundir.checkpoint import (
     NonFiniteError,
+    best_val_loss,
+    keep_copy,
+    kept_path,
     load_checkpoint,
     load_sharded_into,
+    prune_kept,
+    remove_other_kind,
     save_checkpoint,
     save_sharded_checkpoint,
 )
-from ..rundir.layout import CHECKPOINT, SHARDED
+from ..rundir.layout import BEST, CHECKPOINT, KEPT, SHARDED
 from ..rundir.schema import Checkpoint
 from . import distributed
 
@@ -68,16 +81,32 @@ class Checkpointer:
     ``save(checkpoint)`` writes a :class:`~s2hc.rundir.schema.Checkpoint` (configs, step, history) with the
     model, the optimizer, the data loader's position and every RNG filled in; ``restore(saved)`` puts one read
     by :func:`~s2hc.rundir.checkpoint.load_checkpoint` back and returns its step. Collective under
-    ``torch.distributed``: every rank calls both. ``last_step`` and ``last_path``: the checkpoint of this run
-    written or restored last (None before the first), the one a failed run keeps.
+    ``torch.distributed``: every rank calls both. ``last_step`` and ``last_path``: the latest checkpoint of this
+    run written or restored last (None before the first), the one a failed run keeps.
+
+    ``keep``: also keep the newest ``keep`` checkpoints by step in ``RUN/checkpoints/`` (0: none);
+    ``keep_best``: also keep the one of the lowest validation loss (:meth:`improves` tells whether a step's is),
+    ``best_loss`` being the loss to beat (the kept best's, read back when a run resumes; infinity before one).
     """
 
     def __init__(self, run_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, loader,
-                 ctx: distributed.Context):
+                 ctx: distributed.Context, *, keep: int = 0, keep_best: bool = False):
         self.run_dir, self.model, self.optimizer, self.loader, self.ctx = Path(run_dir), model, optimizer, loader, ctx
         self.sharded = ctx.distributed or ctx.parallel == "fsdp"
         self.last_step: int | None = None
         self.last_path: Path | None = None
+        self.keep, self.keep_best = keep, keep_best
+        self.best_loss = best_val_loss(self.run_dir) if keep_best else math.inf
+
+    def improves(self, val_loss: float) -> bool:
+        """Whether ``val_loss`` (a step's validation loss) is below the kept best's, with ``keep_best``: that
+        step's checkpoint is then saved as the best. The same answer on every rank (any rank's says so)."""
+        if not self.keep_best:
+            return False
+        better = val_loss < self.best_loss
+        if self.ctx.distributed:
+            better = distributed.mean_across_ranks(float(better), self.ctx) > 0
+        return better
 
     def kept(self) -> str:
         """What a run that stops now keeps, for its error message."""
@@ -97,24 +126,56 @@ class Checkpointer:
             more = f" and {len(names) - 1} more" if len(names) > 1 else ""
             raise NonFiniteError(f"not saved: {names[0]}{more} hold NaN or infinite values", names)
 
-    def save(self, checkpoint: Checkpoint) -> None:
-        """Write ``checkpoint`` with this run's training state: NonFiniteError (nothing written) when the state
-        is not finite, :class:`~s2hc.io.WriteError` (the previous checkpoint kept) when the disk refuses it."""
+    def save(self, checkpoint: Checkpoint, *, best: bool = False, keep_step: bool = True) -> None:
+        """Write ``checkpoint`` with this run's training state as the latest checkpoint: NonFiniteError (nothing
+        written) when the state is not finite, :class:`~s2hc.io.WriteError` (the previous checkpoint kept) when
+        the disk refuses it.
+
+        ``best`` (with ``keep_best``): it is also the best one, ``RUN/checkpoints/best``; ``keep_step`` (with
+        ``keep``): it is also ``RUN/checkpoints/step-N``, and the step checkpoints beyond the newest ``keep``
+        are removed. The state is written once, the other places are links to it (see the module)."""
         model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
         checkpoint = dataclasses.replace(checkpoint, loader=self.loader.state_dict(), rng=rng_state(),
                                          world_size=self.ctx.world_size)
+        latest = self.run_dir / (SHARDED if self.sharded else CHECKPOINT)
+        best_path = kept_path(self.run_dir, BEST, self.sharded) if best and self.keep_best else None
+        step_path = kept_path(self.run_dir, checkpoint.step, self.sharded) if keep_step and self.keep else None
+        first = best_path or latest
         if self.sharded:
             self._check_finite({"model": model_state, "optimizer": optimizer_state})
-            path = self.run_dir / SHARDED
-            save_sharded_checkpoint(path, {"model": model_state, "optimizer": optimizer_state},
+            save_sharded_checkpoint(first, {"model": model_state, "optimizer": optimizer_state},
                                     checkpoint, is_main=self.ctx.is_main, barrier=lambda: distributed.barrier(self.ctx))
         else:  # save_checkpoint checks finiteness itself, in the pass that computes the checksum
-            path = self.run_dir / CHECKPOINT
-            save_checkpoint(path, dataclasses.replace(checkpoint, model=model_state, optimizer=optimizer_state))
-        self.last_step, self.last_path = checkpoint.step, path
-        if self.ctx.is_main:  # the other kind, if a run changed its process count, is older now
-            stale = self.run_dir / (CHECKPOINT if self.sharded else SHARDED)
-            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+            save_checkpoint(first, dataclasses.replace(checkpoint, model=model_state, optimizer=optimizer_state))
+        if best_path is not None and checkpoint.history.val_loss is not None:
+            self.best_loss = checkpoint.history.val_loss
+        self._keep(first, [latest, step_path], [latest, best_path, step_path])
+        self.last_step, self.last_path = checkpoint.step, latest
+
+    def _keep(self, written: Path, copies: list[Path | None], names: list[Path | None]) -> None:
+        """Rank 0: make each of ``copies`` the checkpoint ``written`` too, remove the other kind of each of
+        ``names`` (older: the run changed its process count), then the step checkpoints beyond the newest
+        ``keep``. A failure is raised on every rank (a WriteError)."""
+        failure = None
+        if self.ctx.is_main:
+            try:
+                for target in copies:
+                    if target is not None:
+                        keep_copy(written, target)
+                for target in names:
+                    if target is not None:
+                        remove_other_kind(target)
+                if copies[-1] is not None:
+                    prune_kept(self.run_dir, self.keep)
+            except OSError as error:
+                failure = error if isinstance(error, WriteError) else WriteError(self.run_dir / KEPT, error)
+        failed = failure is not None
+        if self.ctx.distributed:
+            failed = distributed.mean_across_ranks(float(failed), self.ctx) > 0
+        if failure is not None:
+            raise failure
+        if failed:
+            raise WriteError(self.run_dir / KEPT, OSError(errno.EIO, "rank 0 could not keep the checkpoint"))
 
     def restore(self, saved: Checkpoint) -> int:
         """Load the checkpoint whose header is ``saved`` (from ``load_checkpoint(..., with_model=False)``).

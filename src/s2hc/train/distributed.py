@@ -2,7 +2,10 @@
 
 The layout follows torchtitan: the model is built whole on every rank (same seed, so the same weights),
 each block is compiled first (``nn.Module.compile``, which keeps parameter names), then wrapped —
-FSDP2 ``fully_shard`` on every block and then on the root, or one DDP around the model.
+FSDP2 ``fully_shard`` on every block and then on the root, or one DDP around the model. Activation checkpointing
+(``--activation-checkpointing``) needs nothing of its own here: it sits inside ``Block.forward``, where torchtitan
+puts it (its checkpoint wrapper goes on the block before ``fully_shard``), so it composes with all of them
+(:func:`wrap`).
 """
 
 from __future__ import annotations
@@ -92,6 +95,16 @@ def wrap(model: nn.Module, ctx: Context, compile_blocks: bool, amp_dtype: torch.
     """Compile each block (optionally), then shard (FSDP2) or replicate (DDP); returns what to call forward on.
 
     The returned module's parameters are the training parameters (DTensors under FSDP2).
+
+    Blocks checkpointed by :meth:`s2hc.models.Transformer.set_activation_checkpointing` (before this call, as the
+    training loop does) compose with each step, because the checkpoint runs inside ``Block.forward``:
+    ``block.compile()`` traces the non-reentrant checkpoint as one region and inductor's partitioner recomputes it
+    in the backward pass (the compiled block keeps little but its inputs); FSDP2's hooks on the block (all-gather
+    before forward and backward, reduce-scatter after) run once per pass, the recomputation running between the
+    pre-backward all-gather and the reduce-scatter with the parameters unsharded; DDP's gradient hooks fire once
+    per parameter, since the non-reentrant checkpoint computes each gradient once.
+    ``tests/test_activation_checkpointing_train.py`` checks them (and the connections' own ``recompute`` nested
+    inside): the same losses and weights as without, the blocks run twice, FSDP2's hooks as often as without.
     """
     if compile_blocks:
         for block in model.blocks:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ..config import TrainConfig, family_fields, model_fields
+from ..config import TrainConfig, completed_settings, family_fields, model_fields
 from ..mixers import RESIDUAL
 from ..models import Transformer
 from ..models.widen import check_upcyclable, upcycle_model
@@ -23,12 +23,13 @@ from ..rundir import checkpoint_paths, load_checkpoint, load_model, read_config
 
 def run_settings(out) -> dict[str, Any]:
     """The settings the run in ``out`` was last started (or resumed) with: its ``config.yaml``, else its checkpoint's
-    configuration; empty when ``out`` holds neither (``train(..., resume=True)`` then refuses it). ValueError
+    configuration, fields added since completed (:func:`~s2hc.config.completed_settings`); empty when ``out`` holds
+    neither (``train(..., resume=True)`` then refuses it). ValueError
     naming the file when it is damaged."""
     saved = read_config(out)
     if saved is None and checkpoint_paths(out):
         saved = load_checkpoint(out, with_model=False).config
-    return dict(saved or {})
+    return completed_settings(saved) if saved else {}
 
 
 def resumed_settings(out, changes: dict[str, Any]) -> dict[str, Any]:

@@ -28,10 +28,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..config import TrainConfig, resumable_fields
+from ..config import TrainConfig, completed_settings, resumable_fields
 from ..connection import set_connection_options
 from ..data.loader import TokenBatches, eval_batches
 from ..data.shards import prepare_tokens
+from ..data.stream import should_stream
 from ..data.tokenizer import get_tokenizer
 from ..devices import autocast_dtype
 from ..diagnostics.collect import gradient_norms, training_diagnostics
@@ -119,10 +120,13 @@ def _check_resumable(before: dict, before_world_size: int, config: TrainConfig, 
     on ``before_world_size`` processes: the same settings but those that may change on ``--resume``
     (:func:`s2hc.config.resumable_fields`), and the same global batch (``batch_size × grad_accum ×
     processes``) even when the process count changed."""
-    # A field added since the run was configured reads as its default, which keeps what s2hc did before it existed
-    # (weight_decay_on="matrices" did so for every family but mhc's and hc's (n, n) matrices: docs/training.md).
-    before = {**TrainConfig().to_dict(), **before}
+    # A field added since the run was configured reads as what s2hc did before it existed (config.completed_settings;
+    # weight_decay_on="matrices" did so for every family but mhc's and hc's (n, n) matrices: docs/training.md).
+    before = completed_settings(before)
     changed = {k for k, v in config.to_dict().items() if before.get(k) != v} - set(resumable_fields())
+    if "streaming" in changed and should_stream(before["streaming"], config.data) == should_stream(
+            config.streaming, config.data):
+        changed.discard("streaming")  # 'auto' where it reads the data as the run did ('never' for local data)
     changed -= {"batch_size", "grad_accum"}  # checked below, as the global batch
     if changed:
         details = ", ".join(f"{k}: {before.get(k)!r} -> {getattr(config, k)!r}" for k in sorted(changed))
@@ -354,7 +358,9 @@ class _Run:
         self.optimizer = make_optimizer(self.model, config.lr, config.weight_decay, (config.beta1, config.beta2),
                                         on=config.weight_decay_on)
         torch.manual_seed(config.seed + ctx.rank)  # per-rank streams from here on
-        self.checkpointer = Checkpointer(self.out, self.model, self.optimizer, self.loader, ctx)
+        self.checkpointer = Checkpointer(self.out, self.model, self.optimizer, self.loader, ctx,
+                                         keep=config.keep_checkpoints, keep_best=config.keep_best)
+        self.best_due = False  # this step's validation loss is a new best: its checkpoint is saved as the best
         self.step = self.checkpointer.restore(saved) if saved is not None else 0
         # a finished run resumed (`train --resume` with the same max_steps) still reports its numbers
         self.history = saved.history if saved is not None else History(train_loss=math.nan)
@@ -379,6 +385,8 @@ class _Run:
         model = Transformer(self.model_config)
         if self.config.init_from and saved is None:  # a resumed run restores its own weights
             load_initial_weights(model, self.config.init_from)
+        # Whole blocks recomputed in backward; set before distributed.wrap compiles and shards the blocks.
+        model.set_activation_checkpointing(self.config.activation_checkpointing)
         return set_connection_options(model.to(self.device), **self.config.connection)
 
     # ------------------------------------------------------------------------------------- the steps
@@ -468,17 +476,25 @@ class _Run:
         self.history.val_loss = val_loss
         if self.metrics:
             self.metrics.write(step=self.step, val_loss=val_loss)
+        self.best_due = self.checkpointer.improves(val_loss)  # keep_best: saved next, as the best one
         return True
 
-    def checkpoint_due(self) -> bool:
+    def checkpoint_due(self, *, best: bool = True) -> bool:
+        """Whether a checkpoint is due after this step: every ``checkpoint_every`` steps, at the end, and (with
+        ``best``) when the step's validation loss is a new best (``keep_best``)."""
         every = self.config.checkpoint_every
-        return bool(every and self.step % every == 0) or self.step == self.config.max_steps
+        regular = bool(every and self.step % every == 0) or self.step == self.config.max_steps
+        return regular or (best and self.best_due)
 
     def save(self) -> None:
+        """The latest checkpoint; also the best one when due, and a step checkpoint (``keep_checkpoints``) unless
+        it was saved for the best alone."""
         checkpoint = Checkpoint(config=self.config.to_dict(), model_config=self.model_config.to_dict(),
                                 step=self.step, history=self.history)
+        keep_step = self.checkpoint_due(best=False) or not self.best_due  # a regular save, or a signal's
         try:
-            self.checkpointer.save(checkpoint)
+            self.checkpointer.save(checkpoint, best=self.best_due, keep_step=keep_step)
+            self.best_due = False
         except NonFiniteError as error:
             raise TrainingError(f"the training state of step {self.step} is not finite, so it was not saved "
                                 f"({str(error).removeprefix('not saved: ')}); stopped; "
@@ -487,9 +503,12 @@ class _Run:
     # ---------------------------------------------------------------------------------- ends of a run
 
     def close(self) -> None:
-        """Close the loggers (the run ended, or stopped)."""
+        """Close the loggers and stop a streaming loader's tokenising thread (the run ended, or stopped)."""
         if self.metrics:
             self.metrics.close()
+        stream = getattr(self.loader, "stream", None)
+        if stream is not None:
+            stream.close()
 
     def stop(self, problem: str) -> TrainingError:
         return TrainingError(f"{problem}; stopped; {self.checkpointer.kept()}")
@@ -526,17 +545,40 @@ def _model_config(config: TrainConfig, vocab_size: int) -> ModelConfig:
 
 
 def _data(config: TrainConfig, tokenizer, ctx: distributed.Context):
-    """``(training batches, fixed validation batches)``; rank 0 tokenises once, the others map its shards."""
+    """``(training batches, fixed validation batches)``. A split tokenised whole (``streaming``, see
+    :func:`s2hc.data.stream.should_stream`): rank 0 tokenises it once, the others map its shards. A streamed
+    training split: every process reads it chunk by chunk as it trains (:class:`~s2hc.data.loader.StreamBatches`;
+    the others wait for rank 0's chunks in a shared cache); a streamed validation split: its first
+    ``eval_batches × batch_size`` windows (rank 0 first)."""
+    from ..data.loader import StreamBatches
+    from ..data.stream import ChunkStream, should_stream, validation_tokens
+
+    options, progress = config.token_options(), config.progress and ctx.is_main
+    stream_train = should_stream(config.streaming, config.data)
 
     def tokens(split: str):
-        return prepare_tokens(config.data, tokenizer, config.cache_dir, split, progress=config.progress and ctx.is_main)
+        if split == "val":
+            return validation_tokens(config.data, tokenizer, config.cache_dir, streaming=config.streaming,
+                                     seq_len=config.seq_len, batch_size=config.batch_size,
+                                     eval_batches=config.eval_batches, progress=progress, **options)
+        return prepare_tokens(config.data, tokenizer, config.cache_dir, split, progress=progress, **options)
 
     if not ctx.is_main:
         distributed.barrier(ctx)
-    train_tokens, val_tokens = tokens("train"), tokens("val")
+    train_tokens = None if stream_train else tokens("train")
+    val_tokens = tokens("val")
     if ctx.is_main:
         distributed.barrier(ctx)
     data_seed = config.seed if config.data_seed is None else config.data_seed
-    loader = TokenBatches(train_tokens, config.seq_len, config.batch_size, seed=data_seed,
-                          rank=ctx.rank, world_size=ctx.world_size)
+    if stream_train:
+        stream = ChunkStream(config.data, tokenizer, config.cache_dir, "train", prefetch=2,
+                             wait_s=0.0 if ctx.is_main else 30.0, **options)
+        if ctx.is_main:
+            notice(f"streaming data={config.data!r}: tokenised chunk by chunk as training reads it, into "
+                   f"{str(stream.directory)!r}")
+        loader = StreamBatches(stream, config.seq_len, config.batch_size, seed=data_seed, rank=ctx.rank,
+                               world_size=ctx.world_size)
+    else:
+        loader = TokenBatches(train_tokens, config.seq_len, config.batch_size, seed=data_seed,
+                              rank=ctx.rank, world_size=ctx.world_size)
     return loader, list(eval_batches(val_tokens, config.seq_len, config.batch_size, config.eval_batches))

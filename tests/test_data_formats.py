@@ -1,0 +1,309 @@
+"""Data as it comes: ``.json`` arrays, ``datasets.save_to_disk`` folders (a Dataset or a DatasetDict), ``hf:json``
+with local ``data_files``, and the data options of ``TrainConfig`` (``text_field``, ``validation_data``,
+``validation_fraction``, ``max_documents``, ``max_tokens``, ``data_split``, ``data_files``) reaching every caller
+through ``TrainConfig.token_options()``. The references are independent: the documents are read here from what
+the test wrote, split by hand (every 20th record held out at the default fraction) and tokenised with the
+tokenizer directly. Offline: ``hf:json`` reads local files with ``datasets``' packaged builder."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from helpers import OFFLINE_ENV, small_config
+
+from s2hc import cli
+from s2hc.data import get_tokenizer, iter_documents, prepare_tokens
+from s2hc.data.sources import options_for, resolve_files, source_identity
+from s2hc.extras import MissingExtra
+from s2hc.train import TrainConfig, train
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return get_tokenizer("s2hc-bpe-4k")
+
+
+@pytest.fixture(scope="module")
+def docs(corpus_file) -> list[str]:
+    """About 40 kB of real paragraphs (some 100 documents): a few training steps' worth, quick to tokenise."""
+    paragraphs, total = [], 0
+    for paragraph in Path(corpus_file).read_text().split("\n\n"):
+        if paragraph.strip() and total < 40_000:
+            paragraphs.append(paragraph)
+            total += len(paragraph)
+    assert len(paragraphs) > 60
+    return paragraphs
+
+
+def reference(tok, documents) -> np.ndarray:
+    """The ids the cache should hold for ``documents``: end-of-text before each, then its tokens."""
+    ids = []
+    for encoded in tok.encode_batch(list(documents)):
+        ids += [tok.eot_id, *encoded]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def held_out(documents, every: int = 20) -> list[str]:
+    return [d for i, d in enumerate(documents) if i % every == every - 1]
+
+
+def kept(documents, every: int = 20) -> list[str]:
+    return [d for i, d in enumerate(documents) if i % every != every - 1]
+
+
+def val_tokens(config: TrainConfig, tok) -> np.ndarray:
+    return np.asarray(prepare_tokens(config.data, tok, config.cache_dir, "val", progress=False,
+                                     **config.token_options()))
+
+
+def train_documents(config: TrainConfig) -> list[str]:
+    options = {k: v for k, v in config.token_options().items() if k != "max_tokens"}
+    return list(iter_documents(config.data, "train", **options))
+
+
+def cache_entries(config: TrainConfig) -> set[Path]:
+    return set(Path(config.cache_dir).iterdir())
+
+
+def write_jsonl(path: Path, documents, field: str = "text") -> Path:
+    path.write_text("".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(documents)))
+    return path
+
+
+def assert_trained_on_its_split(config: TrainConfig, result, tok, expected_val: list[str], whole: bool = True) -> None:
+    """The run finished, and the validation split of its options is ``expected_val``; ``whole``: the run tokenised
+    that split whole, so its shard is found in the run's cache, not made again."""
+    assert math.isfinite(result.val_loss) and result.step == config.max_steps
+    before = cache_entries(config)
+    np.testing.assert_array_equal(val_tokens(config, tok), reference(tok, expected_val))
+    if whole:
+        assert cache_entries(config) == before  # the shard the run made: token_options() is the run's key
+
+
+# ------------------------------------------------------------------------------------------ .json
+
+
+@pytest.fixture(scope="module")
+def json_run(corpus_file, docs, tmp_path_factory):
+    root = tmp_path_factory.mktemp("json-run")
+    path = root / "docs.json"
+    path.write_text(json.dumps([{"content": d, "id": i} for i, d in enumerate(docs)]))
+    config = small_config(corpus_file, root, data=str(path), text_field="content")
+    return config, train(config)
+
+
+def test_a_json_array_of_records_trains_with_its_text_field(json_run, docs, tok):
+    config, result = json_run
+    assert_trained_on_its_split(config, result, tok, held_out(docs))
+    assert train_documents(config) == kept(docs)
+
+
+def test_eval_scores_the_runs_own_split_and_reads_another_source_with_its_text_field(json_run, docs, tok, tmp_path):
+    from s2hc.evaluate import checkpoint_perplexity
+
+    config, _ = json_run
+    windows = (len(reference(tok, held_out(docs))) - 1) // config.seq_len
+    own = checkpoint_perplexity(config.out, data=config.data, device="cpu", progress=False)
+    assert own.tokens == windows * config.seq_len
+    other = write_jsonl(tmp_path / "other.jsonl", docs[::-1], field="content")  # the run's field: "content"
+    result = checkpoint_perplexity(config.out, data=str(other), cache_dir=str(tmp_path / "c"), device="cpu",
+                                   progress=False)
+    windows = (len(reference(tok, held_out(docs[::-1]))) - 1) // config.seq_len
+    assert result.tokens == windows * config.seq_len and math.isfinite(result.loss)
+
+
+def test_a_json_array_of_strings_and_json_files_in_a_directory(tmp_path):
+    folder = tmp_path / "mixed"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "b.json").write_text(json.dumps([f"string {i}" for i in range(30)]))
+    write_jsonl(folder / "a.jsonl", [f"line {i}" for i in range(10)])
+    (folder / "sub" / "c.json").write_text("\ufeff" + json.dumps([{"text": "with a byte-order mark"}]))
+    everything = [f"line {i}" for i in range(10)] + [f"string {i}" for i in range(30)] + ["with a byte-order mark"]
+    assert resolve_files(folder) == [folder / "a.jsonl", folder / "b.json", folder / "sub" / "c.json"]
+    assert list(iter_documents(folder, "val")) == held_out(everything)
+    assert list(iter_documents(folder, "train")) == kept(everything)
+
+
+# ------------------------------------------------------------------------------------------ save_to_disk
+
+
+@pytest.mark.parametrize("kind", ["dataset", "dataset_dict"])
+def test_a_save_to_disk_folder_trains(kind, corpus_file, docs, tok, tmp_path):
+    datasets = pytest.importorskip("datasets", reason="save_to_disk folders need the data extra")
+    table = datasets.Dataset.from_dict({"body": docs, "n": list(range(len(docs)))})
+    folder, split = tmp_path / "saved", "train"
+    if kind == "dataset":
+        table.save_to_disk(str(folder))
+    else:  # the other split holds other text: reading it instead would change every token
+        other = datasets.Dataset.from_dict({"body": [d.upper() for d in docs], "n": list(range(len(docs)))})
+        datasets.DatasetDict({"train": other, "validation": table}).save_to_disk(str(folder))
+        split = "validation"
+    config = small_config(corpus_file, tmp_path, data=str(folder), text_field="body", data_split=split)
+    assert_trained_on_its_split(config, train(config), tok, held_out(docs))
+    assert train_documents(config) == kept(docs)
+    # the split of a DatasetDict enters the cache key; a Dataset has one split, and the key ignores it
+    differs = source_identity(folder, hf_split="train") != source_identity(folder, hf_split="validation")
+    assert differs == (kind == "dataset_dict")
+
+
+def test_a_save_to_disk_folder_inside_a_directory_is_one_source(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="save_to_disk folders need the data extra")
+    folder = tmp_path / "data"
+    folder.mkdir()
+    table = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(25)]})
+    datasets.DatasetDict({"train": table}).save_to_disk(str(folder / "a-saved"))
+    (folder / "b.json").write_text(json.dumps([f"string {i}" for i in range(15)]))
+    # its dataset_dict.json, state.json and dataset_info.json are not read as documents
+    assert resolve_files(folder) == [folder / "a-saved", folder / "b.json"]
+    everything = [f"row {i}" for i in range(25)] + [f"string {i}" for i in range(15)]
+    assert list(iter_documents(folder, "val")) == held_out(everything)
+
+
+# ------------------------------------------------------------------------------------------ hf: with data_files
+
+
+def test_hf_json_with_local_data_files_trains(corpus_file, docs, tok, tmp_path, monkeypatch):
+    pytest.importorskip("datasets", reason="hf: sources need the data extra")
+    for name, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(name, value)
+    half = len(docs) // 2
+    a = write_jsonl(tmp_path / "a.jsonl", docs[:half])
+    b = write_jsonl(tmp_path / "b.jsonl", docs[half:])
+    config = small_config(corpus_file, tmp_path, data="hf:json", data_files=f"{a},{b}")
+    # an hf: source is streamed by the run (s2hc.data.stream): its validation windows are in another cache entry
+    assert_trained_on_its_split(config, train(config), tok, held_out(docs), whole=False)
+    assert train_documents(config) == kept(docs)
+    # another split name reads the same files (they are that split); a glob reads them in sorted order
+    assert list(iter_documents("hf:json", "val", data_files=str(tmp_path / "*.jsonl"), hf_split="x")) == held_out(docs)
+    # the files enter the key: an edited file is tokenised again
+    before = source_identity("hf:json", data_files=f"{a},{b}")
+    write_jsonl(a, docs[: half - 1])
+    assert source_identity("hf:json", data_files=f"{a},{b}") != before
+
+
+# ------------------------------------------------------------------------------------------ the options
+
+
+def test_validation_data_and_fraction_change_the_validation_tokens(corpus_file, docs, tok, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", docs)
+    separate = write_jsonl(tmp_path / "v.jsonl", [d.upper() for d in docs[:9]])
+    default = small_config(corpus_file, tmp_path, data=str(data))
+    tenth = default.replace(validation_fraction=0.1)
+    apart = default.replace(validation_data=str(separate))
+    np.testing.assert_array_equal(val_tokens(default, tok), reference(tok, held_out(docs)))
+    np.testing.assert_array_equal(val_tokens(tenth, tok), reference(tok, held_out(docs, 10)))
+    np.testing.assert_array_equal(val_tokens(apart, tok), reference(tok, [d.upper() for d in docs[:9]]))
+    assert train_documents(tenth) == kept(docs, 10) and train_documents(apart) == docs
+    assert len(cache_entries(default)) == 3  # three keys
+
+
+def test_max_documents_and_max_tokens_cap_what_is_tokenised(corpus_file, docs, tok, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", docs)
+    config = small_config(corpus_file, tmp_path, data=str(data))
+    few = config.replace(max_documents=3)
+    short = config.replace(max_tokens=100)
+    assert train_documents(few) == kept(docs)[:3]
+    np.testing.assert_array_equal(val_tokens(few, tok), reference(tok, held_out(docs)[:3]))
+    np.testing.assert_array_equal(val_tokens(short, tok), reference(tok, held_out(docs))[:100])
+    assert len(cache_entries(config)) == 2
+
+
+def test_the_run_options_apply_to_its_own_data_only(tmp_path, monkeypatch):
+    run = {"text_field": "content", "val_source": "v.jsonl", "val_fraction": 0.1, "max_documents": 5,
+           "hf_split": "test", "data_files": None, "max_tokens": 100}
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.jsonl").write_text("")
+    assert options_for("d.jsonl", str(tmp_path / "d.jsonl"), run) == run  # the same file, named two ways
+    assert options_for("other.jsonl", str(tmp_path / "d.jsonl"), run) == {
+        "text_field": "content", "hf_split": "test", "val_fraction": 0.1}
+    assert options_for("embedded", str(tmp_path / "d.jsonl"), run) == {}
+    assert options_for("hf:org/ds", "hf:org/ds", run) == run
+
+
+def test_check_extras_checks_the_validation_data(tmp_path, monkeypatch):
+    from s2hc import extras
+
+    (tmp_path / "v.parquet").write_bytes(b"")
+    write_jsonl(tmp_path / "d.jsonl", ["a"])
+    config = TrainConfig(data=str(tmp_path / "d.jsonl"), validation_data=str(tmp_path / "v.parquet"))
+    monkeypatch.setattr(extras, "is_available", lambda module: module != "pyarrow")
+    with pytest.raises(MissingExtra, match="validation_data="):
+        config.check_extras()
+    config.replace(validation_data=None).check_extras()
+
+
+# ------------------------------------------------------------------------------------------ mistakes, in one line
+
+
+def one_line_error(call) -> str:
+    with pytest.raises(ValueError) as error:
+        call()
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+def test_each_mistake_is_one_exact_line(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="save_to_disk folders need the data extra")
+    records = tmp_path / "x.json"
+    records.write_text(json.dumps([{"content": "a", "id": 1}]))
+    assert one_line_error(lambda: list(iter_documents(records))) == (
+        f"record 1 of {str(records)!r} has no field 'text'; its fields: ['content', 'id']; set --text-field")
+
+    whole = tmp_path / "object.json"
+    whole.write_text(json.dumps({"version": 1, "data": [{"text": "a"}]}))
+    assert one_line_error(lambda: list(iter_documents(whole))) == (
+        f"{str(whole)!r} holds a JSON object (keys: ['data', 'version']), not an array of records or of strings; "
+        "write its documents as a JSON array, or one record per line as .jsonl")
+    mixed = tmp_path / "mixed.json"
+    mixed.write_text(json.dumps(["a", 2]))
+    assert one_line_error(lambda: list(iter_documents(mixed))) == (
+        f"element 2 of {str(mixed)!r} is a JSON number, not a record (an object) or a string")
+    lines = tmp_path / "lines.json"
+    lines.write_text('{"text": "a"}\n{"text": "b"}\n')
+    assert one_line_error(lambda: list(iter_documents(lines))) == (
+        f"{str(lines)!r} holds more than one JSON value (Extra data at line 2 column 1): a file of one object per "
+        "line is JSON Lines, rename it .jsonl")
+
+    saved = tmp_path / "saved"
+    table = datasets.Dataset.from_dict({"content": ["a", "b"], "id": [1, 2]})
+    datasets.DatasetDict({"train": table, "test": table}).save_to_disk(str(saved))
+    assert one_line_error(lambda: iter_documents(f"hf:{saved}")) == (  # at the call, the Hub not blamed
+        f"source 'hf:{saved}': {str(saved)!r} is a datasets.save_to_disk folder: pass the path itself as --data, "
+        "not hf:")
+    assert one_line_error(lambda: iter_documents(saved, hf_split="validation")) == (
+        f"{str(saved)!r} is a datasets.save_to_disk DatasetDict without the split data_split='validation'; "
+        "its splits: ['train', 'test']; set --data-split")
+    assert one_line_error(lambda: list(iter_documents(saved))) == (
+        f"{str(saved)!r} has no field 'text'; its fields: ['content', 'id']; set --text-field")
+
+    assert one_line_error(lambda: iter_documents(records, data_files="a.jsonl")) == (
+        f"data_files='a.jsonl' is for an hf: source (e.g. hf:json); source {str(records)!r} is not one: pass local "
+        "files as the source itself")
+    missing = str(tmp_path / "nothing-*.jsonl")
+    assert one_line_error(lambda: iter_documents("hf:json", data_files=missing)).startswith(
+        f"source 'hf:json': data_files entry {missing!r} matches no file")
+
+
+def test_the_cli_trains_on_a_json_file_with_its_flags(corpus_file, docs, tmp_path, capsys):
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps([{"content": d, "id": i} for i, d in enumerate(docs)]))
+    common = ["train", "--preset", "tiny", "--set", "model_overrides=" + json.dumps({"dim": 32, "n_layers": 2,
+              "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64}), "--seq-len", "32", "--batch-size", "4",
+              "--max-steps", "2", "--warmup-steps", "1", "--eval-batches", "1", "--no-progress",
+              "--cache-dir", str(tmp_path / "cache"), "--data", str(path)]
+    assert cli.main([*common, "--out", str(tmp_path / "refused")]) == 2  # no field 'text'
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"s2hc train: error: record 1 of {str(path)!r} has no field 'text'; its fields: ['content', 'id']; "
+        "set --text-field")
+    out = tmp_path / "run"
+    argv = [*common, "--text-field", "content", "--validation-fraction", "0.1", "--max-documents", "1000",
+            "--max-tokens", "1000000", "--data-split", "train", "--out", str(out)]
+    assert cli.main(argv) == 0
+    saved = yaml.safe_load((out / "config.yaml").read_text())
+    assert (saved["text_field"], saved["validation_fraction"], saved["max_documents"]) == ("content", 0.1, 1000)
