@@ -26,6 +26,7 @@ from . import mixers
 from .checks import check_bool, check_float, check_int, check_str, check_streams
 from .connection import COMPUTE_OPTIONS, KERNELS
 from .data.sources import required_packages as data_packages
+from .data.stream import STREAMING_CHOICES
 from .data.tokenizer import required_packages as tokenizer_packages
 from .devices import AUTOCAST_NAMES, DEVICE_NAME
 from .extras import check_available
@@ -203,6 +204,8 @@ class TrainConfig:
             raise ValueError(f"weight_decay_on must be one of {list(WEIGHT_DECAY_RULES)}, got {self.weight_decay_on!r}")
         if self.parallel not in PARALLEL_MODES:
             raise ValueError(f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}")
+        if self.streaming not in STREAMING_CHOICES:
+            raise ValueError(f"streaming must be one of {list(STREAMING_CHOICES)}, got {self.streaming!r}")
         if self.dtype not in AUTOCAST_NAMES:
             raise ValueError(f"dtype must be one of {list(AUTOCAST_NAMES)}, got {self.dtype!r}")
         if not DEVICE_NAME.fullmatch(self.device):

@@ -4,8 +4,8 @@
 
     RUN/
       config.yaml       the TrainConfig of the run (what `s2hc train --resume` must match)
-      metrics.jsonl     one JSON object per line: step, loss, lr, grad_norm, tokens, step_time; val_loss; diagnostics;
-                        the weight-decay rule (once per run)
+      metrics.jsonl     one JSON object per line: step, loss, lr, grad_norm, tokens, step_time, tokens_per_s; val_loss;
+                        diagnostics; the weight-decay rule (once per run)
       checkpoint.pt     one process: model, optimizer, data position, RNG, configs, history (torch.save)
       checkpoint.dcp/   several processes or FSDP: torch.distributed.checkpoint shards and extra.pt
       checkpoints/      the checkpoints kept besides the latest (--keep-checkpoints K, --keep-best): step-00000100.pt

@@ -30,9 +30,9 @@ from tqdm.auto import tqdm
 
 from ..config import TrainConfig, completed_settings, resumable_fields
 from ..connection import set_connection_options
-from ..data.loader import TokenBatches, eval_batches
+from ..data.loader import StreamBatches, TokenBatches, eval_batches
 from ..data.shards import prepare_tokens
-from ..data.stream import should_stream
+from ..data.stream import ChunkStream, should_stream, validation_tokens
 from ..data.tokenizer import get_tokenizer
 from ..devices import autocast_dtype
 from ..diagnostics.collect import gradient_norms, training_diagnostics
@@ -550,9 +550,6 @@ def _data(config: TrainConfig, tokenizer, ctx: distributed.Context):
     training split: every process reads it chunk by chunk as it trains (:class:`~s2hc.data.loader.StreamBatches`;
     the others wait for rank 0's chunks in a shared cache); a streamed validation split: its first
     ``eval_batches × batch_size`` windows (rank 0 first)."""
-    from ..data.loader import StreamBatches
-    from ..data.stream import ChunkStream, should_stream, validation_tokens
-
     options, progress = config.token_options(), config.progress and ctx.is_main
     stream_train = should_stream(config.streaming, config.data)
 
