@@ -128,3 +128,29 @@ def tiny_checkpoint(step: int, model: dict, **entries):
     from s2hc.rundir import Checkpoint
 
     return Checkpoint(config={}, model_config={}, step=step, model=model, **entries)
+
+
+def at_logged_step(monkeypatch, step: int, action) -> None:
+    """Call ``action()`` right after the training loop logs step ``step`` (``s2hc.train.loop._Run.log``): a Ctrl-C
+    (``signal.raise_signal(signal.SIGINT)``: the run saves a checkpoint there and stops), or a crash (an exception
+    no s2hc handler catches: nothing more is saved, as after a kill -9)."""
+    from s2hc.train import loop
+
+    real = loop._Run.log
+
+    def log(self):
+        real(self)
+        if self.step == step:
+            action()
+
+    monkeypatch.setattr(loop._Run, "log", log)
+
+
+def ctrl_c() -> None:
+    import signal
+
+    signal.raise_signal(signal.SIGINT)
+
+
+def crash() -> None:
+    raise KeyboardInterrupt("killed")

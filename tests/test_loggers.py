@@ -6,13 +6,12 @@ from __future__ import annotations
 import csv
 import json
 import math
-import signal
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from helpers import small_config
+from helpers import at_logged_step, crash, ctrl_c, small_config
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -125,37 +124,13 @@ def _event_scalars(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
     return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
 
 
-def _interrupt_after(monkeypatch, step: int) -> None:
-    """SIGINT (a Ctrl-C) while step ``step`` is logged: the run saves a checkpoint there and stops."""
-    real = loop_module._Run.log
-
-    def log(self):
-        real(self)
-        if self.step == step:
-            signal.raise_signal(signal.SIGINT)
-
-    monkeypatch.setattr(loop_module._Run, "log", log)
-
-
-def _crash_after(monkeypatch, step: int) -> None:
-    """A crash (a kill -9, as far as the checkpoints know) once step ``step`` is logged: nothing more is saved."""
-    real = loop_module._Run.log
-
-    def log(self):
-        real(self)
-        if self.step == step:
-            raise KeyboardInterrupt("killed")
-
-    monkeypatch.setattr(loop_module._Run, "log", log)
-
-
 def test_csv_and_tensorboard_hold_every_scalar_and_a_crashed_run_resumed_reads_as_one(corpus_file, tmp_path,
                                                                                       monkeypatch):
     pytest.importorskip("tensorboard", reason="the tensorboard extra")
     config = small_config(corpus_file, tmp_path, max_steps=6, log_every=1, eval_every=3, checkpoint_every=3,
                           diagnostics_every=3, logger="csv,tensorboard")
     with monkeypatch.context() as patch:
-        _crash_after(patch, 5)  # logged 4 and 5 after the checkpoint of step 3
+        at_logged_step(patch, 5, crash)  # logged 4 and 5 after the checkpoint of step 3
         with pytest.raises(KeyboardInterrupt):
             train(config)
     train(config, resume=True)
@@ -187,7 +162,7 @@ def test_wandb_offline_and_mlflow_runs_continue_on_resume(corpus_file, tmp_path,
     config = small_config(corpus_file, tmp_path, max_steps=4, log_every=1, eval_every=2, checkpoint_every=2,
                           logger="wandb,mlflow", logger_group="habits")
     with monkeypatch.context() as patch:
-        _interrupt_after(patch, 2)
+        at_logged_step(patch, 2, ctrl_c)
         with pytest.raises(loop_module.Interrupted):
             train(config)
     run = Path(config.out)

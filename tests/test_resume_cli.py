@@ -3,15 +3,12 @@ is checked against the run's settings, not the defaults (flags, --set and --conf
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 import yaml
-from helpers import small_config
+from helpers import at_logged_step, ctrl_c, small_config
 
 from s2hc.cli import main
 from s2hc.rundir import load_checkpoint, read_metrics
-from s2hc.train import loop as loop_module
 from s2hc.train import resume_config, train
 
 
@@ -33,22 +30,10 @@ def setup(corpus_file, tmp_path):
     return path, tmp_path / "run", _losses(reference.out)
 
 
-def _stop_at(monkeypatch, step: int) -> None:
-    """A Ctrl-C while step ``step`` is logged: the run saves its checkpoint there and stops (exit 130)."""
-    real = loop_module._Run.log
-
-    def log(self):
-        real(self)
-        if self.step == step:
-            signal.raise_signal(signal.SIGINT)
-
-    monkeypatch.setattr(loop_module._Run, "log", log)
-
-
 def test_resume_alone_continues_the_run_exactly(setup, monkeypatch, capsys):
     path, out, reference = setup
     with monkeypatch.context() as patch:
-        _stop_at(patch, 3)
+        at_logged_step(patch, 3, ctrl_c)
         assert main(["train", "--config", str(path), "--out", str(out)]) == 130
     err = capsys.readouterr().err
     assert f"stopped by signal 2 after step 3; resume with `s2hc train --out {out} --resume`" in err

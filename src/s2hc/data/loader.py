@@ -39,6 +39,17 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torc
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
+def _check_same_batches(state: dict[str, Any], mine: dict[str, Any], global_batch: int, keys: tuple[str, ...]) -> None:
+    """ValueError listing where a saved loader ``state`` differs from this loader's own (``mine``, its
+    ``state_dict()``) in ``keys``, where ``global_batch`` is ``batch_size × world_size`` (the same global batch with
+    another process count is the same run)."""
+    mine = {**mine, "global_batch": global_batch}
+    state = {**state, "global_batch": state.get("batch_size", 0) * state.get("world_size", 0)}
+    diff = [f"{k}: state {state.get(k)!r}, loader {mine[k]!r}" for k in keys if state.get(k) != mine[k]]
+    if diff:
+        raise ValueError("loader state does not match this loader (" + "; ".join(diff) + ")")
+
+
 class TokenBatches:
     """An endless iterator of training batches ``(x, y)``: int64 CPU tensors of shape ``(batch_size, seq_len)``.
 
@@ -133,15 +144,8 @@ class TokenBatches:
                              "a whole-array one; resume with the run's own streaming setting")
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"loader state version {state.get('version')!r} is not {STATE_VERSION}")
-        mine = {**self.state_dict(), "global_batch": self.global_batch}
-        state = {**state, "global_batch": state.get("batch_size", 0) * state.get("world_size", 0)}
-        diff = [
-            f"{k}: state {state.get(k)!r}, loader {mine[k]!r}"
-            for k in ("seed", "seq_len", "global_batch", "n_tokens")
-            if state.get(k) != mine[k]
-        ]
-        if diff:
-            raise ValueError("loader state does not match this loader (" + "; ".join(diff) + ")")
+        _check_same_batches(state, self.state_dict(), self.global_batch,
+                            ("seed", "seq_len", "global_batch", "n_tokens"))
         epoch, step = int(state["epoch"]), int(state["step_in_epoch"])
         if epoch < 0 or not 0 <= step <= self.batches_per_epoch:
             raise ValueError(f"loader state position epoch={epoch}, step_in_epoch={step} is out of range")
@@ -291,15 +295,8 @@ class StreamBatches:
                              "training), not of a streaming one; resume with the run's own streaming setting")
         if state.get("version") != STREAM_STATE_VERSION:
             raise ValueError(f"streaming loader state version {state.get('version')!r} is not {STREAM_STATE_VERSION}")
-        mine = {**self.state_dict(), "global_batch": self.global_batch}
-        state = {**state, "global_batch": state.get("batch_size", 0) * state.get("world_size", 0)}
-        diff = [
-            f"{k}: state {state.get(k)!r}, loader {mine[k]!r}"
-            for k in ("seed", "seq_len", "global_batch", "stream_key")
-            if state.get(k) != mine[k]
-        ]
-        if diff:
-            raise ValueError("loader state does not match this loader (" + "; ".join(diff) + ")")
+        _check_same_batches(state, self.state_dict(), self.global_batch,
+                            ("seed", "seq_len", "global_batch", "stream_key"))
         names = ("epoch", "step_in_epoch", "chunk", "chunk_window", "chunk_document", "chunk_token")
         values = [state.get(name) for name in names]
         if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values) or (
