@@ -142,6 +142,7 @@ FAMILY_NAMES = set(mixers.REGISTRY)  # "residual" has no class: comparing with m
 ALLOWED = {
     # a token shard's meta.json field (which source and tokenizer the shard was made from), not the family
     ("data/shards.py", "identity"): "meta.json key",
+    ("data/stream.py", "identity"): "meta.json key",  # the same field of a streamed cache's meta.json
     # the s2hc package's version in a study's environment record, not the family
     ("study/runner.py", "s2hc"): "environment key",
     # the DeepSeek-V4 converter maps one concrete format, transformers' DeepseekV4HyperConnection, which s2hc
