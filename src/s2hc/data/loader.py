@@ -39,6 +39,16 @@ def _windows(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torc
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
 
+def _check_layout(seq_len: int, batch_size: int, rank: int, world_size: int) -> tuple[int, int, int, int]:
+    """``(seq_len, batch_size, rank, world_size)`` checked (each >= 1, ``0 <= rank < world_size``); ValueError naming
+    the argument otherwise. What every loader of windows checks of its arguments."""
+    seq_len, batch_size = check_int("seq_len", seq_len, 1), check_int("batch_size", batch_size, 1)
+    world_size, rank = check_int("world_size", world_size, 1), check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"rank={rank!r} is not allowed with world_size={world_size}; use 0 <= rank < world_size")
+    return seq_len, batch_size, rank, world_size
+
+
 def _check_same_batches(state: dict[str, Any], mine: dict[str, Any], global_batch: int, keys: tuple[str, ...]) -> None:
     """ValueError listing where a saved loader ``state`` differs from this loader's own (``mine``, its
     ``state_dict()``) in ``keys``, where ``global_batch`` is ``batch_size × world_size`` (the same global batch with
@@ -67,13 +77,8 @@ class TokenBatches:
 
     def __init__(self, tokens, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1):
         self.tokens = _as_array(tokens)
-        self.seq_len = check_int("seq_len", seq_len, 1)
-        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.seq_len, self.batch_size, self.rank, self.world_size = _check_layout(seq_len, batch_size, rank, world_size)
         self.seed = check_int("seed", seed, 0)
-        self.world_size = check_int("world_size", world_size, 1)
-        self.rank = check_int("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise ValueError(f"rank={rank!r} is not allowed with world_size={world_size}; use 0 <= rank < world_size")
         n = len(self.tokens)
         if n < self.seq_len + 1:
             raise ValueError(
@@ -183,13 +188,8 @@ class StreamBatches:
 
     def __init__(self, stream, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0, world_size: int = 1):
         self.stream = stream
-        self.seq_len = check_int("seq_len", seq_len, 1)
-        self.batch_size = check_int("batch_size", batch_size, 1)
+        self.seq_len, self.batch_size, self.rank, self.world_size = _check_layout(seq_len, batch_size, rank, world_size)
         self.seed = check_int("seed", seed, 0)
-        self.world_size = check_int("world_size", world_size, 1)
-        self.rank = check_int("rank", rank, 0)
-        if self.rank >= self.world_size:
-            raise ValueError(f"rank={rank!r} is not allowed with world_size={world_size}; use 0 <= rank < world_size")
         self.global_batch = self.batch_size * self.world_size
         self.epoch = 0
         self.step_in_epoch = 0
@@ -324,12 +324,7 @@ def eval_batches(
     ``world_size > 1``, rank ``r`` yields batches ``r, r + world_size, ...``. ``ValueError`` naming the sizes when
     the array holds fewer than ``seq_len + 1`` tokens."""
     arr = _as_array(tokens)
-    seq_len = check_int("seq_len", seq_len, 1)
-    batch_size = check_int("batch_size", batch_size, 1)
-    world_size = check_int("world_size", world_size, 1)
-    rank = check_int("rank", rank, 0)
-    if rank >= world_size:
-        raise ValueError(f"rank={rank!r} is not allowed with world_size={world_size}; use 0 <= rank < world_size")
+    seq_len, batch_size, rank, world_size = _check_layout(seq_len, batch_size, rank, world_size)
     if max_batches is not None:
         max_batches = check_int("max_batches", max_batches, 1)
     n = len(arr)
