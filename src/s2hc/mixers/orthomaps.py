@@ -1,8 +1,10 @@
 """Orthogonal charts shared by the s²HC, orthogonal and isometric families.
 
 Per token these build small (m × m) orthogonal matrices from m(m-1)/2 numbers. Millions of tokens
-make a general solver per token slow (and ``torch.linalg.solve`` refuses bfloat16), so sizes up to
-4 use closed forms from the Cayley–Hamilton theorem; larger sizes fall back to a batched solve.
+make a general solver per token slow (and torch's LU solvers refuse bfloat16 and float16: the mixers call
+these in their coefficient dtype, at least float32), so sizes up to 4 use closed forms from the
+Cayley–Hamilton theorem; larger sizes fall back to a batched solve, ``torch.linalg.solve_ex`` without its
+error check, which would copy the LU status to the host (a device sync per call on CUDA).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ def cayley(a: torch.Tensor, fused: bool = False) -> torch.Tensor:
     dual, :func:`_dual4`), ``Q = [(1 + p − q²) I − 2A − 2q Ã + 2A²] / (1 + p + q²)``: the same matrix without
     the cancellation between ``−2(1 + p) A`` and ``−2A³`` (each ~|A| after the division, their sum ~1/|A|),
     which cost float32 orthogonality ~1e-6 · |A| (2.8e-4 at entries ~500; now ≤ ~1e-6 at any size).
-    Larger m use a batched linear solve.
+    Larger m use a batched linear solve without an error check (no host sync).
     The chart cannot reach rotations with eigenvalue −1 (use :func:`matrix_exp_rotation` for those).
     ``fused=True`` computes the powers of A with :func:`~s2hc.mixers.base.small_matmul` (same values).
     """
@@ -89,11 +91,16 @@ def cayley(a: torch.Tensor, fused: bool = False) -> torch.Tensor:
         q = _pfaffian4(a)[..., None, None]
         q2 = q.square()
         return ((1.0 + p - q2) * eye - 2.0 * a - 2.0 * q * _dual4(a) + 2.0 * a2) / (1.0 + p + q2)
-    return torch.linalg.solve(eye + a, eye - a)
+    # I + A is invertible for every real skew-symmetric A (its eigenvalues are 1 + iλ, λ real), so the singular
+    # check torch.linalg.solve makes (reading the LU status on the host: a sync on CUDA) has nothing to find.
+    return torch.linalg.solve_ex(eye + a, eye - a, check_errors=False).result
 
 
 def matrix_exp_rotation(a: torch.Tensor, fused: bool = False) -> torch.Tensor:
-    """``exp(A)`` of skew-symmetric ``A`` ``(..., m, m)``: reaches all of SO(m), including eigenvalue −1."""
+    """``exp(A)`` of skew-symmetric ``A`` ``(..., m, m)``: reaches all of SO(m), including eigenvalue −1.
+
+    On CUDA ``torch.linalg.matrix_exp`` picks its scaling from the norms on the host: a device sync per call,
+    which the default chart (:func:`cayley`) does not make."""
     return torch.linalg.matrix_exp(a)
 
 

@@ -656,7 +656,8 @@ class Transformer(nn.Module):
         """Token embeddings (scaled for Gemma) plus learned positions ``(T,)`` or ``(B, T)``: ``(B, T, C)``."""
         h = self.embed(input_ids)
         if self.config.embed_scale:  # scale rounded to the embedding's dtype, as Gemma does
-            h = h * torch.tensor(self.config.dim**0.5, dtype=h.dtype, device=h.device)
+            # a 0-dim CPU tensor: the kernel reads it as a scalar; made on the GPU it would be a blocking copy (a sync)
+            h = h * torch.tensor(self.config.dim**0.5, dtype=h.dtype)
         if self.pos_embed is not None:
             h = h + self.pos_embed(positions)
         return h

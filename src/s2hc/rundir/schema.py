@@ -42,7 +42,9 @@ def writer() -> str:
 class History:
     """What the loop measured so far; a resumed run continues it, and a finished run read again reports it.
 
-    ``step_times``: the wall time of every optimizer step in seconds (tokens/s is taken from their median);
+    ``step_times``: one per optimizer step, in seconds: the wall time of the interval between two reads of the
+    steps' values (a log, evaluation or checkpoint step) divided by its steps, since a step itself does not wait
+    for the device (s2hc.train.step_values); tokens/s is taken from their median;
     ``train_loss``: the last step's training loss; ``val_loss``: the last validation loss (None before one)."""
 
     step_times: list[float] = field(default_factory=list)

@@ -181,7 +181,8 @@ class Checkpointer:
         """Load the checkpoint whose header is ``saved`` (from ``load_checkpoint(..., with_model=False)``).
 
         One without optimizer state, loader position or RNG (``s2hc upcycle``'s step 0) restores its weights
-        alone: the run starts from them, with a fresh optimizer, at the beginning of the data."""
+        alone: the run starts from them, with a fresh optimizer, at the beginning of the data. The optimizer's
+        step counters end up where the optimizer keeps its own (:func:`keep_step_counters_on_host`)."""
         if saved.path.endswith(SHARDED):
             state = dict(zip(("model", "optimizer"), get_state_dict(self.model, self.optimizer)))
             load_sharded_into(Path(saved.path), state)
@@ -195,12 +196,33 @@ class Checkpointer:
             else:
                 set_state_dict(self.model, self.optimizer, model_state_dict=full.model,
                                optim_state_dict=full.optimizer, options=options)
+        keep_step_counters_on_host(self.optimizer)
         if saved.loader is not None:  # an upcycled run has not read any data yet: its loader starts at the beginning
             self.loader.load_state_dict(saved.loader)
         if saved.rng is not None and saved.world_size == 1 and self.ctx.world_size == 1:  # per-rank streams
             set_rng_state(saved.rng)  # cannot be split
         self.last_step, self.last_path = saved.step, Path(saved.path)
         return saved.step
+
+
+def keep_step_counters_on_host(optimizer: torch.optim.Optimizer) -> None:
+    """Put each parameter's ``step`` counter of ``optimizer``'s state where torch's Adam/AdamW keep a fresh one:
+    a CPU scalar of the optimizer's scalar dtype (float32, float64 under a float64 default dtype), unless the
+    group is ``capturable`` or ``fused`` (then ``load_state_dict`` has already put it on the parameter's device).
+
+    ``Optimizer.load_state_dict`` leaves a loaded ``step`` on whatever device it was read onto: a checkpoint read
+    onto the GPU (``load_checkpoint(path, cuda)``) would leave the counters there, and the foreach update reads
+    each one on the host (``bias_correction = 1 - beta ** step.item()``): a device sync per parameter per step."""
+    dtype = torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+    for group in optimizer.param_groups:
+        if group.get("capturable") or group.get("fused"):
+            continue
+        for p in group["params"]:
+            state = optimizer.state.get(p)
+            step = state.get("step") if state else None
+            plain = isinstance(step, torch.Tensor) and not hasattr(step, "to_local")  # a DTensor is FSDP's to place
+            if plain and (step.device.type != "cpu" or step.dtype != dtype):
+                state["step"] = step.detach().to("cpu", dtype)
 
 
 def _tensors(value: Any, name: str):

@@ -150,6 +150,15 @@ def mean_across_ranks(value: float, ctx: Context) -> float:
     return tensor.item() / ctx.world_size
 
 
+def sum_across_ranks_(tensor: torch.Tensor, ctx: Context) -> torch.Tensor:
+    """``tensor`` (on this rank's device) summed over all ranks in place and returned; ``tensor`` itself when
+    alone. Unlike :func:`mean_across_ranks` nothing is read on the host: on NCCL the all-reduce is queued on the
+    device like a kernel (no host sync), so a training step can reduce its values and read them later."""
+    if ctx.distributed:
+        dist.all_reduce(tensor)
+    return tensor
+
+
 def barrier(ctx: Context) -> None:
     if ctx.distributed:
         dist.barrier()

@@ -6,9 +6,12 @@ checkpoints. What a checkpoint holds is :class:`~s2hc.train.checkpointer.Checkpo
 :mod:`s2hc.rundir`'s; the run directory is opened through :func:`s2hc.rundir.open_run_directory` (created or
 resumed, never overwritten, locked for the whole run).
 
-Nothing non-finite is kept: the loss and gradient are checked before each update, the weights after it and
-the validation loss when measured; the run then stops with :class:`TrainingError` naming the step and the
-checkpoint it keeps, which (like every checkpoint) was only written because all its tensors were finite.
+Nothing non-finite is kept: every step's loss, gradient norm and updated weights are checked, and the
+validation loss when measured; the run then stops with :class:`TrainingError` naming the first non-finite step
+and the checkpoint it keeps, which (like every checkpoint) was only written because all its tensors were finite.
+A step makes no host sync (on CUDA) unless it logs, evaluates, runs diagnostics or saves: its values stay on the
+device until the next of those reads them (:mod:`s2hc.train.step_values`), so a non-finite step stops the run
+at that read, up to ``log_every`` steps later, still named exactly and never checkpointed (a read comes first).
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ import os
 import signal
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +57,7 @@ from . import distributed
 from .checkpointer import Checkpointer
 from .init_from import load_initial_weights
 from .optim import learning_rate, make_optimizer, weight_decay_record
+from .step_values import PendingSteps, StepValues
 
 
 class TrainingError(RuntimeError):
@@ -249,20 +252,28 @@ def _open_run(config: TrainConfig, resume: bool, overwrite: bool, ctx: distribut
     return saved
 
 
-def _non_finite_weights(model: torch.nn.Module, ctx: distributed.Context) -> str | None:
-    """None when every parameter (every rank's local shard) is finite, else the names of those that are not.
+def _local_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter by name, as this rank holds it (its local shard under FSDP2), detached."""
+    return {name: (p.to_local() if hasattr(p, "to_local") else p).detach() for name, p in model.named_parameters()}
 
-    One fused norm of all parameters and one sync; only when that is not finite (a NaN, an infinity, or
-    finite values so large that their squares overflow) are the parameters looked at one by one."""
-    local = {name: p.to_local() if hasattr(p, "to_local") else p for name, p in model.named_parameters()}
-    tensors = [p.detach() for p in local.values() if p.numel()]
-    total = torch.nn.utils.get_total_norm(tensors) if tensors else torch.zeros(())
-    bad = []
-    if not bool(torch.isfinite(total)):
-        bad = [name for name, p in local.items() if not bool(torch.isfinite(p.detach()).all())]
-    if distributed.mean_across_ranks(float(len(bad)), ctx) == 0:
-        return None
-    return ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "") if bad else "on another rank"
+
+def _largest_weight(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
+    """The largest magnitude among the parameters (this rank's local shards), a 0-dim tensor on the device: one
+    fused reduction and no sync. It is finite exactly when every parameter is (a NaN propagates through the
+    maximum, and there are no squares to overflow)."""
+    tensors = [p for p in _local_parameters(model).values() if p.numel()]
+    if not tensors:
+        return torch.zeros((), device=device)
+    return torch.nn.utils.get_total_norm(tensors, norm_type=math.inf)
+
+
+def _non_finite_weights(model: torch.nn.Module, values: StepValues) -> str:
+    """The names of this rank's parameters that are not finite now (read one by one: only after a divergence),
+    for the message about step ``values``, whose weights some rank found non-finite."""
+    bad = [name for name, p in _local_parameters(model).items() if not bool(torch.isfinite(p).all())]
+    if not bad:
+        return "on another rank" if values.weights_finite else "not finite any more when read"
+    return ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
 
 
 def _train(config: TrainConfig, saved: Checkpoint | None, ctx: distributed.Context) -> RunResult:
@@ -376,6 +387,7 @@ class _Run:
                 self.metrics.write(step=self.step, weight_decay=weight_decay_record(
                     self.model, config.weight_decay, config.weight_decay_on))
         self.tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world_size
+        self.pending = PendingSteps(ctx)  # the steps' values not read yet: read_steps reads them
         self.lr = math.nan
         self.grad_norm = math.nan
         self.layer_grads = None
@@ -400,10 +412,11 @@ class _Run:
                 self.metrics.write(step=0, val_loss=self.history.val_loss)
 
     def optimizer_step(self) -> None:
-        """One optimizer step: the scheduled learning rate, ``grad_accum`` micro-steps, clipping, the update;
-        :class:`TrainingError` (after recording the divergence) when the loss, the gradient or the updated
-        weights are not finite."""
-        config, started = self.config, time.perf_counter()
+        """One optimizer step: the scheduled learning rate, ``grad_accum`` micro-steps, clipping, the update. No
+        host sync (but for diagnostics when due): its loss, gradient norm and updated weights stay on the device
+        until :meth:`read_steps` checks them (the update runs whatever they are)."""
+        config = self.config
+        self.pending.start()
         self.lr = learning_rate(self.step, peak=config.lr, warmup_steps=config.warmup_steps,
                                 max_steps=config.max_steps, min_ratio=config.min_lr_ratio)
         for group in self.optimizer.param_groups:
@@ -411,26 +424,18 @@ class _Run:
         train_loss = self._accumulate_gradients()
         self.layer_grads = gradient_norms(self.model) if self._due(config.diagnostics_every) else None  # unclipped
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip or float("inf"))
-        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
-        at = self.step + 1
-        if not math.isfinite(train_loss):  # its gradient is not finite either
-            raise self.diverged(f"non-finite loss ({train_loss}) or gradient at step {at}", at)
-        if not math.isfinite(grad_norm):  # the loss is not the suspect: the backward pass overflowed
-            raise self.diverged(f"non-finite gradient (norm {grad_norm}) at step {at}, with a finite loss "
-                                f"({train_loss:.4f}): the backward pass overflowed", at)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        bad = _non_finite_weights(self.model, self.ctx)
-        if bad is not None:
-            raise self.diverged(f"non-finite weights after the update of step {at} ({bad}; learning rate "
-                                f"{self.lr})", at)
-        self.step, self.grad_norm, self.history.train_loss = at, grad_norm, train_loss
-        self.history.step_times.append(time.perf_counter() - started)
+        self.step += 1
+        self.pending.add(self.step, self.lr, train_loss, grad_norm, _largest_weight(self.model, self.device))
 
-    def _accumulate_gradients(self) -> float:
-        """Forward and backward over ``grad_accum`` micro-batches (gradients synchronised on the last); the mean
-        loss over micro-steps and ranks."""
-        config, loss_sum = self.config, 0.0
+    def _accumulate_gradients(self) -> torch.Tensor:
+        """Forward and backward over ``grad_accum`` micro-batches (gradients synchronised on the last); this
+        rank's mean loss over micro-steps, a float64 0-dim tensor on the device (summed in the order and precision
+        the host summed ``loss.item()`` in, without reading it)."""
+        config = self.config
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         for micro in range(config.grad_accum):
             x, y = (t.to(self.device, non_blocking=True) for t in next(self.loader))
             with distributed.gradient_sync(self.forward, self.ctx, enabled=micro == config.grad_accum - 1):
@@ -438,8 +443,27 @@ class _Run:
                     logits = self.forward(x)
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
                 (loss / config.grad_accum).backward()
-            loss_sum += loss.item()
-        return distributed.mean_across_ranks(loss_sum / config.grad_accum, self.ctx)
+            loss_sum += loss.detach().to(torch.float64)
+        return loss_sum / config.grad_accum
+
+    def read_steps(self) -> None:
+        """Read the steps taken since the last read (:class:`~s2hc.train.step_values.PendingSteps`: one transfer,
+        their only host sync on CUDA) into the run's record, stopping at the first non-finite one with
+        :class:`TrainingError` (after recording the divergence) that names it: a non-finite loss, else gradient,
+        else updated weights (any rank's). Every rank calls it, before the loop logs, runs diagnostics, evaluates
+        or saves, so a non-finite step is never checkpointed, though it may be found ``log_every`` steps late."""
+        for values in self.pending.read():
+            at, train_loss, grad_norm = values.step, values.loss, values.grad_norm
+            if not math.isfinite(train_loss):  # its gradient is not finite either
+                raise self.diverged(f"non-finite loss ({train_loss}) or gradient at step {at}", at)
+            if not math.isfinite(grad_norm):  # the loss is not the suspect: the backward pass overflowed
+                raise self.diverged(f"non-finite gradient (norm {grad_norm}) at step {at}, with a finite loss "
+                                    f"({train_loss:.4f}): the backward pass overflowed", at)
+            if not values.ranks_finite:
+                raise self.diverged(f"non-finite weights after the update of step {at} "
+                                    f"({_non_finite_weights(self.model, values)}; learning rate {values.lr})", at)
+            self.grad_norm, self.history.train_loss = grad_norm, train_loss
+            self.history.step_times.append(values.seconds)
 
     def _due(self, every: int) -> bool:
         """Whether a task done every ``every`` steps (0: never) is due after the step now being taken."""
@@ -449,6 +473,9 @@ class _Run:
         return self.step % self.config.log_every == 0 or self.step == self.config.max_steps
 
     def log(self) -> None:
+        """The step's metrics (read first: :meth:`read_steps`); ``step_time`` and ``tokens_per_s`` are those of the
+        interval since the previous read (:mod:`s2hc.train.step_values`)."""
+        self.read_steps()
         if self.metrics:
             step_time = self.history.step_times[-1]
             self.metrics.write(step=self.step, loss=self.history.train_loss, lr=self.lr, grad_norm=self.grad_norm,
@@ -460,6 +487,7 @@ class _Run:
         clipping; every rank runs it (FSDP), the main one writes."""
         if self.layer_grads is None:
             return
+        self.read_steps()  # a non-finite step stops the run before diagnostics run on its weights
         record = training_diagnostics(self.model, self.validation[0][0], self.layer_grads,
                                       autocast_dtype=self.amp_dtype)
         if self.metrics:
@@ -470,6 +498,7 @@ class _Run:
         every = self.config.eval_every
         if not ((every and self.step % every == 0) or self.step == self.config.max_steps):
             return False
+        self.read_steps()  # a non-finite step stops the run before it is evaluated
         val_loss = evaluate(self.forward, self.validation, self.device, self.amp_dtype)
         if distributed.mean_across_ranks(float(not math.isfinite(val_loss)), self.ctx) > 0:  # all ranks stop
             raise self.diverged(f"non-finite validation loss ({val_loss}) at step {self.step}", self.step)
@@ -488,7 +517,9 @@ class _Run:
 
     def save(self) -> None:
         """The latest checkpoint; also the best one when due, and a step checkpoint (``keep_checkpoints``) unless
-        it was saved for the best alone."""
+        it was saved for the best alone. The steps since the last read are read first (:meth:`read_steps`): a
+        non-finite one stops the run instead, and is never saved."""
+        self.read_steps()
         checkpoint = Checkpoint(config=self.config.to_dict(), model_config=self.model_config.to_dict(),
                                 step=self.step, history=self.history)
         keep_step = self.checkpoint_due(best=False) or not self.best_due  # a regular save, or a signal's
