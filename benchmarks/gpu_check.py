@@ -1,13 +1,26 @@
-"""Helpers of ``benchmarks/gpu_check.sh``: describe the environment, and summarise what the check wrote.
+"""Helpers of ``benchmarks/gpu_check.sh``: describe the environment, archive each step's files, summarise.
 
-    python benchmarks/gpu_check.py env OUT_DIR        # versions, GPU; prints them, writes OUT_DIR/env.json
-    python benchmarks/gpu_check.py summarize OUT_DIR  # OUT_DIR/summary.md and OUT_DIR/summary.json
+    python benchmarks/gpu_check.py env DIR              # versions, GPU; prints them, writes DIR/env.json
+    python benchmarks/gpu_check.py archive OUT_DIR      # OUT_DIR/current/* appended to OUT_DIR/raw.tar, removed
+    python benchmarks/gpu_check.py summarize OUT_DIR    # OUT_DIR/summary.md and OUT_DIR/summary.json
+    python benchmarks/gpu_check.py finish-step OUT_DIR  # archive, then summarize (after every step)
 
-``summarize`` reads what the script left in OUT_DIR: ``steps.jsonl`` (one line per step: ``name``, ``kind``
-``tests``/``bench``/``setup``, ``status`` ``ok``/``failed``/``timeout``/``skipped``, ``rc``, ``seconds``,
-``limit_s``, ``args``), the JUnit XML of the tests (``tests.xml``) and one ``bench-NAME.json`` per bench step
-(``s2hc bench --json``). It never fails on a missing or broken file: what is missing is said in the summary.
-Standard library only, so it runs wherever the script runs.
+The device returns at most 8 files from its output folder, so OUT_DIR holds only these (:data:`TOP_FILES`):
+``summary.md`` and ``summary.json`` (rebuilt after every step, so a run cut short still has one),
+``steps.jsonl`` (one line per finished step: ``name``, ``kind`` ``setup``/``kernels``/``tests``/``bench``/
+``tool``, ``status`` ``ok``/``failed``/``timeout``/``skipped``, ``rc``, ``seconds``, ``limit_s``, ``args``,
+``note``), ``console.log`` (everything the script printed), ``raw.tar`` (an uncompressed tar, appended after
+every step: every raw file of every finished step), and ``current/`` with the files of the step in progress,
+at most three (what a run killed mid-step still returns). A step ``NAME`` writes ``NAME.log`` (its output),
+and as its kind has them ``NAME.json`` (``s2hc bench --json``), ``NAME.jsonl`` (events as they happen:
+``s2hc bench --jsonl``, ``kernel_check.py --jsonl``), ``NAME.xml`` (pytest's JUnit XML); ``env`` writes
+``env.txt`` and ``env.json``.
+
+``summarize`` reads all of it (the tar's members, the step in progress, and loose files of the older layout
+with one file per result in OUT_DIR) and never fails on a missing or broken file: what is missing is said in
+the summary. A bench without its JSON (cut by its time limit) is summarised from its events: its rows when
+they were written, else the median ratios of the repetitions it finished. Standard library only, so it runs
+wherever the script runs; ``tar -xf raw.tar`` unpacks the raw files anywhere.
 """
 
 from __future__ import annotations
@@ -16,7 +29,9 @@ import argparse
 import json
 import re
 import shlex
+import statistics
 import sys
+import tarfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -24,10 +39,15 @@ from typing import Any
 
 # DeepSeek's mHC (Manifold-Constrained Hyper-Connections): 6.7 % more training time at n = 4, with its fused
 # kernels, recomputation and communication overlap, in large-scale bf16 training. Not the setting of this
-# check's float32 steps of one model on one GPU: a reference point, not a like-for-like comparison.
+# check's steps of one model on one GPU: a reference point, not a like-for-like comparison.
 MHC_PUBLISHED_OVERHEAD_PCT = 6.7
 PEER = "hyper-connections:mhc"
-STATUSES = ("ok", "failed", "timeout", "skipped")
+STATUSES = ("ok", "failed", "timeout", "skipped", "cut")
+ARCHIVE, CURRENT = "raw.tar", "current"
+TOP_FILES = ("summary.md", "summary.json", "steps.jsonl", "console.log", ARCHIVE)
+MAX_FILES, MAX_FILE_BYTES, MAX_TOTAL_BYTES = 8, 16 << 20, 64 << 20  # what the device returns
+NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
+TAIL_LINES = 12
 
 
 # ------------------------------------------------------------------------------------------- env
@@ -40,8 +60,9 @@ def environment() -> dict[str, Any]:
 
     info: dict[str, Any] = {"python": sys.version.split()[0], "executable": sys.executable,
                             "platform": platform.platform()}  # fmt: skip
-    for package in ("torch", "triton", "transformers", "hyper-connections", "einops", "hypothesis", "pytest",
-                    "pytest-xdist", "pytest-timeout"):  # fmt: skip
+    for package in ("torch", "triton", "transformers", "hyper-connections", "torch-einops-utils", "einops",
+                    "numpy", "tokenizers", "pyyaml", "tqdm", "hypothesis", "pytest", "pytest-xdist",
+                    "pytest-timeout", "s2hc"):  # fmt: skip
         try:
             info[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
@@ -52,22 +73,24 @@ def environment() -> dict[str, Any]:
         info["torch_cuda"] = torch.version.cuda
         info["cuda_available"] = torch.cuda.is_available()
         info["cpu_threads"] = torch.get_num_threads()
+        info["allow_tf32_matmul"] = torch.backends.cuda.matmul.allow_tf32
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
             info["gpu"] = props.name
             info["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
             info["gpu_capability"] = f"{props.major}.{props.minor}"
+            info["gpu_multiprocessors"] = props.multi_processor_count
             info["gpu_count"] = torch.cuda.device_count()
             info["bf16_supported"] = torch.cuda.is_bf16_supported()
     except Exception as error:  # report, never fail: this is the first thing the check prints
         info["torch_error"] = repr(error)
-    try:
-        import hyper_connections
-
-        info["hyper_connections_path"] = str(Path(hyper_connections.__file__).parent)
-    except Exception as error:
-        info["hyper_connections_path"] = None
-        info["hyper_connections_error"] = repr(error)
+    for module in ("s2hc", "hyper_connections"):
+        try:
+            imported = __import__(module)
+            info[f"{module}_path"] = str(Path(imported.__file__).parent)
+        except Exception as error:
+            info[f"{module}_path"] = None
+            info[f"{module}_error"] = repr(error)
     return info
 
 
@@ -78,6 +101,90 @@ def write_environment(out: Path) -> int:
     for key, value in info.items():
         print(f"{key}: {value}")
     return 0
+
+
+# --------------------------------------------------------------------------------- the raw files
+
+
+def archive(out: Path) -> list[str]:
+    """Append every file of ``out/current`` to ``out/raw.tar`` (created when absent) and remove it; the names
+    archived. A tar appended to is readable after each append, so a run cut later keeps every finished step."""
+    current = out / CURRENT
+    files = sorted(p for p in current.iterdir() if p.is_file()) if current.is_dir() else []
+    if not files:
+        return []
+    with tarfile.open(out / ARCHIVE, "a") as tar:
+        for path in files:
+            tar.add(path, arcname=path.name)
+    for path in files:
+        path.unlink()
+    return [path.name for path in files]
+
+
+class RawFiles:
+    """The raw files of a check, by name: loose files in OUT_DIR (the older layout), then the members of
+    ``raw.tar`` (the last of a name wins), then the step in progress in ``current/``."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.files: dict[str, bytes] = {}
+        self.archive_error: str | None = None
+        self.archived: list[str] = []
+        for path in sorted(out.iterdir()) if out.is_dir() else []:
+            if path.is_file() and path.name not in TOP_FILES:
+                self.files[path.name] = path.read_bytes()
+        if (out / ARCHIVE).is_file():
+            try:
+                with tarfile.open(out / ARCHIVE, "r") as tar:
+                    for member in tar:
+                        if member.isfile():
+                            data = tar.extractfile(member)
+                            self.files[Path(member.name).name] = data.read() if data else b""
+                            self.archived.append(Path(member.name).name)
+            except (tarfile.TarError, OSError, EOFError) as error:  # a tar cut mid-append: keep what was read
+                self.archive_error = f"{ARCHIVE} unreadable after {len(self.archived)} members: {error}"
+        self.in_progress: list[str] = []
+        if (out / CURRENT).is_dir():
+            for path in sorted((out / CURRENT).iterdir()):
+                try:
+                    self.files[path.name] = path.read_bytes()
+                    self.in_progress.append(path.name)
+                except OSError:  # archived and removed while being read: it is in the tar now
+                    continue
+
+    def text(self, name: str) -> str | None:
+        data = self.files.get(name)
+        return None if data is None else data.decode("utf-8", errors="replace")
+
+    def first(self, *names: str) -> tuple[str, str] | None:
+        """The first of ``names`` that exists: ``(name, text)``."""
+        for name in names:
+            text = self.text(name)
+            if text is not None:
+                return name, text
+        return None
+
+
+def returned_files(out: Path) -> dict[str, Any]:
+    """What the device would return of ``out``: each file's path and size, and the rules it breaks (at most 8
+    files, 16 MiB each and 64 MiB together, at most 2 folders down, names of letters, digits, ``.``, ``_``, ``-``)."""
+    files = sorted(p for p in out.rglob("*") if p.is_file()) if out.is_dir() else []
+    listed = [{"path": str(p.relative_to(out)), "bytes": p.stat().st_size} for p in files]
+    problems = []
+    if len(files) > MAX_FILES:
+        problems.append(f"{len(files)} files, more than {MAX_FILES}")
+    for p, entry in zip(files, listed):
+        parts = p.relative_to(out).parts
+        if len(parts) > 3:
+            problems.append(f"{entry['path']}: more than 2 folders down")
+        if not all(NAME_OK.match(part) for part in parts):
+            problems.append(f"{entry['path']}: a name outside [A-Za-z0-9._-]")
+        if entry["bytes"] > MAX_FILE_BYTES:
+            problems.append(f"{entry['path']}: {entry['bytes']} bytes, over 16 MiB")
+    total = sum(e["bytes"] for e in listed)
+    if total > MAX_TOTAL_BYTES:
+        problems.append(f"{total} bytes together, over 64 MiB")
+    return {"files": listed, "count": len(files), "bytes": total, "problems": problems}
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -99,12 +206,25 @@ def read_steps(out: Path) -> list[dict[str, Any]]:
     return steps
 
 
-def read_junit(path: Path) -> dict[str, Any] | None:
+def read_jsonl(text: str | None) -> list[dict[str, Any]]:
+    """The JSON objects of ``text``'s lines; a line cut off by a kill (the last, usually) is left out."""
+    records = []
+    for line in (text or "").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+def read_junit(text: str | None) -> dict[str, Any] | None:
     """Counts of a JUnit XML file (pytest's ``--junitxml``) and the failed tests' ids; None without the file."""
-    if not path.is_file():
+    if text is None:
         return None
     try:
-        root = ET.parse(path).getroot()
+        root = ET.fromstring(text)
     except ET.ParseError as error:
         return {"error": f"unreadable JUnit XML: {error}"}
     counts = {"total": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failures": []}
@@ -128,13 +248,13 @@ _RESULT = re.compile(r"(?:^|\s)(?:(?P<id1>\S+::\S+) (?P<s1>PASSED|FAILED|SKIPPED
                      r"|(?P<s2>PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS) (?P<id2>\S+::\S+))")
 
 
-def read_pytest_log(path: Path) -> dict[str, Any] | None:
+def read_pytest_log(text: str | None, name: str = "tests.log") -> dict[str, Any] | None:
     """Counts from pytest's verbose lines (``tests/x.py::test PASSED``, or with xdist ``PASSED tests/x.py::test``)
     when there is no JUnit XML: a run cut short by its time limit still says what had finished."""
-    if not path.is_file():
+    if text is None:
         return None
     results: dict[str, str] = {}
-    for line in path.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         match = _RESULT.search(line)
         if match:
             results[match["id1"] or match["id2"]] = match["s1"] or match["s2"]
@@ -146,8 +266,19 @@ def read_pytest_log(path: Path) -> dict[str, Any] | None:
         "failed": statuses.count("FAILED"), "errors": statuses.count("ERROR"),
         "skipped": statuses.count("SKIPPED") + statuses.count("XFAIL"),
         "failures": [test for test, status in results.items() if status in ("FAILED", "ERROR")],
-        "partial": f"from {path.name}: no JUnit XML, the run did not finish",
+        "partial": f"from {name}: no JUnit XML, the run did not finish",
     }  # fmt: skip
+
+
+def read_tests(raw: RawFiles, step: dict[str, Any]) -> dict[str, Any]:
+    """One test step's counts: from ``NAME.xml``, else from the verbose lines of ``NAME.log``."""
+    name = step["name"]
+    junit = raw.first(f"{name}.xml")
+    log = raw.first(f"{name}.log")
+    counts = read_junit(junit[1]) if junit else None
+    if counts is None and log:
+        counts = read_pytest_log(log[1], log[0])
+    return {"name": name, "status": step.get("status"), "args": step.get("args"), "counts": counts}
 
 
 def _option(args: list[str], name: str) -> str | None:
@@ -159,40 +290,114 @@ def _option(args: list[str], name: str) -> str | None:
     return None
 
 
-def read_bench(out: Path, step: dict[str, Any]) -> dict[str, Any]:
-    """One bench step: its settings (from its arguments and its JSON) and its rows, compacted."""
+def _compact_row(row: dict[str, Any]) -> dict[str, Any]:
+    peak = row.get("peak_mem_bytes")
+    return {
+        "label": row["label"], "family": row["family"], "n_streams": row["n_streams"],
+        "batch_size": row.get("batch_size"), "seq_len": row.get("seq_len"),
+        "step_ms": row["step_s"] * 1e3, "step_ratio": row["step_ratio_vs_residual"],
+        "ratio_min": row.get("step_ratio_min"), "ratio_max": row.get("step_ratio_max"),
+        "tokens_per_s": row.get("tokens_per_s"), "peak_mem_mib": None if peak is None else peak / 2**20,
+        "peak_mem_ratio": row.get("peak_mem_ratio_vs_residual"), "params": row.get("params"),
+    }  # fmt: skip
+
+
+def rows_from_repetitions(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows from a bench's ``repetition`` events alone (a bench cut before its rows): per variant the median of
+    its step times and of its ratios to residual within each finished repetition; no memory."""
+    start = next((e for e in events if e.get("event") == "start"), {})
+    built = {e["label"]: e for e in events if e.get("event") == "built" and "label" in e}
+    reps = [e["step_s"] for e in events if e.get("event") == "repetition" and isinstance(e.get("step_s"), dict)]
+    if not reps:
+        return []
+    tokens = (start.get("batch_size") or 0) * (start.get("seq_len") or 0) or None
+    rows = []
+    for label in reps[0]:
+        times = [rep[label] for rep in reps if label in rep]
+        ratios = [rep[label] / rep["residual"] for rep in reps if label in rep and rep.get("residual")]
+        step_s = statistics.median(times)
+        rows.append({
+            "label": label, "family": built.get(label, {}).get("family", label.split(":")[0]),
+            "n_streams": built.get(label, {}).get("n_streams"), "batch_size": start.get("batch_size"),
+            "seq_len": start.get("seq_len"), "step_ms": step_s * 1e3,
+            "step_ratio": statistics.median(ratios) if ratios else None,
+            "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None,
+            "tokens_per_s": tokens / step_s if tokens else None, "peak_mem_mib": None, "peak_mem_ratio": None,
+            "params": None,
+        })  # fmt: skip
+    return rows
+
+
+def read_bench(raw: RawFiles, step: dict[str, Any]) -> dict[str, Any]:
+    """One bench step: its settings (from its arguments and its JSON or events) and its rows, compacted. Without
+    the JSON, the rows of its events, else the ratios of the repetitions it finished (``partial`` says which)."""
     args = shlex.split(step.get("args") or "")
     layers = _option(args, "--layers")
     streams = _option(args, "--streams")
+    name = step["name"]
     run: dict[str, Any] = {
-        "name": step["name"], "status": step.get("status"), "args": step.get("args"),
+        "name": name, "status": step.get("status"), "args": step.get("args"),
         "preset": _option(args, "--preset"), "layers": int(layers) if layers else None,
         "compiled": "--compile" in args, "n_streams": int(streams) if streams else None,
-        "device": _option(args, "--device"), "machine": None, "peer": None, "rows": [], "error": None,
+        "device": _option(args, "--device"), "dtype": _option(args, "--dtype") or "float32", "machine": None,
+        "peer": None, "rows": [], "built_s": {}, "error": None, "partial": None,
     }  # fmt: skip
-    path = out / f"bench-{step['name']}.json"
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        run["error"] = f"no JSON ({path.name} missing; status {step.get('status')})"
-        return run
-    except json.JSONDecodeError:
-        run["error"] = f"no JSON ({path.name} empty or unreadable; status {step.get('status')})"
-        return run
-    run.update(machine=data.get("machine"), device=data.get("device", run["device"]), peer=data.get("peer"))
-    for row in data.get("steps", []):
+    events = read_jsonl(raw.text(f"{name}.jsonl"))
+    run["built_s"] = {e["label"]: e.get("seconds") for e in events if e.get("event") == "built" and "label" in e}
+    start = next((e for e in events if e.get("event") == "start"), None)
+    if start:
+        run.update(machine=start.get("machine"), device=start.get("device", run["device"]),
+                   dtype=start.get("dtype", run["dtype"]), peer=start.get("peer"))  # fmt: skip
+        for key, field in (("preset", "preset"), ("n_streams", "n_streams"), ("compiled", "compiled")):
+            if run[key] in (None, False):  # a step without arguments (cut in progress): its settings event says
+                run[key] = start.get(field, run[key])
+    found = raw.first(f"{name}.json", f"bench-{name}.json")
+    data = None
+    if found is not None:
+        try:
+            data = json.loads(found[1])
+        except json.JSONDecodeError:
+            run["error"] = f"no JSON ({found[0]} empty or unreadable; status {step.get('status')})"
+    else:
+        run["error"] = f"no JSON ({name}.json missing; status {step.get('status')})"
+    if isinstance(data, dict):
+        run["error"] = None
+        run.update(machine=data.get("machine"), device=data.get("device", run["device"]), peer=data.get("peer"),
+                   dtype=data.get("dtype", run["dtype"]))  # fmt: skip
+        rows = data.get("steps", [])
+    else:
+        rows = [e for e in events if e.get("event") == "row"]
+        if rows:
+            run["partial"] = f"rows from {name}.jsonl (the bench stopped after them)"
+    for row in rows:
         run["preset"] = row.get("preset", run["preset"])
         run["compiled"] = row.get("compiled", run["compiled"])
-        peak = row.get("peak_mem_bytes")
-        run["rows"].append({
-            "label": row["label"], "family": row["family"], "n_streams": row["n_streams"],
-            "batch_size": row.get("batch_size"), "seq_len": row.get("seq_len"),
-            "step_ms": row["step_s"] * 1e3, "step_ratio": row["step_ratio_vs_residual"],
-            "ratio_min": row.get("step_ratio_min"), "ratio_max": row.get("step_ratio_max"),
-            "tokens_per_s": row.get("tokens_per_s"), "peak_mem_mib": None if peak is None else peak / 2**20,
-            "peak_mem_ratio": row.get("peak_mem_ratio_vs_residual"), "params": row.get("params"),
-        })  # fmt: skip
+        run["dtype"] = row.get("dtype", run["dtype"])
+        run["rows"].append(_compact_row(row))
+    if not run["rows"]:
+        run["rows"] = rows_from_repetitions(events)
+        if run["rows"]:
+            reps = [e for e in events if e.get("event") == "repetition"]
+            run["partial"] = (f"{len(reps)} of {reps[-1].get('repeats', '?')} repetitions, from {name}.jsonl "
+                              "(cut before its rows: no memory)")  # fmt: skip
+    if run["rows"]:
+        run["error"] = None
     return run
+
+
+def read_kernels(raw: RawFiles, step: dict[str, Any]) -> dict[str, Any]:
+    """The kernel check's results (``NAME.jsonl`` of ``kernel_check.py``): environment, copy bandwidth, cases."""
+    records = read_jsonl(raw.text(f"{step['name']}.jsonl"))
+    env = next((r for r in records if r.get("kind") == "environment"), None)
+    copies = [r for r in records if r.get("kind") == "copy"]
+    cases = [r for r in records if r.get("kind") == "case"]
+    done = next((r for r in records if r.get("kind") == "done"), None)
+    big = next((c for c in copies if "n" not in c), None)
+    return {
+        "name": step["name"], "status": step.get("status"), "environment": env,
+        "copy_gbs": big.get("gbs") if big else None, "copies": copies, "cases": cases, "done": done,
+        "passed": sum(1 for c in cases if c.get("ok")), "failed": [c for c in cases if not c.get("ok")],
+    }  # fmt: skip
 
 
 def overheads(benches: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -200,42 +405,88 @@ def overheads(benches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     with mhc's and the peer's overhead in the same run for context."""
     results = []
     for run in benches:
-        pct = {row["label"]: (row["step_ratio"] - 1) * 100 for row in run["rows"]}
-
+        pct = {row["label"]: (row["step_ratio"] - 1) * 100 for row in run["rows"] if row["step_ratio"] is not None}
         for row in run["rows"]:
-            if row["family"] != "s2hc" or row["n_streams"] != 4:
+            if row["family"] != "s2hc" or row["n_streams"] != 4 or row["step_ratio"] is None:
                 continue
             overhead = (row["step_ratio"] - 1) * 100
             results.append({
                 "run": run["name"], "label": row["label"], "preset": run["preset"], "layers": run["layers"],
-                "compiled": run["compiled"], "step_ratio": row["step_ratio"], "overhead_pct": overhead,
-                "published_pct": MHC_PUBLISHED_OVERHEAD_PCT,
+                "compiled": run["compiled"], "dtype": run["dtype"], "step_ratio": row["step_ratio"],
+                "overhead_pct": overhead, "published_pct": MHC_PUBLISHED_OVERHEAD_PCT,
                 "vs_published_pct_points": overhead - MHC_PUBLISHED_OVERHEAD_PCT,
                 "mhc_overhead_pct": pct.get("mhc"), "peer_overhead_pct": pct.get(PEER),
+                "partial": run["partial"],
             })  # fmt: skip
     return results
 
 
+def tail(raw: RawFiles, step: dict[str, Any], lines: int = TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a step's log (``NAME.log``, or ``env.txt``)."""
+    found = raw.first(f"{step['name']}.log", f"bench-{step['name']}.log", f"{step['name']}.txt")
+    return found[1].rstrip("\n").splitlines()[-lines:] if found else []
+
+
+def _step_kind(name: str) -> str:
+    if name.startswith("bench-"):
+        return "bench"
+    if name == "kernels":
+        return "kernels"
+    return "tests" if name.endswith("tests") else "tool"
+
+
+def in_progress_steps(raw: RawFiles, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pseudo-records of the step whose files are still in ``current/`` (a run killed during it), status ``cut``."""
+    known = {s.get("name") for s in steps}
+    names = dict.fromkeys(Path(name).stem for name in raw.in_progress)
+    return [{"name": name, "kind": _step_kind(name), "status": "cut", "rc": None, "seconds": None, "limit_s": None,
+             "args": "", "note": "in progress when the run ended: its files are in current/"}
+            for name in names if name not in known and name != "env"]  # fmt: skip
+
+
 def summarize(out: Path) -> dict[str, Any]:
+    raw = RawFiles(out)
     steps = read_steps(out)
+    steps += in_progress_steps(raw, steps)
     env = None
-    if (out / "env.json").is_file():
+    if raw.text("env.json"):
         try:
-            env = json.loads((out / "env.json").read_text())
+            env = json.loads(raw.text("env.json"))
         except json.JSONDecodeError:
             env = None
     mode = next((s.get("mode") for s in steps if s.get("mode")), None)
-    benches = [read_bench(out, s) for s in steps if s.get("kind") == "bench"]
+    by_kind = {kind: [s for s in steps if s.get("kind") == kind] for kind in ("bench", "tests", "kernels")}
+    benches = [read_bench(raw, s) for s in by_kind["bench"]]
+    tests = [read_tests(raw, s) for s in by_kind["tests"]]
     counts = {status: sum(1 for s in steps if s.get("status") == status) for status in STATUSES}
+    tails = {s["name"]: tail(raw, s) for s in steps if s.get("status") in ("failed", "timeout", "cut")
+             or (s.get("kind") == "tool" and s.get("status") != "skipped")}  # fmt: skip
     summary = {
         "out_dir": str(out), "mode": mode, "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "environment": env, "steps": steps, "step_counts": counts,
-        "tests": read_junit(out / "tests.xml") or read_pytest_log(out / "tests.log"),
-        "benches": benches, "s2hc_vs_mhc_published": overheads(benches),
+        "seconds": sum(s.get("seconds") or 0 for s in steps),
+        "kernels": [read_kernels(raw, s) for s in by_kind["kernels"]],
+        "tests": tests, "benches": benches, "s2hc_vs_mhc_published": overheads(benches), "tails": tails,
+        "in_progress": raw.in_progress,
+        "archive": {"members": raw.archived, "error": raw.archive_error},
     }  # fmt: skip
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "summary.md").write_text(markdown(summary))
+    returned = summary["returned"] = returned_files(out)  # the summaries, when not written yet, are added here
+    for name in ("summary.md", "summary.json"):
+        if not (out / name).exists():
+            returned["count"] += 1
+            returned["files"].append({"path": name, "bytes": None})
+    if returned["count"] > MAX_FILES and not any("files, more" in p for p in returned["problems"]):
+        returned["problems"].insert(0, f"{returned['count']} files, more than {MAX_FILES}")
+    _write(out / "summary.json", json.dumps(summary, indent=2) + "\n")
+    _write(out / "summary.md", markdown(summary))
     return summary
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole (a temporary file renamed over it), so a kill never leaves half a summary."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 # ----------------------------------------------------------------------------------- markdown
@@ -243,6 +494,10 @@ def summarize(out: Path) -> dict[str, Any]:
 
 def _num(value: float | None, fmt: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{fmt}}{suffix}"
+
+
+def _precision(dtype: str | None) -> str:
+    return "bf16 autocast" if dtype == "bfloat16" else "float32"
 
 
 def _run_title(run: dict[str, Any]) -> str:
@@ -253,7 +508,53 @@ def _run_title(run: dict[str, Any]) -> str:
     if run["rows"]:
         first = run["rows"][0]
         shape = f", batch {first['batch_size']} x {first['seq_len']}"
-    return f"`{run['name']}`: {run['preset']}{depth}, {mode}, n = {run['n_streams']}{shape} on {run['device']}"
+    where = f" on {run['device']}" if run["device"] else ""
+    return (f"`{run['name']}`: {run['preset']}{depth}, {_precision(run['dtype'])}, {mode}, n = {run['n_streams']}"
+            f"{shape}{where}")  # fmt: skip
+
+
+def _kernel_lines(check: dict[str, Any]) -> list[str]:
+    env = check["environment"] or {}
+    lines = [f"### `{check['name']}` ({check['status']})", ""]
+    if not check["cases"]:
+        return lines + ["No case finished (see the step's log in `raw.tar`)."]
+    meaningful = env.get("device") == "cuda"
+    copy = check["copy_gbs"]
+    lines.append(
+        f"{env.get('gpu') or env.get('device')}; T = {env.get('tokens')} tokens, C = {env.get('dim')}; "
+        f"{check['passed']}/{len(check['cases'])} cases passed"
+        + (f"; device copy {copy:,.0f} GB/s (read + written)" if copy and meaningful else "")
+        + ("" if meaningful else "; times under the CPU interpreter are not measurements")
+        + ". Errors: the largest of ‖a − ref‖/‖ref‖ and max|a − ref|/max|ref| over outputs and gradients, "
+        "against float64."
+    )
+    lines += [
+        "",
+        "| piece | n | dtype | ok | triton error | torch error | fwd triton ms (GB/s, % copy) | fwd torch ms "
+        "| bwd triton ms (GB/s, % copy) | bwd torch ms |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def speed(ms, rate):
+        if ms is None:
+            return "-"
+        if not (meaningful and rate):
+            return f"{ms:.3f}"
+        return f"{ms:.3f} ({rate:,.0f}" + (f", {rate / copy:.0%})" if copy else ")")
+
+    for case in check["cases"]:
+        piece = case["piece"] + (f" {case['family']} K={case['K']}" if case.get("K") else "")
+        worst = case.get("worst_error") or {}
+        t = case.get("timing") or {}
+        lines.append(
+            f"| {piece} | {case['n']} | {case['dtype']} | {'yes' if case.get('ok') else '**no**'} | "
+            f"{_num(worst.get('triton'), '.1e')} | {_num(worst.get('torch'), '.1e')} | "
+            f"{speed(t.get('triton_fwd_ms'), t.get('triton_fwd_gbs'))} | {speed(t.get('torch_fwd_ms'), None)} | "
+            f"{speed(t.get('triton_bwd_ms'), t.get('triton_bwd_gbs'))} | {speed(t.get('torch_bwd_ms'), None)} |"
+        )
+    for case in check["failed"]:
+        lines.append(f"- failed: {case['piece']} n={case['n']} {case['dtype']}: {'; '.join(case.get('problems', []))}")
+    return lines
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -267,48 +568,69 @@ def markdown(summary: dict[str, Any]) -> str:
             "",
         ]
     counts = summary["step_counts"]
-    lines += [f"Generated {summary['generated']}. Steps: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES) + ".", ""]
+    lines += [f"Generated {summary['generated']}; {summary['seconds']:.0f} s of steps. Steps: "
+              + ", ".join(f"{counts[s]} {s}" for s in STATUSES) + ".", ""]  # fmt: skip
+    if summary["in_progress"]:
+        lines += [f"**Cut during a step**: its files are in `current/`: {', '.join(summary['in_progress'])}.", ""]
     lines += ["## Steps", "", "| step | kind | status | rc | seconds | limit |", "|---|---|---|---:|---:|---:|"]
     for step in summary["steps"]:
         note = f" ({step['note']})" if step.get("note") else ""
         lines.append(f"| {step.get('name')} | {step.get('kind')} | {step.get('status')}{note} | "
                      f"{_num(step.get('rc'), 'd')} | {_num(step.get('seconds'), '.0f')} | "
                      f"{_num(step.get('limit_s'), '.0f')} |")  # fmt: skip
-    lines += ["", "## Tests (`-m cuda`)", ""]
-    tests = summary["tests"]
-    if tests is None:
-        lines.append("No JUnit XML (`tests.xml`): the tests did not run or did not finish.")
-    elif "error" in tests:
-        lines.append(tests["error"])
-    else:
-        partial = f" (partial, {tests['partial']})" if tests.get("partial") else ""
-        lines.append(f"{tests['total']} tests{partial}: {tests['passed']} passed, {tests['failed']} failed, "
-                     f"{tests['errors']} errors, {tests['skipped']} skipped.")  # fmt: skip
-        lines += [f"- failed: `{name}`" for name in tests["failures"]]
+    lines += ["", "## Kernels: correctness against float64, time and bandwidth", ""]
+    if not summary["kernels"]:
+        lines.append("The kernel check did not run.")
+    for check in summary["kernels"]:
+        lines += _kernel_lines(check) + [""]
+    lines += ["", "## Tests", ""]
+    if not summary["tests"]:
+        lines.append("No test step ran.")
+    for run in summary["tests"]:
+        tests = run["counts"]
+        head = f"- `{run['name']}` ({run['status']}): "
+        if run["status"] == "skipped":
+            lines.append(head + "the budget was spent.")
+        elif tests is None:
+            lines.append(head + "no results (no JUnit XML and no verbose line in its log).")
+        elif "error" in tests:
+            lines.append(head + tests["error"])
+        else:
+            partial = f" (partial, {tests['partial']})" if tests.get("partial") else ""
+            lines.append(head + f"{tests['total']} tests{partial}: {tests['passed']} passed, {tests['failed']} failed, "
+                         f"{tests['errors']} errors, {tests['skipped']} skipped.")  # fmt: skip
+            lines += [f"  - failed: `{name}`" for name in tests["failures"]]
     lines += [
         "",
         "## Training step time and peak memory against residual",
         "",
-        "Float32 training steps (forward, cross-entropy, backward, AdamW) of `s2hc bench`, each family interleaved "
-        "with residual in every repetition; ratios median [min, max] over the repetitions.",
+        "Training steps (forward, cross-entropy, backward, AdamW) of `s2hc bench`, each family interleaved with "
+        "residual in every repetition; ratios median [min, max] over the repetitions. bf16 autocast: the forward "
+        "under torch.autocast(bfloat16) with float32 weights, as `s2hc train --dtype bfloat16` runs. Built: "
+        "seconds to build the model and run its warm-up steps (compilation included).",
     ]
     for run in summary["benches"]:
         lines += ["", f"### {_run_title(run)}", ""]
+        if run["status"] == "skipped":
+            lines.append("Skipped: the budget was spent.")
+            continue
         if run["error"]:
             lines.append(f"Not measured: {run['error']}.")
             continue
+        if run["partial"]:
+            lines += [f"Partial: {run['partial']}.", ""]
         lines += [
-            "| family | n | step | vs residual | tokens/s | peak memory | vs residual |",
-            "|---|---:|---:|---:|---:|---:|---:|",
+            "| family | n | step | vs residual | tokens/s | peak memory | vs residual | built |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for row in run["rows"]:
-            ratio = f"{row['step_ratio']:.2f}x"
+            ratio = _num(row["step_ratio"], ".2f", "x")
             if row["ratio_min"] is not None and row["ratio_max"] is not None:
                 ratio += f" [{row['ratio_min']:.2f}, {row['ratio_max']:.2f}]"
             lines.append(
-                f"| {row['label']} | {row['n_streams']} | {row['step_ms']:,.0f} ms | {ratio} | "
+                f"| {row['label']} | {_num(row['n_streams'], 'd')} | {row['step_ms']:,.1f} ms | {ratio} | "
                 f"{_num(row['tokens_per_s'], ',.0f')} | {_num(row['peak_mem_mib'], ',.0f', ' MiB')} | "
-                f"{_num(row['peak_mem_ratio'], '.2f', 'x')} |"
+                f"{_num(row['peak_mem_ratio'], '.2f', 'x')} | {_num(run['built_s'].get(row['label']), '.1f', ' s')} |"
             )
         if run.get("peer") and run["peer"] != "present":
             lines += ["", str(run["peer"])]
@@ -319,8 +641,8 @@ def markdown(summary: dict[str, Any]) -> str:
         "",
         f"DeepSeek's mHC reports {MHC_PUBLISHED_OVERHEAD_PCT} % more training time at n = 4 with its fused "
         "kernels, recomputation and overlapped communication in large-scale bf16 training; the rows below are "
-        f"float32 steps of one smaller model on one {devices}: a reference point, not a like-for-like comparison. "
-        "Overhead = (step ratio to residual - 1) x 100.",
+        f"steps of one smaller model on one {devices}: a reference point, not a like-for-like comparison (the bf16 "
+        "autocast rows are the closer setting). Overhead = (step ratio to residual - 1) x 100.",
         "",
     ]
     rows = summary["s2hc_vs_mhc_published"]
@@ -328,15 +650,33 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append("No s2hc row at n = 4 was measured.")
     else:
         lines += [
-            "| run | variant | s2hc overhead | vs 6.7 % | mhc (same run) | hyper-connections:mhc (same run) |",
-            "|---|---|---:|---:|---:|---:|",
+            "| run | precision | variant | s2hc overhead | vs 6.7 % | mhc (same run) "
+            "| hyper-connections:mhc (same run) |",
+            "|---|---|---|---:|---:|---:|---:|",
         ]
         for row in rows:
             lines.append(
-                f"| {row['run']} | {row['label']} | {row['overhead_pct']:+.1f} % | "
+                f"| {row['run']} | {_precision(row['dtype'])} | {row['label']} | {row['overhead_pct']:+.1f} % | "
                 f"{row['vs_published_pct_points']:+.1f} points | {_num(row['mhc_overhead_pct'], '+.1f', ' %')} | "
                 f"{_num(row['peer_overhead_pct'], '+.1f', ' %')} |"
             )
+    if summary["tails"]:
+        lines += ["", "## Logs of the steps that failed, timed out or are tools (last lines)", ""]
+        for name, last in summary["tails"].items():
+            lines += [f"`{name}`:", "", "```", *(last or ["(no log)"]), "```", ""]
+    returned = summary["returned"]
+    archive_note = summary["archive"]["error"] or f"{len(summary['archive']['members'])} members"
+    lines += [
+        "",
+        "## Files",
+        "",
+        f"{returned['count']} files in the output folder (the device returns at most {MAX_FILES}), "
+        f"{returned['bytes'] / 2**20:.2f} MiB; `{ARCHIVE}`: {archive_note} (`tar -xf {ARCHIVE}`). "
+        + ("Problems: " + "; ".join(returned["problems"]) + "." if returned["problems"] else "Within the limits."),
+        "",
+    ]
+    lines += [f"- `{f['path']}`" + ("" if f["bytes"] is None else f" ({f['bytes']:,} bytes)")
+              for f in returned["files"]]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -346,18 +686,32 @@ def markdown(summary: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("env", help="print the environment, write OUT_DIR/env.json").add_argument("out", type=Path)
-    sub.add_parser("summarize", help="write OUT_DIR/summary.md and summary.json").add_argument("out", type=Path)
+    sub.add_parser("env", help="print the environment, write DIR/env.json").add_argument("out", type=Path)
+    for name, text in (("archive", "append OUT_DIR/current/* to OUT_DIR/raw.tar"),
+                       ("summarize", "write OUT_DIR/summary.md and summary.json"),
+                       ("finish-step", "archive, then summarize")):  # fmt: skip
+        sub.add_parser(name, help=text).add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.command == "env":
         return write_environment(args.out)
     if not args.out.is_dir():
         parser.error(f"{args.out} is not a directory")
+    if args.command in ("archive", "finish-step"):
+        names = archive(args.out)
+        if args.command == "archive" or names:
+            print(f"archived into {ARCHIVE}: {', '.join(names) or 'nothing'}")
+        if args.command == "archive":
+            return 0
     summary = summarize(args.out)
-    counts, tests = summary["step_counts"], summary["tests"]
-    tested = "no test results" if not tests or "error" in tests else f"tests {tests['passed']}/{tests['total']} passed"
+    counts = summary["step_counts"]
+    tested = [t["counts"] for t in summary["tests"] if t["counts"] and "error" not in t["counts"]]
+    passed, total = sum(t["passed"] for t in tested), sum(t["total"] for t in tested)
+    tests = f"tests {passed}/{total} passed" if tested else "no tests"
+    kernels = [f"kernels {k['passed']}/{len(k['cases'])} passed" for k in summary["kernels"]]
     print(f"summary: {args.out / 'summary.md'} (steps: " + ", ".join(f"{counts[s]} {s}" for s in STATUSES)
-          + f"; {tested})")  # fmt: skip
+          + f"; {', '.join([*kernels, tests])}; {summary['returned']['count']} files)")  # fmt: skip
+    if summary["returned"]["problems"]:
+        print("returned files: " + "; ".join(summary["returned"]["problems"]), file=sys.stderr)
     return 0
 
 

@@ -1,25 +1,31 @@
 #!/usr/bin/env bash
-# The GPU check: everything s2hc wants to know from one CUDA GPU, in one run of under 8 minutes.
+# The GPU check: everything s2hc wants to know from one CUDA GPU, in one run of under 5 minutes.
 #
-#   benchmarks/gpu_check.sh OUT_DIR             # on a machine with a CUDA GPU
-#   benchmarks/gpu_check.sh --dry-run OUT_DIR   # the same steps on the CPU, every size shrunk (< 10 min, 2 cores)
+#   benchmarks/gpu_check.sh OUT_DIR             # on a machine with a CUDA GPU (budget 270 s)
+#   benchmarks/gpu_check.sh --dry-run OUT_DIR   # the same steps on the CPU, every size shrunk (budget 1200 s)
 #
-# Steps, in order of importance; each has its own time limit (`timeout`), cut to what is left of the whole
-# budget, and a step that fails or runs out of time is recorded and the next one runs:
-#   peer     the hyper-connections package from .gpu-wheels/ into a temporary directory, when it is not importable
-#   env      nvidia-smi, torch / triton / CUDA / package versions     -> env.txt, env.json
-#   tests    pytest -m cuda tests/test_cuda.py (xdist and a per-test timeout where installed) -> tests.xml, tests.log
-#   benches  `s2hc bench --json` at the gpt2-small and qwen3-0.6b shapes: n = 4 eager (residual, mhc, s2hc,
-#            s2hc:kernels=triton, mhc-lite, kromhc, the hyper-connections:mhc peer), n = 4 compiled (residual,
-#            mhc, s2hc; fewer layers), n = 8 eager (residual, mhc, s2hc)  -> bench-NAME.json, bench-NAME.log
-#   summary  python benchmarks/gpu_check.py summarize OUT_DIR          -> summary.md, summary.json
-# steps.jsonl records every step (status ok / failed / timeout / skipped, exit code, seconds, limit).
+# Steps, most informative first; each under `timeout` with its own limit, cut to what is left of the budget
+# (GPU_CHECK_BUDGET); a step that fails or runs out of time is recorded and the next one runs; a step with
+# less than MIN_STEP seconds left is skipped and recorded as skipped:
+#   peer          hyper-connections (+ torch-einops-utils) from .gpu-wheels/ into a temporary directory
+#   env           nvidia-smi, Python, torch / CUDA / triton / package versions
+#   kernels       benchmarks/kernel_check.py: the Triton kernels against float64 (n = 4, 8, 16; K of s2hc and
+#                 mhc; float32 and bf16), their time and GB/s against a device copy and the PyTorch fast path
+#   bench-*       `s2hc bench --json --jsonl`: gpt2-small n = 4 in bf16 autocast (as training runs), then
+#                 float32; the cuda-marked tests; gpt2-small n = 4 compiled (2 layers); n = 8; the kernels' own
+#                 tests; qwen3-0.6b n = 4; last the AOT compile tool (when present), on a subset
+#   tests         pytest -m cuda tests/test_cuda.py [tests/test_cuda_syncs.py]; kernel-tests: test_triton_kernels.py
+# Output: at most 8 files in OUT_DIR, each rewritten or appended as steps finish, so a run cut anywhere still
+# returns what finished: summary.md, summary.json (rebuilt after every step), steps.jsonl, console.log (all
+# that is printed), raw.tar (every raw file of every finished step, appended: `tar -xf raw.tar`), and
+# current/ (the files of the step in progress, at most 3, moved into raw.tar when it ends).
 #
 # s2hc runs from this tree (PYTHONPATH=src); nothing is installed into the Python environment.
 # Settings (environment): PYTHON (default python3, or .venv/bin/python when python3 has no torch),
-# GPU_CHECK_BUDGET (seconds for the whole run; 450 on a GPU, 570 dry), GPU_CHECK_WORKERS (pytest-xdist
-# workers; 6 on a GPU, 2 dry). Exit status 0 when every step passed, 1 when one failed or timed out, 2 on
-# bad usage. The exact device call and what comes back: benchmarks/README.md, "GPU check".
+# GPU_CHECK_BUDGET (seconds for the whole run: 270 on a GPU, 1200 dry), GPU_CHECK_WORKERS (pytest-xdist
+# workers: 8 on a GPU, 2 dry), GPU_CHECK_AOT_ARGS (arguments of benchmarks/aot_compile.py; default a subset:
+# sm_90, n = 8 and 16, bf16 and fp32 on a GPU). Exit status 0 when every step passed, 1 when one failed or timed
+# out, 2 on bad usage. The device call: benchmarks/README.md, "GPU check".
 set -u -o pipefail
 
 usage() {
@@ -29,7 +35,7 @@ usage() {
 MODE=gpu
 case "${1:-}" in
     --dry-run) MODE=dry-run; shift ;;
-    -h | --help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^set /{/^set /!p;}' "$0"; exit 0 ;;
     -*) usage ;;
 esac
 [[ $# -eq 1 && -n "$1" ]] || usage
@@ -37,11 +43,21 @@ mkdir -p "$1" || exit 2
 OUT=$(cd "$1" && pwd)
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
-rm -f "$OUT"/steps.jsonl "$OUT"/env.txt "$OUT"/env.json "$OUT"/tests.xml "$OUT"/tests.log "$OUT"/bench-*.json \
-    "$OUT"/bench-*.log "$OUT"/summary.md "$OUT"/summary.json
+CUR="$OUT/current"
+rm -rf "$CUR" "$OUT"/summary.md "$OUT"/summary.json "$OUT"/steps.jsonl "$OUT"/console.log "$OUT"/raw.tar
+mkdir -p "$CUR" || exit 2
 : > "$OUT/steps.jsonl"
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/gpu-check.XXXXXX")
+
+# Everything printed from here on also goes to console.log, as it is printed.
+exec > >(tee -a "$OUT/console.log") 2>&1
+TEE_PID=$!
+cleanup() {
+    rm -rf "$WORK"
+    exec >&- 2>&-
+    wait "$TEE_PID" 2> /dev/null
+}
+trap cleanup EXIT
 
 if [[ -z "${PYTHON:-}" ]]; then
     PYTHON=python3
@@ -55,34 +71,40 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export CUBLAS_WORKSPACE_CONFIG="${CUBLAS_WORKSPACE_CONFIG:-:4096:8}" # deterministic cuBLAS (the resume test)
 export S2HC_CACHE_DIR="${S2HC_CACHE_DIR:-$WORK/cache}"
 
+BENCH_FAMILIES_N4=mhc,s2hc,s2hc:kernels=triton,mhc-lite,kromhc # + residual, + the peer when importable
 if [[ $MODE == gpu ]]; then
-    BUDGET=${GPU_CHECK_BUDGET:-450}
-    WORKERS=${GPU_CHECK_WORKERS:-6}
-    PER_TEST=150
-    TEST_LIMIT=240
+    BUDGET=${GPU_CHECK_BUDGET:-270}
+    WORKERS=${GPU_CHECK_WORKERS:-8}
+    PER_TEST=80
+    KERNELS=() # kernel_check.py's own sizes on CUDA: T = 8192 tokens, C = 768
     COMMON=(--device cuda --json --repeats 3 --steps 2)
     GPT2=(--preset gpt2-small --batch-size 8 --seq-len 1024)
     QWEN3=(--preset qwen3-0.6b --batch-size 4 --seq-len 512)
-    COMPILED_LAYERS=(--layers 4) # whole-model torch.compile takes minutes at 12 and 28 layers
-    LAYERS_NOTE="--layers 4: compiled at 4 layers (the presets have 12 and 28) to fit the time budget"
-    EAGER_LIMIT=120 QWEN3_LIMIT=150 COMPILED_LIMIT=150 N8_LIMIT=100
+    COMPILED_LAYERS=(--layers 2) # whole-model torch.compile of 12 layers takes minutes
+    LAYERS_NOTE="--layers 2: compiled at 2 of the preset's 12 layers to fit the budget"
+    # the limits of the steps, in seconds, before the cut to what is left of the budget
+    L_PEER=30 L_ENV=30 L_KERNELS=75 L_BF16=60 L_FP32=45 L_TESTS=90 L_COMPILED=70 L_N8=40 L_KTESTS=60 L_AOT=30
+    L_QWEN3=60
+    AOT_DEFAULT="--arch 90 --streams 8,16 --dtypes bf16,fp32"
+    RESERVE=10 MIN_STEP=15
 else
-    BUDGET=${GPU_CHECK_BUDGET:-570}
+    BUDGET=${GPU_CHECK_BUDGET:-1200}
     WORKERS=${GPU_CHECK_WORKERS:-2}
     PER_TEST=300
-    TEST_LIMIT=330
     # Every size shrunk; both shapes become the tiny preset at one layer (qwen3-0.6b's 151 936-token
     # vocabulary alone is 2.5 GB of AdamW state per model on the CPU).
     export S2HC_TEST_DEVICE=cpu TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES=""
+    KERNELS=(--tokens 3 --dim 40)
     COMMON=(--device cpu --json --repeats 1 --steps 1 --threads 1)
     GPT2=(--preset tiny --layers 1 --batch-size 1 --seq-len 32)
     QWEN3=(--preset tiny --layers 1 --batch-size 1 --seq-len 32)
     COMPILED_LAYERS=()
     LAYERS_NOTE="dry run: tiny preset, 1 layer"
-    EAGER_LIMIT=120 QWEN3_LIMIT=120 COMPILED_LIMIT=180 N8_LIMIT=90
+    L_PEER=60 L_ENV=60 L_KERNELS=150 L_BF16=120 L_FP32=90 L_TESTS=600 L_COMPILED=240 L_N8=90 L_KTESTS=240
+    L_AOT=120 L_QWEN3=90
+    AOT_DEFAULT="--arch 90 --streams 8 --dtypes fp32"
+    RESERVE=20 MIN_STEP=20
 fi
-RESERVE=25 # the summary, and `timeout -k 10`'s grace
-MIN_STEP=20
 FAILED=0
 
 json_str() {
@@ -91,33 +113,46 @@ json_str() {
     printf '"%s"' "$s"
 }
 
-# record NAME KIND STATUS RC SECONDS LIMIT ARGS NOTE
+# record NAME KIND STATUS RC SECONDS LIMIT ARGS NOTE: one line of steps.jsonl
 record() {
     printf '{"mode": "%s", "name": %s, "kind": "%s", "status": "%s", "rc": %s, "seconds": %s, "limit_s": %s, "args": %s, "note": %s}\n' \
         "$MODE" "$(json_str "$1")" "$2" "$3" "${4:-null}" "$5" "$6" "$(json_str "$7")" "$(json_str "$8")" \
         >> "$OUT/steps.jsonl"
 }
 
-# run_step NAME KIND LIMIT STDOUT STDERR ARGS NOTE -- COMMAND...: COMMAND under `timeout`, its limit cut to the
-# budget left; STDOUT and STDERR may be the same file. Skipped when less than MIN_STEP seconds are left.
+# finish_step: the step's files from current/ appended to raw.tar, the summary rebuilt
+finish_step() {
+    timeout 30 "$PYTHON" benchmarks/gpu_check.py finish-step "$OUT" | sed 's/^/   /'
+}
+
+# left: the seconds of the budget not spent, less the reserve for the last summary
+left() {
+    echo $((BUDGET - SECONDS - RESERVE))
+}
+
+# run_step NAME KIND WANT STDOUT STDERR ARGS NOTE -- COMMAND...: COMMAND under `timeout`, its limit WANT cut to
+# the budget left; STDOUT and STDERR are file names in current/ (the same name: one file). Skipped when less
+# than MIN_STEP seconds are left. Then recorded, archived and summarised.
 run_step() {
-    local name=$1 kind=$2 want=$3 stdout=$4 stderr=$5 args=$6 note=$7
+    local name=$1 kind=$2 want=$3 stdout=$CUR/$4 stderr=$CUR/$5 args=$6 note=$7
     shift 8
-    local left=$((BUDGET - SECONDS - RESERVE))
-    local limit=$((want < left ? want : left))
+    local rest
+    rest=$(left)
+    local limit=$((want < rest ? want : rest))
     if ((limit < MIN_STEP)); then
-        echo "== $name: skipped (${left}s of the ${BUDGET}s budget left)"
+        echo "== $name: skipped (${rest}s of the ${BUDGET}s budget left)"
         record "$name" "$kind" skipped null 0 0 "$args" "budget spent${note:+; $note}"
+        finish_step
         return 0
     fi
-    echo "== $name (limit ${limit}s)${note:+ [$note]}"
+    echo "== $name (limit ${limit}s, ${SECONDS}s so far)${note:+ [$note]}"
     echo "   $*"
     local start=$SECONDS rc
     if [[ $stdout == "$stderr" ]]; then
-        timeout -k 10 "$limit" "$@" > "$stdout" 2>&1
+        timeout -k 5 "$limit" "$@" > "$stdout" 2>&1
         rc=$?
     else
-        timeout -k 10 "$limit" "$@" > "$stdout" 2> "$stderr"
+        timeout -k 5 "$limit" "$@" > "$stdout" 2> "$stderr"
         rc=$?
     fi
     local took=$((SECONDS - start)) status=ok
@@ -128,13 +163,14 @@ run_step() {
     fi
     [[ $status == ok ]] || FAILED=1
     echo "   $status (exit $rc, ${took}s)"
-    if [[ $status != ok && $kind == bench ]]; then
-        tail -n 15 "$stderr" | sed 's/^/   | /'
+    if [[ $status != ok || $kind == kernels || $kind == tests ]]; then
+        tail -n 12 "$stderr" | sed 's/^/   | /'
     fi
     record "$name" "$kind" "$status" "$rc" "$took" "$limit" "$args" "$note"
+    finish_step
 }
 
-echo "GPU check ($MODE) into $OUT; budget ${BUDGET}s; python: $PYTHON"
+echo "GPU check ($MODE) into $OUT; budget ${BUDGET}s; python: $PYTHON; $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
 
 # --------------------------------------------------------------------------------------------- peer
 # The peer travels as wheels (.gpu-wheels/, carried to the device); installed into a temporary directory,
@@ -148,8 +184,8 @@ elif ! ls .gpu-wheels/*.whl > /dev/null 2>&1; then
     peer_note="no .gpu-wheels/*.whl: the benches run without the peer"
 else
     SITE="$WORK/site"
-    if timeout 120 "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --no-index \
-        --find-links .gpu-wheels --target "$SITE" hyper-connections torch-einops-utils; then
+    if timeout "$L_PEER" "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --no-index \
+        --no-compile --find-links .gpu-wheels --target "$SITE" hyper-connections torch-einops-utils; then
         peer_note="pip install --target from .gpu-wheels"
     else # no pip: a wheel is a zip file
         "$PYTHON" -c 'import sys, zipfile
@@ -165,21 +201,23 @@ for wheel in sys.argv[2:]:
 fi
 echo "== peer: $peer_status ($peer_note)"
 [[ $peer_status == ok ]] || FAILED=1
-record peer setup "$peer_status" "$peer_rc" $((SECONDS - start)) 120 "" "$peer_note"
+record peer setup "$peer_status" "$peer_rc" $((SECONDS - start)) "$L_PEER" "" "$peer_note"
 
 # ---------------------------------------------------------------------------------------------- env
 start=$SECONDS
 {
     echo "# $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(uname -srm), $(nproc) CPUs, mode $MODE"
     if command -v nvidia-smi > /dev/null 2>&1; then
-        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,power.limit --format=csv 2>&1
+        nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit \
+            --format=csv 2>&1
         nvidia-smi 2>&1
     else
         echo "nvidia-smi: not found"
     fi
-    timeout 120 "$PYTHON" benchmarks/gpu_check.py env "$OUT" 2>&1
-} | tee "$OUT/env.txt"
-env_rc=${PIPESTATUS[0]}
+    timeout "$L_ENV" "$PYTHON" benchmarks/gpu_check.py env "$CUR" 2>&1
+} > "$CUR/env.txt"
+env_rc=$?
+cat "$CUR/env.txt"
 "$PYTHON" -c 'import torch' > /dev/null 2>&1 || env_rc=1
 if [[ $MODE == gpu ]] && ! "$PYTHON" -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2> /dev/null; then
     echo "warning: torch.cuda.is_available() is False: the tests skip and the benches fail"
@@ -187,43 +225,59 @@ if [[ $MODE == gpu ]] && ! "$PYTHON" -c 'import torch, sys; sys.exit(not torch.c
 fi
 env_status=ok
 ((env_rc == 0)) || { env_status=failed; FAILED=1; }
-record env setup "$env_status" "$env_rc" $((SECONDS - start)) 120 "" ""
+record env setup "$env_status" "$env_rc" $((SECONDS - start)) "$L_ENV" "" ""
+finish_step
 
-# -------------------------------------------------------------------------------------------- tests
-# -v: one line per finished test in tests.log, which the summary reads when a cut-short run left no XML.
-PYTEST=("$PYTHON" -m pytest tests/test_cuda.py -m cuda -p no:cacheprovider -o addopts= -ra -v
-    --junitxml="$OUT/tests.xml")
-if ((WORKERS > 1)) && "$PYTHON" -c 'import xdist' > /dev/null 2>&1; then
-    PYTEST+=(-n "$WORKERS")
-fi
-if "$PYTHON" -c 'import pytest_timeout' > /dev/null 2>&1; then
-    PYTEST+=(--timeout "$PER_TEST")
-fi
-run_step tests tests "$TEST_LIMIT" "$OUT/tests.log" "$OUT/tests.log" "${PYTEST[*]:1}" "" -- "${PYTEST[@]}"
-tail -n 25 "$OUT/tests.log" | sed 's/^/   | /'
-
-# ------------------------------------------------------------------------------------------ benches
+# ---------------------------------------------------------------------------------- step commands
 BENCH=("$PYTHON" -m s2hc bench "${COMMON[@]}")
-N4=(--streams 4 --families mhc,s2hc,s2hc:kernels=triton,mhc-lite,kromhc) # + residual and the peer (auto)
-COMPILED=(--streams 4 --families mhc,s2hc --compile --no-peer --no-coefficients ${COMPILED_LAYERS[@]+"${COMPILED_LAYERS[@]}"})
-N8=(--streams 8 --families mhc,s2hc --no-peer --no-coefficients)
+bench() { # bench NAME LIMIT NOTE ARGS...: bench-NAME.json (stdout), .log (progress), .jsonl (events)
+    local name=bench-$1 limit=$2 note=$3
+    shift 3
+    run_step "$name" bench "$limit" "$name.json" "$name.log" "$*" "$note" -- \
+        "${BENCH[@]}" --jsonl "$CUR/$name.jsonl" "$@"
+}
 
-bench() { # bench NAME LIMIT NOTE ARGS...
+pytest_step() { # pytest_step NAME LIMIT NOTE PYTEST-ARGS...: NAME.xml (JUnit), NAME.log (-v: a line per test)
     local name=$1 limit=$2 note=$3
     shift 3
-    run_step "$name" bench "$limit" "$OUT/bench-$name.json" "$OUT/bench-$name.log" "$*" "$note" -- \
-        "${BENCH[@]}" "$@"
+    local cmd=("$PYTHON" -m pytest "$@" -p no:cacheprovider -o addopts= -ra -v --junitxml="$CUR/$name.xml")
+    if ((WORKERS > 1)) && "$PYTHON" -c 'import xdist' > /dev/null 2>&1; then
+        cmd+=(-n "$WORKERS")
+    fi
+    if "$PYTHON" -c 'import pytest_timeout' > /dev/null 2>&1; then
+        cmd+=(--timeout "$PER_TEST")
+    fi
+    run_step "$name" tests "$limit" "$name.log" "$name.log" "${cmd[*]:1}" "$note" -- "${cmd[@]}"
 }
-bench gpt2-small-n4-eager "$EAGER_LIMIT" "" "${GPT2[@]}" "${N4[@]}"
-bench qwen3-0.6b-n4-eager "$QWEN3_LIMIT" "" "${QWEN3[@]}" "${N4[@]}"
-bench gpt2-small-n4-compiled "$COMPILED_LIMIT" "$LAYERS_NOTE" "${GPT2[@]}" "${COMPILED[@]}"
-bench gpt2-small-n8-eager "$N8_LIMIT" "" "${GPT2[@]}" "${N8[@]}"
-bench qwen3-0.6b-n8-eager "$N8_LIMIT" "" "${QWEN3[@]}" "${N8[@]}"
-bench qwen3-0.6b-n4-compiled "$COMPILED_LIMIT" "$LAYERS_NOTE" "${QWEN3[@]}" "${COMPILED[@]}"
+
+CUDA_TESTS=(tests/test_cuda.py)
+[[ -f tests/test_cuda_syncs.py ]] && CUDA_TESTS+=(tests/test_cuda_syncs.py)
+COMPILED=(--compile --no-peer --no-coefficients ${COMPILED_LAYERS[@]+"${COMPILED_LAYERS[@]}"})
+
+# -------------------------------------------------------------------- the steps, most informative first
+run_step kernels kernels "$L_KERNELS" kernels.log kernels.log "${KERNELS[*]}" "" -- \
+    "$PYTHON" benchmarks/kernel_check.py --jsonl "$CUR/kernels.jsonl" ${KERNELS[@]+"${KERNELS[@]}"}
+bench gpt2-small-n4-bf16 "$L_BF16" "" "${GPT2[@]}" --dtype bfloat16 --streams 4 --families "$BENCH_FAMILIES_N4"
+bench gpt2-small-n4-fp32 "$L_FP32" "" "${GPT2[@]}" --dtype float32 --streams 4 \
+    --families mhc,s2hc,s2hc:kernels=triton --no-coefficients
+pytest_step tests "$L_TESTS" "" "${CUDA_TESTS[@]}" -m cuda
+bench gpt2-small-n4-bf16-compiled "$L_COMPILED" "$LAYERS_NOTE" "${GPT2[@]}" --dtype bfloat16 --streams 4 \
+    --families s2hc "${COMPILED[@]}"
+bench gpt2-small-n8-bf16 "$L_N8" "" "${GPT2[@]}" --dtype bfloat16 --streams 8 \
+    --families mhc,s2hc,s2hc:kernels=triton --no-peer --no-coefficients
+pytest_step kernel-tests "$L_KTESTS" "the kernels' own tests (test_triton_kernels.py)" tests/test_triton_kernels.py
+bench qwen3-0.6b-n4-bf16 "$L_QWEN3" "" "${QWEN3[@]}" --dtype bfloat16 --streams 4 \
+    --families mhc,s2hc,s2hc:kernels=triton --no-coefficients
+if [[ -f benchmarks/aot_compile.py ]]; then # the ahead-of-time compile tool, with the image's triton and ptxas
+    # shellcheck disable=SC2206 # GPU_CHECK_AOT_ARGS is a list of words
+    AOT=(${GPU_CHECK_AOT_ARGS:-$AOT_DEFAULT})
+    run_step aot tool "$L_AOT" aot.log aot.log "${AOT[*]}" "ahead-of-time compile tool, a subset" -- \
+        "$PYTHON" benchmarks/aot_compile.py "${AOT[@]}" --json "$CUR/aot.json" --markdown "$CUR/aot.md"
+fi
 
 # ------------------------------------------------------------------------------------------ summary
 echo "== summary (${SECONDS}s so far)"
-if ! timeout 60 "$PYTHON" benchmarks/gpu_check.py summarize "$OUT"; then
+if ! timeout 60 "$PYTHON" benchmarks/gpu_check.py finish-step "$OUT"; then
     echo "summary: failed"
     FAILED=1
 fi

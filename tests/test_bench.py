@@ -225,3 +225,62 @@ def test_cli_activation_checkpointing(capsys):
     assert rows[1]["peak_mem_ratio_vs_residual"] == rows[1]["peak_mem_ratio_vs_without_ac"]
     assert main(["bench", "--families", "s2hc:activation_checkpointing=yes please"]) == 2
     assert "must be true or false, got 'yes please'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------ precision, progress, events
+
+
+def test_bf16_autocast_runs_the_forward_in_bfloat16_with_float32_weights():
+    """``dtype="bfloat16"``: the forward pass under CPU autocast (the LM head's output is bf16), the weights and
+    the loss float32, as in the training loop; ``"auto"`` on a CPU is float32; a bad name is refused."""
+    seen = []
+    runner = measure.make_runner("tiny", measure.Variant("s2hc", 2), batch_size=1, seq_len=8, compile=False,
+                                 overrides={"n_layers": 1}, dtype="bfloat16")  # fmt: skip
+    runner.model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    runner.step()
+    assert seen == [torch.bfloat16] and runner.amp_dtype == torch.bfloat16
+    assert {p.dtype for p in runner.model.parameters()} == {torch.float32}
+    assert measure.precision_name("auto", "cpu") == "float32"
+    assert measure.precision_name("bfloat16", "cpu") == "bfloat16"
+    with pytest.raises(ValueError, match=r"dtype must be one of \['auto', 'float32', 'bfloat16'\], got 'bf16'"):
+        measure.precision_name("bf16", "cpu")
+
+
+def test_cli_json_keeps_progress_on_stderr_and_writes_events(tmp_path, capsys):
+    """With ``--json`` the progress still goes to stderr (stdout holds only the JSON object), and ``--jsonl``
+    receives every event in order, the rows' precision among them."""
+    events_file = tmp_path / "events.jsonl"
+    argv = [*CLI_TINY, "--families", "s2hc", "--streams", "2", "--device", "cpu", "--no-peer", "--no-memory",
+            "--dtype", "bfloat16", "--json", "--jsonl", str(events_file)]  # fmt: skip
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)  # nothing but the JSON object
+    assert out["dtype"] == "bfloat16" and {row["dtype"] for row in out["steps"] + out["coefficients"]} == {"bfloat16"}
+    assert "building s2hc (n=2, cpu, bfloat16)" in captured.err and "repetition 1/1:" in captured.err
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds[:5] == ["start", "built", "built", "repetition", "row"] and kinds[-1] == "done"
+    assert "coefficient" in kinds and kinds.count("row") == 2
+    assert events[0]["dtype"] == "bfloat16" and events[0]["variants"] == ["s2hc"]
+    assert set(events[3]["step_s"]) == {"residual", "s2hc"} and events[1]["seconds"] > 0
+    assert [e["label"] for e in events if e["event"] == "row"] == [r["label"] for r in out["steps"]]
+    assert main([*CLI_TINY, "--dtype", "bf16"]) == 2
+    assert "argument --dtype: invalid choice: 'bf16'" in capsys.readouterr().err
+
+
+def test_a_bench_cut_short_leaves_its_finished_repetitions(tmp_path, monkeypatch, capsys):
+    """A bench stopped after its timed repetitions (here: the memory step fails) has already written the settings,
+    the models built and each repetition's times to ``--jsonl``, and printed them to stderr."""
+    def cut(*args, **kwargs):
+        raise KeyboardInterrupt  # what a time limit's signal does to the process
+
+    monkeypatch.setattr(measure, "peak_step_bytes", cut)
+    events_file = tmp_path / "events.jsonl"
+    argv = [*CLI_TINY, "--families", "mhc", "--streams", "2", "--device", "cpu", "--no-peer", "--repeats", "2",
+            "--json", "--jsonl", str(events_file)]  # fmt: skip
+    assert main(argv) == 130  # the CLI's answer to an interrupt
+    events = [json.loads(line) for line in events_file.read_text().splitlines()]
+    assert [e["event"] for e in events] == ["start", "built", "built", "repetition", "repetition"]
+    assert [e["repetition"] for e in events[3:]] == [1, 2] and set(events[4]["step_s"]) == {"residual", "mhc"}
+    captured = capsys.readouterr()
+    assert captured.out == "" and "repetition 2/2:" in captured.err and "interrupted" in captured.err

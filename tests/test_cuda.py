@@ -7,7 +7,8 @@ bf16 autocast on the CPU, the Triton kernels under the interpreter (the root con
 ``TRITON_INTERPRET=1`` without a GPU), smaller shapes, and compiled training for s2hc only unless
 ``S2HC_TEST_COMPILE_ALL=1`` (each compile takes a minute or more on a CPU).
 
-The last test, not marked, checks ``benchmarks/gpu_check.py summarize`` on synthetic files (a CPU test).
+The last two tests, not marked, check ``benchmarks/gpu_check.py`` on synthetic files (CPU tests): the summary,
+the raw archive and the rule that at most 8 files come back.
 """
 
 from __future__ import annotations
@@ -28,12 +29,16 @@ from helpers import Branch, random_model, randomize_, run_connection, small_conf
 
 import s2hc
 from s2hc import HyperConnection
+from s2hc.mixers import GATED_RESIDUAL
 from s2hc.rundir import load_checkpoint, read_metrics
 from s2hc.train import train
 
 ROOT = Path(__file__).resolve().parent.parent
 cuda = pytest.mark.cuda
 TRAIN_FAMILIES = ("residual", "hc", "mhc", "mhc-lite", "kromhc", "s2hc")
+# The families a HyperConnection is built with: the gated residual is a connection form of its own
+# (s2hc.GatedResidual, one compute path, no Triton kernels), trained in test_gated_model.py.
+HC_FAMILIES = [f for f in s2hc.families() if f != GATED_RESIDUAL]
 
 
 def streams(family: str, n: int = 4) -> int:
@@ -79,7 +84,7 @@ def connection_case(family: str, dtype: torch.dtype, c: int, tokens: tuple[int, 
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("family", s2hc.families())
+@pytest.mark.parametrize("family", HC_FAMILIES)
 def test_connection_on_device_matches_the_cpu_reference(family, dtype, cuda_device):
     """Forward and every gradient of the default (fast) path on the device against the reference path
     (``fused=False``) on the CPU in float64, on the same values. float32: 1e-4 of scale, and recompute
@@ -139,7 +144,7 @@ def triton_device(cuda_device: torch.device) -> torch.device:
 
 @cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
-@pytest.mark.parametrize("family", [f for f in s2hc.families() if f != "residual"])
+@pytest.mark.parametrize("family", [f for f in HC_FAMILIES if f != "residual"])
 def test_triton_kernels_match_the_torch_fast_path(family, dtype, cuda_device):
     """``kernels="triton"`` against ``kernels="torch"`` on the device, values and every gradient, with and
     without recompute. On a GPU at a shape of several token and feature blocks (4 x 64 tokens, C = 256);
@@ -312,8 +317,9 @@ def _bench_rows(preset, compiled, families, n):
 
 
 def test_gpu_check_summary_from_synthetic_files(tmp_path):
-    """``gpu_check.py summarize`` on a made-up OUT_DIR: step statuses, JUnit counts, the ratio and memory
-    tables, s2hc's overhead against mHC's published 6.7 %, and a failed bench without JSON."""
+    """``gpu_check.py summarize`` on a made-up OUT_DIR of loose files (the older layout, one file per result):
+    step statuses, JUnit counts, the ratio and memory tables, s2hc's overhead against mHC's published 6.7 %,
+    and a failed bench without JSON."""
     out = tmp_path / "out"
     out.mkdir()
     eager = _bench_rows("gpt2-small", False, [("mhc", 1.25, 180), ("s2hc", 1.10, 150),
@@ -347,9 +353,9 @@ def test_gpu_check_summary_from_synthetic_files(tmp_path):
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["tests"] == {"total": 5, "passed": 3, "failed": 1, "errors": 0, "skipped": 1,
-                                "failures": ["tests.test_cuda.test_b"]}  # fmt: skip
-    assert summary["step_counts"] == {"ok": 3, "failed": 1, "timeout": 1, "skipped": 1}
+    assert summary["tests"][0]["counts"] == {"total": 5, "passed": 3, "failed": 1, "errors": 0, "skipped": 1,
+                                             "failures": ["tests.test_cuda.test_b"]}  # fmt: skip
+    assert summary["step_counts"] == {"ok": 3, "failed": 1, "timeout": 1, "skipped": 1, "cut": 0}
     runs = {run["name"]: run for run in summary["benches"]}
     assert runs["qwen3-n4-eager"]["rows"] == [] and "no JSON" in runs["qwen3-n4-eager"]["error"]
     assert runs["gpt2-n4-compiled"]["layers"] == 4 and runs["gpt2-n4-compiled"]["compiled"] is True
@@ -364,7 +370,7 @@ def test_gpu_check_summary_from_synthetic_files(tmp_path):
     assert eager_s2hc["mhc_overhead_pct"] == pytest.approx(25.0)
     assert eager_s2hc["peer_overhead_pct"] == pytest.approx(50.0)
     markdown = (out / "summary.md").read_text()
-    assert "| s2hc | 4 | 110 ms | 1.10x [1.09, 1.11] |" in markdown
+    assert "| s2hc | 4 | 110.0 ms | 1.10x [1.09, 1.11] |" in markdown
     assert "+10.0 %" in markdown and "6.7 %" in markdown and "timeout" in markdown
 
     # A test run cut short by its time limit leaves no XML: the verbose lines of tests.log are counted.
@@ -377,6 +383,109 @@ def test_gpu_check_summary_from_synthetic_files(tmp_path):
     )
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "summarize", str(out)], check=True,
                    capture_output=True, timeout=60)  # fmt: skip
-    tests = json.loads((out / "summary.json").read_text())["tests"]
+    tests = json.loads((out / "summary.json").read_text())["tests"][0]["counts"]
     assert (tests["total"], tests["passed"], tests["failed"], tests["skipped"]) == (3, 1, 1, 1)
     assert tests["failures"] == ["tests/test_cuda.py::test_b"] and "partial" in tests
+
+
+def _gpu_check(command: str, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), command, str(out)],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def _events(*events) -> str:
+    return "".join(json.dumps(e) + "\n" for e in events)
+
+
+def test_gpu_check_returns_at_most_8_files_and_summarises_a_run_cut_short(tmp_path):
+    """The script's protocol on synthetic steps: each step writes its files into ``current/``, adds its line to
+    ``steps.jsonl``, then ``finish-step`` appends them to ``raw.tar`` and rebuilds the summary. After every step
+    the folder holds at most the 8 files the device returns, ``raw.tar`` every finished step's files; a kernel
+    case that failed is named; a bench cut by its time limit before its rows is summarised from the repetitions
+    it finished; a run killed during a step still shows that step from its events in ``current/``."""
+    import tarfile
+
+    out = tmp_path / "out"
+    current = out / "current"
+    current.mkdir(parents=True)
+    (out / "console.log").write_text("GPU check (gpu) ...\n")
+    (out / "steps.jsonl").write_text("")
+    written: list[str] = []
+
+    def finish(name, kind, files, status="ok", rc=0, args=""):
+        for file_name, text in files.items():
+            (current / file_name).write_text(text)
+        written.extend(files)
+        step = dict(mode="gpu", name=name, kind=kind, status=status, rc=rc, seconds=5, limit_s=60, args=args, note="")
+        with (out / "steps.jsonl").open("a") as stream:
+            stream.write(json.dumps(step) + "\n")
+        result = _gpu_check("finish-step", out)
+        assert result.returncode == 0, result.stderr
+        assert len([p for p in out.rglob("*") if p.is_file()]) <= 8 and not any(current.iterdir())
+        return json.loads((out / "summary.json").read_text())
+
+    finish("env", "setup", {"env.txt": "nvidia-smi ...\n", "env.json": json.dumps({"gpu": "NVIDIA H200"})})
+    case = dict(kind="case", piece="read_mix", family=None, n=4, dim=768, K=None, tokens=8192, dtype="float32",
+                ok=True, problems=[], worst_error={"triton": 1e-7, "torch": 2e-7},
+                timing={"triton_fwd_ms": 0.05, "triton_fwd_gbs": 2000.0, "torch_fwd_ms": 0.08})  # fmt: skip
+    wrong = dict(case, piece="norm_project", family="s2hc", n=16, K=257, ok=False,
+                 problems=["triton error 3.00e-04 > 5e-05"], worst_error={"triton": 3e-4, "torch": 2e-7})  # fmt: skip
+    kernels = _events({"kind": "environment", "device": "cuda", "gpu": "NVIDIA H200", "tokens": 8192, "dim": 768},
+                      {"kind": "copy", "bytes": 2 << 30, "ms": 0.5, "gbs": 4295.0}, case, wrong,
+                      {"kind": "done", "cases": 2, "failed": 1})  # fmt: skip
+    finish("kernels", "kernels", {"kernels.jsonl": kernels, "kernels.log": "FAIL norm_project\n"}, "failed", 1)
+    rows = [dict(row, dtype="bfloat16") for row in _bench_rows("gpt2-small", False, [("s2hc", 1.05, 120)], 4)]
+    bench = {"machine": "H200", "device": "cuda", "dtype": "bfloat16", "steps": rows, "peer": "present"}
+    finish("bench-gpt2-small-n4-bf16", "bench", {
+        "bench-gpt2-small-n4-bf16.json": json.dumps(bench), "bench-gpt2-small-n4-bf16.log": "repetition 1/3\n",
+        "bench-gpt2-small-n4-bf16.jsonl": _events(*({"event": "row", **row} for row in rows))},
+        args="--preset gpt2-small --dtype bfloat16 --streams 4")  # fmt: skip
+    # cut by its time limit after 2 of 3 repetitions: no JSON, a last event line cut in the middle
+    start = {"event": "start", "preset": "gpt2-small", "dtype": "bfloat16", "device": "cuda", "compiled": True,
+             "n_streams": 4, "batch_size": 8, "seq_len": 1024, "repeats": 3}  # fmt: skip
+    built = [{"event": "built", "label": label, "family": label, "n_streams": n, "seconds": 40.0}
+             for label, n in (("residual", 1), ("s2hc", 4))]  # fmt: skip
+    repetitions = [{"event": "repetition", "repetition": i + 1, "repeats": 3, "step_s": {"residual": 0.1, "s2hc": s}}
+                   for i, s in enumerate((0.11, 0.12))]  # fmt: skip
+    summary = finish("bench-compiled", "bench", {
+        "bench-compiled.json": "", "bench-compiled.log": "repetition 2/3\n",
+        "bench-compiled.jsonl": _events(start, *built, *repetitions) + '{"event": "repet'},
+        "timeout", 124, "--preset gpt2-small --dtype bfloat16 --streams 4 --compile --layers 2")  # fmt: skip
+
+    with tarfile.open(out / "raw.tar") as tar:
+        assert sorted(tar.getnames()) == sorted(written)
+    (check,) = summary["kernels"]
+    assert check["passed"] == 1 and [c["K"] for c in check["failed"]] == [257] and check["copy_gbs"] == 4295.0
+    runs = {run["name"]: run for run in summary["benches"]}
+    assert runs["bench-gpt2-small-n4-bf16"]["dtype"] == "bfloat16" and not runs["bench-gpt2-small-n4-bf16"]["partial"]
+    cut = runs["bench-compiled"]
+    assert cut["compiled"] and cut["layers"] == 2 and cut["built_s"] == {"residual": 40.0, "s2hc": 40.0}
+    s2hc_row = next(row for row in cut["rows"] if row["label"] == "s2hc")
+    assert s2hc_row["step_ratio"] == pytest.approx(1.15) and s2hc_row["ratio_max"] == pytest.approx(1.2)
+    assert s2hc_row["tokens_per_s"] == pytest.approx(8192 / 0.115) and s2hc_row["peak_mem_mib"] is None
+    assert "2 of 3 repetitions" in cut["partial"]
+    overhead = {(o["run"], o["dtype"]): o["overhead_pct"] for o in summary["s2hc_vs_mhc_published"]}
+    assert overhead == pytest.approx({("bench-gpt2-small-n4-bf16", "bfloat16"): 5.0,
+                                      ("bench-compiled", "bfloat16"): 15.0})  # fmt: skip
+    markdown = (out / "summary.md").read_text()
+    assert "| norm_project s2hc K=257 | 16 | float32 | **no** | 3.0e-04 |" in markdown
+    assert "Partial: 2 of 3 repetitions" in markdown and "bf16 autocast, compiled" in markdown
+
+    # killed during a step: its files stay in current/ and are summarised from there
+    qwen3 = _bench_rows("qwen3-0.6b", False, [("s2hc", 1.04, 120)], 4)
+    (current / "bench-qwen3.jsonl").write_text(_events(dict(start, preset="qwen3-0.6b", compiled=False),
+                                                       *({"event": "row", **row} for row in qwen3)))  # fmt: skip
+    (current / "bench-qwen3.log").write_text("repetition 3/3\npeak memory: ...\n")
+    assert _gpu_check("summarize", out).returncode == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["returned"]["count"] == 7 and summary["returned"]["problems"] == []
+    killed = next(run for run in summary["benches"] if run["name"] == "bench-qwen3")
+    assert killed["status"] == "cut" and killed["preset"] == "qwen3-0.6b" and len(killed["rows"]) == 2
+    assert summary["step_counts"]["cut"] == 1 and "Cut during a step" in (out / "summary.md").read_text()
+
+    # the rules of what comes back are checked: a 9th file, a name with a space
+    (current / "extra one.txt").write_text("x")
+    (out / "stray.txt").write_text("x")
+    assert _gpu_check("summarize", out).returncode == 0
+    problems = json.loads((out / "summary.json").read_text())["returned"]["problems"]
+    assert problems[0] == "9 files, more than 8" and any("extra one.txt" in p for p in problems)

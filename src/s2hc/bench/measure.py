@@ -15,6 +15,15 @@ read from the allocator's own allocation and free events (``torch.profiler`` wit
 Activation checkpointing of whole blocks is measured the same way: a variant with
 ``activation_checkpointing=true`` (or every variant's twin, ``benchmark_steps(activation_checkpointing=True)``)
 runs in the same repetitions as the variant without it, and its rows carry the ratios to it.
+
+Precision (``dtype``, the names of ``TrainConfig.dtype``): ``"float32"`` (the default) or ``"bfloat16"``,
+which runs each forward pass under ``torch.autocast`` with bfloat16 on the device and float32 weights, the
+loss in float32 outside it, exactly as the training loop does (``"auto"``: bfloat16 where the device supports
+it, :func:`s2hc.devices.autocast_dtype`).
+
+Progress: ``log`` receives a line of text per model built and per repetition; ``on_event`` receives the
+same as dictionaries as they happen (``event``: ``built``, ``repetition``, then one ``row`` per variant),
+so a run cut short still leaves its finished repetitions (``s2hc bench --jsonl``).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from torch import nn
 
 from ..config import parse_assignment
 from ..connection import COMPUTE_OPTIONS, GatedResidual, HyperConnection, set_connection_options
+from ..devices import autocast_dtype
 from ..extras import is_available, require
 from ..mixers import GATED_RESIDUAL, REFERENCE_FAMILY, RESIDUAL, check_family
 from ..mixers import get as mixer_class
@@ -257,7 +267,8 @@ def peak_step_bytes(step: Callable[[], Any], *baseline: Any, device: torch.devic
 @dataclass
 class StepRunner:
     """A model, its AdamW and one fixed batch ``inputs`` / ``targets`` ``(batch, seq_len)`` of token ids,
-    all on ``device``; :meth:`step` is one training step."""
+    all on ``device``; :meth:`step` is one training step, its forward pass under autocast to ``amp_dtype``
+    (None: float32, no autocast) and the loss in float32, as in :mod:`s2hc.train.loop`."""
 
     variant: Variant
     model: nn.Module
@@ -266,9 +277,11 @@ class StepRunner:
     targets: torch.Tensor
     forward: Callable[[torch.Tensor], torch.Tensor]
     device: torch.device = torch.device("cpu")
+    amp_dtype: torch.dtype | None = None
 
     def step(self) -> None:
-        logits = self.forward(self.inputs)
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            logits = self.forward(self.inputs)
         loss = F.cross_entropy(logits.float().flatten(0, 1), self.targets.flatten())
         loss.backward()
         self.optimizer.step()
@@ -284,16 +297,19 @@ def make_runner(
     compile: bool,
     overrides: dict | None = None,
     device: torch.device | str = "cpu",
+    dtype: str = "float32",
 ) -> StepRunner:
     """``variant``'s model of ``preset`` on ``device`` with AdamW and a fixed random batch of ``batch_size``
-    sequences of ``seq_len`` tokens (the same weights and ids on every device: both are drawn on the CPU)."""
+    sequences of ``seq_len`` tokens (the same weights and ids on every device: both are drawn on the CPU);
+    float32 weights, the forward pass autocast as precision ``dtype`` says (:func:`s2hc.devices.autocast_dtype`)."""
     device = torch.device(device)
+    amp_dtype = autocast_dtype(dtype, device)
     model = build_model(preset, variant, overrides).to(device)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=torch.Generator().manual_seed(0)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
     forward = torch.compile(model) if compile else model
-    return StepRunner(variant, model, optimizer, ids[:, :-1], ids[:, 1:], forward, device)
+    return StepRunner(variant, model, optimizer, ids[:, :-1], ids[:, 1:], forward, device, amp_dtype)
 
 
 def _key(variant: Variant) -> tuple[str, int]:
@@ -303,6 +319,12 @@ def _key(variant: Variant) -> tuple[str, int]:
 
 def _spread(values: list[float]) -> tuple[float, float, float]:
     return statistics.median(values), min(values), max(values)
+
+
+def precision_name(dtype: str, device: torch.device | str) -> str:
+    """What precision ``dtype`` (``TrainConfig.dtype``'s names) resolves to on ``device``: ``"bfloat16"``
+    (autocast) or ``"float32"``. ValueError naming ``dtype`` for another name."""
+    return "float32" if autocast_dtype(dtype, torch.device(device)) is None else "bfloat16"
 
 
 def benchmark_steps(
@@ -319,7 +341,9 @@ def benchmark_steps(
     activation_checkpointing: bool = False,
     overrides: dict | None = None,
     device: torch.device | str = "cpu",
+    dtype: str = "float32",
     log: Callable[[str], None] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Time training steps of every variant on ``device``, interleaved, and return one row per variant.
 
@@ -333,13 +357,20 @@ def benchmark_steps(
     ``peak_mem_bytes``, ``peak_mem_ratio_vs_residual`` (None when ``memory`` is False), for a checkpointed
     variant whose plain twin ran ``step_ratio_vs_without_ac`` with ``step_ratio_vs_without_ac_min`` /
     ``_max`` and ``peak_mem_ratio_vs_without_ac`` (None otherwise), ``params``, ``batch_size``,
-    ``seq_len``, ``preset``, ``device`` (``"cpu"`` or ``"cuda"``). Times are seconds (synchronised on
-    CUDA), memory is bytes (:func:`peak_step_bytes`). A ValueError raised by a variant's first step (e.g.
-    ``kernels=triton`` on a CPU without Triton's interpreter) is raised again with the variant's label and
-    the device.
+    ``seq_len``, ``preset``, ``device`` (``"cpu"`` or ``"cuda"``), ``dtype`` (the precision it resolved to,
+    :func:`precision_name`). Times are seconds (synchronised on CUDA), memory is bytes
+    (:func:`peak_step_bytes`). A ValueError raised by a variant's first step (e.g. ``kernels=triton`` on a CPU
+    without Triton's interpreter) is raised again with the variant's label and the device.
+
+    ``on_event`` gets, as they happen: ``{"event": "built", "label", "family", "n_streams", "seconds"}`` per
+    variant (building, moving and the warm-up steps, compilation included), ``{"event": "repetition",
+    "repetition", "repeats", "step_s": {label: seconds}}`` per repetition, and ``{"event": "row", **row}`` per
+    row at the end.
     """
     log = log or (lambda _: None)
+    emit = on_event or (lambda _: None)
     device = torch.device(device)
+    precision = precision_name(dtype, device)
     if activation_checkpointing:
         variants = [twin for v in variants
                     for twin in ([v] if v.activation_checkpointing else [v, v.with_activation_checkpointing(True)])]
@@ -349,13 +380,15 @@ def benchmark_steps(
     variants = list({_key(v): v for v in variants}.values())  # each variant once, where it first appears
     runners = []
     for variant in variants:
-        log(f"building {variant.label} (n={variant.n_streams}, {device.type}{', compiling' if compile else ''})")
+        built = time.perf_counter()
+        log(f"building {variant.label} (n={variant.n_streams}, {device.type}, {precision}"
+            f"{', compiling' if compile else ''})")  # fmt: skip
         if compile and variant.options.get("kernels") == "triton":
             log(
                 f"note: {variant.label} compiled runs the PyTorch forms (inductor's kernels), not s2hc's Triton kernels"
             )
         runner = make_runner(preset, variant, batch_size=batch_size, seq_len=seq_len, compile=compile,
-                             overrides=overrides, device=device)  # fmt: skip
+                             overrides=overrides, device=device, dtype=dtype)  # fmt: skip
         try:
             for _ in range(max(warmup, 2 if compile else 1)):  # compiles forward and backward on the first step
                 runner.step()
@@ -363,6 +396,10 @@ def benchmark_steps(
             raise ValueError(f"{variant.label} failed its first training step on {device.type}: {error}") from error
         _sync(device)
         runners.append(runner)
+        seconds = time.perf_counter() - built
+        log(f"built {variant.label} in {seconds:.1f}s (warm-up steps included)")
+        emit({"event": "built", "label": variant.label, "family": variant.family, "n_streams": variant.n_streams,
+              "seconds": seconds})  # fmt: skip
     times: dict[int, list[float]] = {i: [] for i in range(len(runners))}
     for rep in range(repeats):
         for i, runner in enumerate(runners):
@@ -374,6 +411,8 @@ def benchmark_steps(
             f"repetition {rep + 1}/{repeats}: "
             + ", ".join(f"{r.variant.label} {times[i][-1]:.3f}s" for i, r in enumerate(runners))
         )
+        emit({"event": "repetition", "repetition": rep + 1, "repeats": repeats,
+              "step_s": {r.variant.label: times[i][-1] for i, r in enumerate(runners)}})  # fmt: skip
     plain_residual = _key(Variant(RESIDUAL, 1))
     base = next(i for i, r in enumerate(runners) if _key(r.variant) == plain_residual)
     index = {_key(r.variant): i for i, r in enumerate(runners)}
@@ -381,6 +420,8 @@ def benchmark_steps(
     if memory:
         for i, runner in enumerate(runners):
             peaks[i] = peak_step_bytes(runner.step, runner.model, runner.optimizer, device=device)
+        log("peak memory: " + ", ".join(f"{r.variant.label} {peaks[i] / 2**20:,.1f} MiB"
+                                        for i, r in enumerate(runners)))  # fmt: skip
     rows = []
     for i, runner in enumerate(runners):
         ratio, low, high = _spread([t / b for t, b in zip(times[i], times[base])])
@@ -401,7 +442,10 @@ def benchmark_steps(
             "step_ratio_vs_without_ac_max": vs_plain[2],
             "peak_mem_ratio_vs_without_ac": peaks[i] / peaks[plain] if memory and plain is not None else None,
             "params": sum(p.numel() for p in runner.model.parameters()), "device": device.type,
+            "dtype": precision,
         })  # fmt: skip
+    for row in rows:
+        emit({"event": "row", **row})
     return rows
 
 
@@ -417,7 +461,9 @@ def benchmark_coefficients(
     repeats: int = 5,
     fused_options: tuple[bool, ...] = (True, False),
     device: torch.device | str = "cpu",
+    dtype: str = "float32",
     log: Callable[[str], None] | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Forward + backward time of the coefficient path alone (norm, projection, gates, constraint map) per
     token, for each family and implementation (``fused`` True: fast path, False: reference), on random
@@ -426,12 +472,15 @@ def benchmark_coefficients(
     implementation, timed once.
 
     Interleaved like :func:`benchmark_steps`; ``ratio_vs_mhc`` compares with ``mhc``'s time of the same
-    implementation in the same repetition (None without ``mhc``). Rows: ``family``, ``fused``,
-    ``n_streams``, ``dim``, ``ns_per_token`` (nanoseconds), ``ns_min``, ``ns_max``, ``ratio_vs_mhc``,
-    ``device``.
+    implementation in the same repetition (None without ``mhc``). The float32 streams' forward runs under
+    autocast as precision ``dtype`` says, as in a training step. Rows: ``family``, ``fused``, ``n_streams``,
+    ``dim``, ``ns_per_token`` (nanoseconds), ``ns_min``, ``ns_max``, ``ratio_vs_mhc``, ``device``,
+    ``dtype``; each also given to ``on_event`` as ``{"event": "coefficient", **row}``.
     """
     log = log or (lambda _: None)
+    emit = on_event or (lambda _: None)
     device = torch.device(device)
+    amp_dtype, precision = autocast_dtype(dtype, device), precision_name(dtype, device)
     names = [m for m in mixers if m not in (RESIDUAL, PEER)]
     generator = torch.Generator().manual_seed(0)  # drawn on the CPU: the same values on every device
     x = torch.randn(tokens, 1, n_streams, dim, generator=generator).to(device).requires_grad_()
@@ -450,12 +499,14 @@ def benchmark_coefficients(
             cases.append((name, fused, hc))
 
     def run(hc: HyperConnection | GatedResidual, fused: bool) -> None:
-        if isinstance(hc, GatedResidual):
-            gates = hc.gates(x)
-            (gates["read"].sum() + gates["write"].sum()).backward()
-            return
-        pre, post, res = hc.coefficients(x, fused)
-        (pre.sum() + post.sum() + res.square().sum()).backward()
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            if isinstance(hc, GatedResidual):
+                gates = hc.gates(x)
+                total = gates["read"].float().sum() + gates["write"].float().sum()
+            else:
+                pre, post, res = hc.coefficients(x, fused)
+                total = pre.float().sum() + post.float().sum() + res.float().square().sum()
+        total.backward()
 
     for _, fused, hc in cases:  # warm-up
         run(hc, fused)
@@ -471,7 +522,9 @@ def benchmark_coefficients(
             ratio = statistics.median(t / r for t, r in zip(times[i], times[reference]))
         median, low, high = _spread(times[i])
         rows.append({"family": name, "fused": fused, "n_streams": n_streams, "dim": dim, "ns_per_token": median,
-                     "ns_min": low, "ns_max": high, "ratio_vs_mhc": ratio, "device": device.type})  # fmt: skip
+                     "ns_min": low, "ns_max": high, "ratio_vs_mhc": ratio, "device": device.type,
+                     "dtype": precision})  # fmt: skip
+        emit({"event": "coefficient", **rows[-1]})
     summary = ", ".join(f"{r['family']}{'' if r['fused'] else '(ref)'} {r['ns_per_token']:.0f} ns" for r in rows)
     log("coefficient path: " + summary)
     return rows
@@ -505,6 +558,8 @@ def machine_description(device: torch.device | str | None = None) -> str:
 def format_step_table(rows: list[dict[str, Any]], peer_note: str | None = None) -> str:
     first = rows[0]
     mode = f"{'compiled' if first['compiled'] else 'eager'} on {first['device']}"
+    if first.get("dtype") == "bfloat16":
+        mode += ", bf16 autocast"
     lines = [
         f"Training step (forward, backward, AdamW), preset {first['preset']}, batch {first['batch_size']} x "
         f"sequence {first['seq_len']}, {mode}; ratios to residual within each repetition: median [min, max]",
@@ -535,7 +590,8 @@ def format_coefficient_table(rows: list[dict[str, Any]]) -> str:
     first = rows[0]
     lines = [
         f"Coefficient path alone (RMSNorm + projection + gates + constraint map, forward + backward), "
-        f"n = {first['n_streams']}, C = {first['dim']}: time per token, median [min, max]",
+        f"n = {first['n_streams']}, C = {first['dim']}{', bf16 autocast' if first.get('dtype') == 'bfloat16' else ''}: "
+        "time per token, median [min, max]",
         "",
     ]
     cells = [[row["family"], "one path" if row["family"] == GATED_RESIDUAL else "fast" if row["fused"] else "reference",
@@ -562,5 +618,6 @@ __all__ = [
     "parse_variant",
     "peak_step_bytes",
     "peer_available",
+    "precision_name",
     "timed",
 ]

@@ -1,5 +1,10 @@
 """``s2hc bench``: training-step time and peak memory per family as ratios to residual, the coefficient
-path alone, the ``hyper-connections`` package's mHC as a peer, and the parameter table."""
+path alone, the ``hyper-connections`` package's mHC as a peer, and the parameter table.
+
+Progress goes to stderr as it happens, with ``--json`` too (whose object alone is on stdout); ``--jsonl
+FILE`` appends every event (settings, each model built, each repetition's times, each row) to FILE as one
+JSON line when it happens, so a run cut short by a time limit still leaves what it finished.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import torch
 
 from ..bench import measure
 from ..bench.measure import PEER
-from ..devices import DEVICE_NAMES, resolve_device
+from ..devices import AUTOCAST_NAMES, DEVICE_NAMES, resolve_device
 from ..extras import MissingExtra, check_available
 from ..mixers import REFERENCE_FAMILY, families
 from ..models import get_preset
@@ -47,6 +52,12 @@ def register(subparsers) -> None:
         help="where models and data live: auto (cuda when torch.cuda.is_available(), else cpu; the default), "
         "cpu, cuda or cuda:N. On cuda, timings are synchronised and peak memory comes from torch.cuda's statistics",
     )  # fmt: skip
+    parser.add_argument(
+        "--dtype", default="float32", choices=AUTOCAST_NAMES,
+        help="precision, the names of `s2hc train --dtype`: float32 (the default; no autocast), bfloat16 (each "
+        "forward pass under torch.autocast with bfloat16 on the device, float32 weights and loss, as training "
+        "runs), auto (bfloat16 where the device supports it)",
+    )  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="torch.compile every model")
     parser.add_argument(
         "--activation-checkpointing", action="store_true",
@@ -66,7 +77,13 @@ def register(subparsers) -> None:
     parser.add_argument("--no-peer", action="store_true", help=f"leave out {PEER}")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory step")
     parser.add_argument("--no-coefficients", action="store_true", help="skip the coefficient-path table")
-    parser.add_argument("--json", action="store_true", help="print a JSON object of lists instead of tables")
+    parser.add_argument("--json", action="store_true",
+                        help="print a JSON object of lists instead of tables (progress still goes to stderr)")
+    parser.add_argument(
+        "--jsonl", default=None, metavar="FILE",
+        help="append each event to FILE as one JSON line as it happens: the settings, each model built (seconds, "
+        "compilation included), each repetition's step times, each row; a run cut short keeps what it finished",
+    )  # fmt: skip
     parser.set_defaults(func=run, subparser=parser)
 
 
@@ -88,14 +105,20 @@ def run(args: argparse.Namespace) -> int:
             variants.append(measure.Variant(measure.PEER, 4))
         else:
             peer_note = f"{measure.PEER}: absent ({MissingExtra('hyper_connections', 'the peer')})"
-    log = (lambda text: print(text, file=sys.stderr, flush=True)) if not args.json else (lambda text: None)
     machine = measure.machine_description(device)
+    precision = measure.precision_name(args.dtype, device)
+    emit = _event_writer(args.jsonl)
     log(f"machine: {machine}")
+    emit({"event": "start", "machine": machine, "device": device.type, "dtype": precision, "preset": args.preset,
+          "layers": config.n_layers, "n_streams": args.streams, "compiled": args.compile, "batch_size": args.batch_size,
+          "seq_len": args.seq_len, "repeats": args.repeats, "steps": args.steps,
+          "variants": [v.label for v in variants], "peer": peer_note or "present"})  # fmt: skip
     try:
         steps = measure.benchmark_steps(
             args.preset, variants, batch_size=args.batch_size, seq_len=args.seq_len, compile=args.compile,
             repeats=args.repeats, steps=args.steps, memory=not args.no_memory,
-            activation_checkpointing=args.activation_checkpointing, overrides=overrides, device=device, log=log,
+            activation_checkpointing=args.activation_checkpointing, overrides=overrides, device=device,
+            dtype=args.dtype, log=log, on_event=emit,
         )  # fmt: skip
     except ValueError as error:  # bad options, kernels=triton where it cannot run
         args.subparser.error(str(error))
@@ -104,13 +127,16 @@ def run(args: argparse.Namespace) -> int:
         families.append(REFERENCE_FAMILY)
     coefficients = [] if args.no_coefficients else measure.benchmark_coefficients(
         families, n_streams=args.streams, dim=config.dim, repeats=max(3, args.repeats), device=device,
-        log=log)  # fmt: skip
+        dtype=args.dtype, log=log, on_event=emit)  # fmt: skip
     counted = [(v.family, v.family_options) for v in variants if v.family not in ("residual", measure.PEER)]
     counted += [(REFERENCE_FAMILY, {})] * (REFERENCE_FAMILY not in {family for family, _ in counted})
     params = param_table([("residual", {}), *counted], layers=config.n_layers, dim=config.dim, n_streams=args.streams)
+    emit({"event": "done"})
+    log("done")
     if args.json:
-        print(json.dumps({"machine": machine, "device": device.type, "steps": steps, "coefficients": coefficients,
-                          "params": params, "peer": peer_note or "present"}, indent=2))  # fmt: skip
+        print(json.dumps({"machine": machine, "device": device.type, "dtype": precision, "steps": steps,
+                          "coefficients": coefficients, "params": params, "peer": peer_note or "present"},
+                         indent=2))  # fmt: skip
         return 0
     print(f"Machine: {machine}\n")
     print(measure.format_step_table(steps, peer_note))
@@ -120,3 +146,24 @@ def run(args: argparse.Namespace) -> int:
     print()
     print(format_table(params))
     return 0
+
+
+def log(text: str) -> None:
+    """A progress line on stderr, flushed (with ``--json`` too: stdout holds only the JSON object)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def _event_writer(path: str | None):
+    """``emit(event)`` appending ``event`` to ``path`` as one JSON line, the file opened and closed each time, so
+    every finished line is on disk whatever stops the run (a no-op without a path). The file is opened once
+    first, so an unwritable path fails before anything is measured (an OSError: the CLI's one-line error)."""
+    if path is None:
+        return lambda event: None
+    with open(path, "a", encoding="utf-8"):
+        pass
+
+    def emit(event: dict) -> None:
+        with open(path, "a", encoding="utf-8") as stream:
+            stream.write(json.dumps(event) + "\n")
+
+    return emit
