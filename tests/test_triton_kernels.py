@@ -106,6 +106,41 @@ def test_mixing_kernels_loop_over_several_c_blocks(n, c):
     assert_same(triton_kernels.write, reference_write, (x, post, f), g)
 
 
+@pytest.mark.parametrize("n,c", [(9, 5), (16, 40), (33, 3)])
+def test_mixing_kernels_from_16_streams_on(n, c):
+    """From 16 padded streams on the mixing is a ``tl.dot`` (IEEE) in both directions instead of the broadcast
+    sum: n = 9 (a 16-block with 7 masked rows, C below one 16-wide C block), 16 (exact, C over three blocks),
+    33 (a 64-block; ``benchmarks/aot_compile.py`` checks the compiled form uses no TF32)."""
+    g = torch.Generator().manual_seed(n)
+    x, pre, res, post, f = randn(g, 2, n, c), randn(g, 2, n), randn(g, 2, n, n), randn(g, 2, n), randn(g, 2, c)
+    assert_same(triton_kernels.read_mix, reference_read_mix, (x, pre, res), g)
+    assert_same(triton_kernels.write, reference_write, (x, post, f), g)
+
+
+@pytest.mark.parametrize("k", [65, 80, 257])
+def test_norm_project_at_the_families_k(k):
+    """K of s2hc at n = 8 (65) and 16 (257), of mhc at n = 8 (80): K not a multiple of 16 takes the backward's
+    narrower K blocks (register pressure), K = 80 two 64-wide blocks, the second partly masked."""
+    g = torch.Generator().manual_seed(k)
+    x, weight = randn(g, 19, 8 * 12), randn(g, 8 * 12, k)
+    assert_same(lambda x, w: triton_kernels.norm_project(x, w, 1e-6),
+                lambda x, w: reference_norm_project(x, w, 1e-6), (x, weight), g)
+
+
+def test_float64_gradcheck_of_the_wide_kernels():
+    """float64 through the tl.dot forms: the mixing at n = 9 (a 16-block), the projection with K = 33 (three
+    16-wide K blocks in the backward, the last one masked). ``fast_mode``: the Jacobian along random directions
+    (the interpreter takes tens of ms per call at n = 9)."""
+    g = torch.Generator().manual_seed(3)
+
+    def leaf(*shape):
+        return randn(g, *shape, dtype=torch.float64).requires_grad_()
+
+    assert torch.autograd.gradcheck(triton_kernels.read_mix, (leaf(2, 9, 3), leaf(2, 9), leaf(2, 9, 9)), fast_mode=True)
+    project = lambda x, w: triton_kernels.norm_project(x, w, 1e-6)  # noqa: E731
+    assert torch.autograd.gradcheck(project, (leaf(3, 8), leaf(8, 33)), fast_mode=True)
+
+
 def test_float64_gradcheck_of_every_kernel():
     g = torch.Generator().manual_seed(0)
 

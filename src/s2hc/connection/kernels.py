@@ -15,7 +15,10 @@ The per-token constraint map between them (gates, Cayley, Sinkhorn: tens of floa
 PyTorch; under ``torch.compile`` inductor already emits Triton for it.
 
 One program per block of tokens (projection) or per token (mixing), looping over ``C`` in blocks; ``n``
-is padded to a power of two. Accumulation is in float32 (float64 for float64 inputs, so
+is padded to a power of two. From 16 padded streams on the mixing products are ``tl.dot`` with
+``input_precision="ieee"`` (exact float32: triton 3.6 turns the broadcast sums into TF32 tensor-core dots), below
+16 broadcast sums; ``benchmarks/aot_compile.py`` compiles every kernel for sm_90 and checks the SASS for tensor-core
+instructions, and the registers, spills and shared memory. Accumulation is in float32 (float64 for float64 inputs, so
 ``torch.autograd.gradcheck`` applies); outputs are in the stream's dtype, the matrices' gradients in
 theirs. Runs on CUDA tensors, or on CPU under Triton's interpreter (``TRITON_INTERPRET=1`` set before
 ``triton`` is imported), which is how ``tests/test_triton_kernels.py`` checks every kernel against the
@@ -115,6 +118,13 @@ def _column_block(k: int) -> int:
     return min(max(16, triton.next_power_of_2(k)), 64)
 
 
+def _backward_column_block(k: int) -> int:
+    """The backward's K block: with K not a multiple of 16 the transposed weight tile's loads cannot be
+    vectorised, and 64 columns of them take 190-255 registers per thread and spill (K = 65: s2hc at
+    n = 8, checked by ``benchmarks/aot_compile.py``); 16 columns keep it at about 100."""
+    return 16 if k % 16 else _column_block(k)
+
+
 class _NormProject(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
@@ -144,7 +154,7 @@ class _NormProject(torch.autograd.Function):
             grid = (triton.cdiv(tokens, _PROJECT_BLOCKS["BLOCK_T"]),)
             _norm_project_bwd[grid](
                 x, weight, grad_raw, coeff, grad_x, tokens, width, k,
-                ACC=_acc_dtype(weight.dtype), BLOCK_K=_column_block(k), **_PROJECT_BLOCKS,
+                ACC=_acc_dtype(weight.dtype), BLOCK_K=_backward_column_block(k), **_PROJECT_BLOCKS,
             )
         if ctx.needs_input_grad[1]:
             grad_weight = x.to(grad_raw.dtype).T @ grad_raw
@@ -180,7 +190,10 @@ def _read_mix_fwd(
         offsets = t * N * C + i[:, None] * C + c[None, :]
         x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(ACC)  # (BLOCK_N, BLOCK_C): every stream, once
         h = tl.sum(pre[:, None] * x, axis=0)
-        mixed = tl.sum(res[:, :, None] * x[None, :, :], axis=1)
+        if BLOCK_N >= 16:  # an explicit IEEE product: triton 3.6 made the broadcast sum a TF32 dot
+            mixed = tl.dot(res, x, input_precision="ieee")
+        else:  # tl.dot needs tiles of at least 16 x 16
+            mixed = tl.sum(res[:, :, None] * x[None, :, :], axis=1)
         tl.store(h_ptr + t * C + c, h.to(h_ptr.dtype.element_ty), mask=c_ok)
         tl.store(mixed_ptr + offsets, mixed.to(mixed_ptr.dtype.element_ty), mask=ok)
 
@@ -207,19 +220,32 @@ def _read_mix_bwd(
         x = tl.load(x_ptr + offsets, mask=ok, other=0.0).to(ACC)
         grad_m = tl.load(grad_m_ptr + offsets, mask=ok, other=0.0).to(ACC)
         grad_h = tl.load(grad_h_ptr + t * C + c, mask=c_ok, other=0.0).to(ACC)
-        # dX[j] = Σ_i H_res[i, j] dM[i] + H_pre[j] dh
-        grad_x = tl.sum(res[:, :, None] * grad_m[:, None, :], axis=0) + pre[:, None] * grad_h[None, :]
+        # dX[j] = Σ_i H_res[i, j] dM[i] + H_pre[j] dh, dH_res += dM Xᵀ: IEEE dots from 16 x 16 tiles on, as forward
+        if BLOCK_N >= 16:
+            grad_x = tl.dot(tl.trans(res), grad_m, input_precision="ieee")
+            grad_res += tl.dot(grad_m, tl.trans(x), input_precision="ieee")  # (no acc=: triton 3.6 types it fp32)
+        else:
+            grad_x = tl.sum(res[:, :, None] * grad_m[:, None, :], axis=0)
+            grad_res += tl.sum(grad_m[:, None, :] * x[None, :, :], axis=2)
+        grad_x += pre[:, None] * grad_h[None, :]
         tl.store(grad_x_ptr + offsets, grad_x.to(grad_x_ptr.dtype.element_ty), mask=ok)
         grad_pre += tl.sum(x * grad_h[None, :], axis=1)
-        grad_res += tl.sum(grad_m[:, None, :] * x[None, :, :], axis=2)
     tl.store(grad_pre_ptr + t * N + i, grad_pre, mask=n_ok)
     tl.store(grad_res_ptr + nn_offsets, grad_res, mask=nn_ok)
 
 
 def _mix_blocks(n: int, c: int) -> dict:
     block_n = _pow2(n)
-    # (BLOCK_N, BLOCK_N, BLOCK_C) products live in registers: keep them at about 4 096 values
-    return dict(BLOCK_N=block_n, BLOCK_C=min(_pow2(c), max(16, 4096 // (block_n * block_n))))
+    if block_n < 16:  # (BLOCK_N, BLOCK_N, BLOCK_C) broadcast products live in registers: about 4 096 values
+        return dict(BLOCK_N=block_n, BLOCK_C=min(_pow2(c), 4096 // (block_n * block_n)))
+    return dict(BLOCK_N=block_n, BLOCK_C=16)  # tl.dot's smallest tile (a narrower C is masked)
+
+
+def _mix_backward_warps(n: int) -> int:
+    """Warps of the read/mix backward: at 64 padded streams its two (n, n) matrices take 64 registers per
+    thread with 4 warps and it spilled (sm_90: 20 KiB per thread before the tl.dot forms, 84 B after); 8 keep it
+    at about 190 registers and no spill, float64 included (``benchmarks/aot_compile.py``)."""
+    return 8 if _pow2(n) >= 64 else 4
 
 
 class _ReadMix(torch.autograd.Function):
@@ -243,6 +269,7 @@ class _ReadMix(torch.autograd.Function):
         _read_mix_bwd[(tokens,)](
             x, pre, res, grad_h, grad_m, grad_x, grad_pre, grad_res, n, c,
             ACC=_acc_dtype(torch.promote_types(x.dtype, pre.dtype)), **_mix_blocks(n, c),
+            num_warps=_mix_backward_warps(n),
         )
         return grad_x, grad_pre, grad_res
 
