@@ -154,3 +154,20 @@ def ctrl_c() -> None:
 
 def crash() -> None:
     raise KeyboardInterrupt("killed")
+
+
+def poison_loss_at(monkeypatch, call: int) -> dict:
+    """Make the training loop's ``call``-th cross-entropy (1-based, one per micro-step) NaN; returns the counter
+    ``{"n": calls so far}``."""
+    import s2hc.train.loop as loop
+
+    calls = {"n": 0}
+    real = loop.F.cross_entropy
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == call else loss
+
+    monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
+    return calls

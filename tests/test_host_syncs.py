@@ -21,7 +21,7 @@ import math
 
 import pytest
 import torch
-from helpers import Branch, small_config
+from helpers import Branch, poison_loss_at, small_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from s2hc import mixers
@@ -283,15 +283,7 @@ def test_a_non_finite_loss_between_logs_is_named_at_the_next_read_and_never_save
     """A NaN loss at step 5, with ``log_every=4`` and a checkpoint every 3 steps: the run goes on to the read
     before step 6's checkpoint, stops there naming step 5, keeps step 3's checkpoint (not 6's), and records
     the divergence at step 5; the log of step 4 holds step 4's finite values."""
-    calls = {"n": 0}
-    real = loop.F.cross_entropy
-
-    def poisoned(*args, **kwargs):
-        calls["n"] += 1
-        loss = real(*args, **kwargs)
-        return loss * float("nan") if calls["n"] == 5 else loss
-
-    monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
+    calls = poison_loss_at(monkeypatch, 5)
     config = loop_config(corpus_file, tmp_path, "run", max_steps=12, log_every=4, checkpoint_every=3)
     with pytest.raises(TrainingError, match=r"non-finite loss \(nan\) or gradient at step 5; stopped; the last good "
                                             r"checkpoint \(step 3\)"):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL_MODEL, crash_after_checkpoint, tiny_checkpoint
+from helpers import SMALL_MODEL, crash_after_checkpoint, poison_loss_at, tiny_checkpoint
 
 from s2hc.cli import main
 from s2hc.rundir import load_checkpoint, load_model, read_metrics
@@ -149,17 +149,7 @@ def test_killed_run_resumes_to_the_same_loss_curve(small, tmp_path, signum):
 
 
 def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(small, monkeypatch):
-    import s2hc.train.loop as loop
-
-    calls = {"n": 0}
-    real = loop.F.cross_entropy
-
-    def poisoned(*args, **kwargs):
-        calls["n"] += 1
-        loss = real(*args, **kwargs)
-        return loss * float("nan") if calls["n"] == 5 else loss
-
-    monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
+    poison_loss_at(monkeypatch, 5)
     with pytest.raises(
         TrainingError, match=r"non-finite loss \(nan\) or gradient at step 5.*last good checkpoint \(step 4\)"
     ):
