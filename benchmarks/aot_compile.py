@@ -483,12 +483,8 @@ def compile_in_workers(units, streams, args) -> dict:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    try:
-        from s2hc.io import atomic_write_text
-    except ImportError:  # run without the package installed or on PYTHONPATH
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
+    from s2hc.io import atomic_write_text  # s2hc is importable: the tool compiles its kernels
+
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, text)
 
