@@ -331,19 +331,20 @@ def bundled_tools(triton) -> dict:
 
 
 def family_ks(n: int, families: list[str] | None = None) -> dict[str, int]:
-    """K, the width of each family's projection at ``n`` streams, read off the real module: the families whose
-    coefficient path is norm_project (not HC's per-stream projection); sizes a family refuses are left out."""
+    """K, the width of each family's projection at ``n`` streams (:func:`s2hc.connection.projection_width`): the
+    families whose coefficient path is norm_project (not HC's per-stream projection); sizes a family refuses are
+    left out."""
     import s2hc
-    from s2hc import HyperConnection
+    from s2hc.connection import projection_width
 
     ks = {}
     for family in families or list(s2hc.mixers.REGISTRY):
         try:
-            hc = HyperConnection(8, n, family=family)
+            k = projection_width(family, n)
         except ValueError:  # mhc-lite beyond its factorial limit
             continue
-        if not hc.per_stream:
-            ks[family] = int(hc.projection.shape[-1])
+        if k is not None:
+            ks[family] = k
     return ks
 
 

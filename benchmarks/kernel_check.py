@@ -71,13 +71,6 @@ COPY_BYTES = 1 << 30
 # ------------------------------------------------------------------------------------------ cases
 
 
-def projection_width(family: str, n: int) -> int:
-    """K, the projection's output width, of ``family`` at ``n`` streams (what ``HyperConnection`` builds)."""
-    from s2hc import HyperConnection
-
-    return HyperConnection(8, n, family=family, layer_index=1).projection.shape[-1]
-
-
 def make_inputs(piece: str, n: int, c: int, k: int | None, tokens: int, dtype: torch.dtype, device, seed: int):
     """Random inputs of ``piece`` (never zeros): the streams in ``dtype``, the coefficients in float32."""
     g = torch.Generator(device=device).manual_seed(seed)
@@ -313,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = parse_list(args.dtypes, str, "--dtypes", list(DTYPES))
     families = parse_list(args.families, str, "--families")
 
-    from s2hc.connection import kernels
+    from s2hc.connection import kernels, projection_width
 
     device = torch.device("cuda" if torch.cuda.is_available() and not kernels.interpreted() else "cpu")
     if device.type == "cpu" and not kernels.interpreted():
@@ -355,9 +348,14 @@ def main(argv: list[str] | None = None) -> int:
         widths = {}
         for family in families:
             try:
-                widths[family] = projection_width(family, n)
+                width = projection_width(family, n)
             except ValueError as error:
                 print(f"skip norm_project ({family}, n={n}): {error}", flush=True)
+                continue
+            if width is None:
+                print(f"skip norm_project ({family}, n={n}): no n·C-wide projection (HC's per-stream form)", flush=True)
+            else:
+                widths[family] = width
         for dtype_name in dtypes:
             x_copy = None
             if not args.no_timing:

@@ -248,3 +248,30 @@ def test_set_connection_options_on_a_whole_model():
         set_connection_options(model, kernel="triton")
     with pytest.raises(ValueError, match="recompute must be True or False, got 'yes'"):
         set_connection_options(model, recompute="yes")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("n", [2, 3, 4, 6, 8])
+def test_projection_width_is_the_width_the_connection_builds(family, n):
+    try:
+        hc = HyperConnection(8, n, family=family)
+    except ValueError:  # a size the family refuses is refused by the accessor too
+        with pytest.raises(ValueError):
+            s2hc.connection.projection_width(family, n)
+        return
+    width = s2hc.connection.projection_width(family, n)
+    if hc.per_stream:
+        assert width is None
+    else:
+        assert width == hc.projection.shape[-1] == 2 * n + hc.mixer.num_inputs
+
+
+def test_projection_width_of_forms_without_a_projection_and_bad_input():
+    assert s2hc.connection.projection_width("residual", 1) is None
+    assert s2hc.connection.projection_width("gated-residual", 4) is None
+    assert s2hc.connection.projection_width("hc", 4) is None  # the HC paper's per-stream projection
+    assert s2hc.connection.projection_width("hc", 4, projection="flat") == 2 * 4 + 16
+    with pytest.raises(ValueError, match="family must be one of .*got .nope."):
+        s2hc.connection.projection_width("nope", 4)
+    with pytest.raises(ValueError, match="n_streams"):
+        s2hc.connection.projection_width("s2hc", 0)

@@ -51,7 +51,7 @@ from .build import CONNECTIONS, HEADS, build_connection, is_mixing_connection
 from .fused import CompiledPath, EagerPath, TritonPath
 from .gated import GatedHead, GatedResidual
 from .init import GATE_INITS, PROJECTION_INITS, gate_biases, projection_std, residual_targets, upcycling_biases
-from .module import COMPUTE_OPTIONS, HyperConnection, set_connection_options
+from .module import COMPUTE_OPTIONS, HyperConnection, projection_width, set_connection_options
 from .paths import COMPILED, EAGER, KERNELS, REFERENCE, select_path
 from .reference import ReferencePath
 from .streams import HyperHead, StreamScaling, expand_streams, reduce_streams
@@ -60,6 +60,6 @@ __all__ = [
     "COMPILED", "COMPUTE_OPTIONS", "CONNECTIONS", "EAGER", "GATE_INITS", "HEADS", "KERNELS", "PROJECTION_INITS",
     "REFERENCE", "CompiledPath", "ComputePath", "EagerPath", "GatedHead", "GatedResidual", "HyperConnection",
     "HyperHead", "ReferencePath", "StreamScaling", "TritonPath", "build_connection", "expand_streams", "gate_biases",
-    "is_mixing_connection", "projection_std", "reduce_streams", "residual_targets", "select_path",
+    "is_mixing_connection", "projection_std", "projection_width", "reduce_streams", "residual_targets", "select_path",
     "set_connection_options", "upcycling_biases",
 ]

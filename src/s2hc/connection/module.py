@@ -24,6 +24,27 @@ from .paths import KERNELS, select_path
 COMPUTE_OPTIONS = ("fused", "recompute", "kernels")  # how a connection computes, not what: HyperConnection.set_options
 
 
+def projection_width(family: str, n_streams: int, **family_options: Any) -> int | None:
+    """Width of the coefficient projection ``d`` (``2n + K``, K = the constraint map's inputs) that
+    :class:`HyperConnection` builds for ``family`` at ``n_streams``; None where the connection has no n·C-wide
+    projection (``"residual"``, ``"gated-residual"``, and HC's ``projection="per-stream"``). Raises ValueError
+    where the family refuses the size or an option, as the constructor does.
+
+    >>> projection_width("s2hc", 4), projection_width("mhc", 4), projection_width("residual", 1)
+    (17, 24, None)
+    """
+    check_streams("n_streams", n_streams)
+    check_family(family)
+    if family in (RESIDUAL, GATED_RESIDUAL):
+        return None
+    mixer = mixers.build(family, n_streams, **family_options)
+    return None if getattr(mixer, "per_stream", False) else _mixer_projection_width(mixer)
+
+
+def _mixer_projection_width(mixer: mixers.Mixer) -> int:
+    return 2 * mixer.n_streams + mixer.num_inputs
+
+
 def set_connection_options(model: nn.Module, **options: Any) -> nn.Module:
     """:meth:`HyperConnection.set_options` (``fused``, ``recompute``, ``kernels``) on every mixing connection
     of ``model``; returns ``model``. How the connections compute is not part of a model's configuration:
@@ -136,7 +157,7 @@ class HyperConnection(nn.Module):
                 self.norm_weight = nn.Parameter(torch.ones(width))
             else:  # DeepSeek-V4's mHC: the norm has no weight (a None parameter keeps the attribute)
                 self.register_parameter("norm_weight", None)
-            self.projection = nn.Parameter(initial_projection((width, 2 * n + self.mixer.num_inputs), dim,
+            self.projection = nn.Parameter(initial_projection((width, _mixer_projection_width(self.mixer)), dim,
                                                               projection_init))
         self.alpha_pre = scale_parameter(0.01)
         self.alpha_post = scale_parameter(0.01)
