@@ -7,14 +7,18 @@
 # Steps, most informative first; each under `timeout` with its own limit, cut to what is left of the budget
 # (GPU_CHECK_BUDGET); a step that fails or runs out of time is recorded and the next one runs; a step with
 # less than MIN_STEP seconds left is skipped and recorded as skipped:
-#   peer          hyper-connections (+ torch-einops-utils) from .gpu-wheels/ into a temporary directory
-#   env           nvidia-smi, Python, torch / CUDA / triton / package versions
-#   kernels       benchmarks/kernel_check.py: the Triton kernels against float64 (n = 4, 8, 16; K of s2hc and
-#                 mhc; float32 and bf16), their time and GB/s against a device copy and the PyTorch fast path
-#   bench-*       `s2hc bench --json --jsonl`: gpt2-small n = 4 in bf16 autocast (as training runs), then
-#                 float32; the cuda-marked tests; gpt2-small n = 4 compiled (2 layers); n = 8; the kernels' own
-#                 tests; qwen3-0.6b n = 4; last the AOT compile tool (when present), on a subset
-#   tests         pytest -m cuda tests/test_cuda.py [tests/test_cuda_syncs.py]; kernel-tests: test_triton_kernels.py
+#   peer                  hyper-connections (+ torch-einops-utils) from .gpu-wheels/ into a temporary directory
+#   env                   nvidia-smi, Python, torch / CUDA / triton / package versions
+#   kernels               benchmarks/kernel_check.py: the Triton kernels against float64 (n = 4, 8, 16; K of s2hc
+#                         and mhc; float32 and bf16), their time and GB/s against a device copy and the PyTorch path
+#   gpt2-small-n4-bf16    `s2hc bench --json --jsonl` in bf16 autocast, as training runs (every bench below too)
+#   gpt2-small-n4-fp32    the same in float32
+#   tests                 pytest -m cuda tests/test_cuda.py tests/test_cuda_syncs.py
+#   gpt2-small-n4-bf16-compiled   torch.compile, 2 of the 12 layers
+#   gpt2-small-n8-bf16    n = 8
+#   kernel-tests          tests/test_triton_kernels.py on the GPU
+#   qwen3-0.6b-n4-bf16    the Qwen3 architecture
+#   aot                   benchmarks/aot_compile.py with the image's triton and ptxas, on a subset
 # Output: at most 8 files in OUT_DIR, each rewritten or appended as steps finish, so a run cut anywhere still
 # returns what finished: summary.md, summary.json (rebuilt after every step), steps.jsonl, console.log (all
 # that is printed), raw.tar (every raw file of every finished step, appended: `tar -xf raw.tar`), and
@@ -268,12 +272,10 @@ bench gpt2-small-n8-bf16 "$L_N8" "" "${GPT2[@]}" --dtype bfloat16 --streams 8 \
 pytest_step kernel-tests "$L_KTESTS" "the kernels' own tests (test_triton_kernels.py)" tests/test_triton_kernels.py
 bench qwen3-0.6b-n4-bf16 "$L_QWEN3" "" "${QWEN3[@]}" --dtype bfloat16 --streams 4 \
     --families mhc,s2hc,s2hc:kernels=triton --no-coefficients
-if [[ -f benchmarks/aot_compile.py ]]; then # the ahead-of-time compile tool, with the image's triton and ptxas
-    # shellcheck disable=SC2206 # GPU_CHECK_AOT_ARGS is a list of words
-    AOT=(${GPU_CHECK_AOT_ARGS:-$AOT_DEFAULT})
-    run_step aot tool "$L_AOT" aot.log aot.log "${AOT[*]}" "ahead-of-time compile tool, a subset" -- \
-        "$PYTHON" benchmarks/aot_compile.py "${AOT[@]}" --json "$CUR/aot.json" --markdown "$CUR/aot.md"
-fi
+# shellcheck disable=SC2206 # GPU_CHECK_AOT_ARGS is a list of words
+AOT=(${GPU_CHECK_AOT_ARGS:-$AOT_DEFAULT}) # the ahead-of-time compile tool, with the image's triton and ptxas
+run_step aot tool "$L_AOT" aot.log aot.log "${AOT[*]}" "ahead-of-time compile tool, a subset" -- \
+    "$PYTHON" benchmarks/aot_compile.py "${AOT[@]}" --json "$CUR/aot.json" --markdown "$CUR/aot.md"
 
 # ------------------------------------------------------------------------------------------ summary
 echo "== summary (${SECONDS}s so far)"
