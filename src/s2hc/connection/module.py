@@ -28,7 +28,7 @@ def projection_width(family: str, n_streams: int, **family_options: Any) -> int 
     """Width of the coefficient projection ``d`` (``2n + K``, K = the constraint map's inputs) that
     :class:`HyperConnection` builds for ``family`` at ``n_streams``; None where the connection has no n·C-wide
     projection (``"residual"``, ``"gated-residual"``, and HC's ``projection="per-stream"``). Raises ValueError
-    where the family refuses the size or an option, as the constructor does.
+    where the family's constraint map refuses the size or an option, as the constructor does.
 
     >>> projection_width("s2hc", 4), projection_width("mhc", 4), projection_width("residual", 1)
     (17, 24, None)
@@ -37,12 +37,16 @@ def projection_width(family: str, n_streams: int, **family_options: Any) -> int 
     check_family(family)
     if family in (RESIDUAL, GATED_RESIDUAL):
         return None
-    mixer = mixers.build(family, n_streams, **family_options)
-    return None if getattr(mixer, "per_stream", False) else _mixer_projection_width(mixer)
+    return _mixer_projection_width(mixers.build(family, n_streams, **family_options))
 
 
-def _mixer_projection_width(mixer: mixers.Mixer) -> int:
-    return 2 * mixer.n_streams + mixer.num_inputs
+def _projects_per_stream(mixer: mixers.Mixer) -> bool:
+    """Whether the coefficients come from each stream alone (``hc`` with ``projection="per-stream"``)."""
+    return bool(getattr(mixer, "per_stream", False))
+
+
+def _mixer_projection_width(mixer: mixers.Mixer) -> int | None:
+    return None if _projects_per_stream(mixer) else 2 * mixer.n_streams + mixer.num_inputs
 
 
 def set_connection_options(model: nn.Module, **options: Any) -> nn.Module:
@@ -174,7 +178,7 @@ class HyperConnection(nn.Module):
     @property
     def per_stream(self) -> bool:
         """Whether the coefficients come from each stream alone (``hc`` with ``projection="per-stream"``)."""
-        return bool(getattr(self.mixer, "per_stream", False))
+        return _projects_per_stream(self.mixer)
 
     def set_options(self, fused: bool | None = None, recompute: bool | None = None, kernels: str | None = None):
         """Change how the connection computes (not what): ``fused``, ``recompute``, ``kernels`` as in the
