@@ -1,11 +1,16 @@
 """Where a compiled training step's time goes, by category, for residual and the given families.
 
     python benchmarks/profile_categories.py [--preset gpt2-small] [--layers 2] [--families s2hc] [--repeats 3]
+                                            [--steps 1] [--batch-size 2] [--seq-len 256] [--shapes]
 
-Builds each model (``torch.compile``, float32, one thread, batch 2 x 256), then profiles one training step
-of every model per repetition, interleaved, with inductor's kernel profiling on, and prints the median
-self CPU time in ms of: GEMMs (``mm``, ``addmm``, ``bmm``), inductor's fused kernels, AdamW's operators,
-and the rest. docs/benchmarks.md (section 4) used it at the gpt2-small shape with 2 layers.
+Builds each model (``torch.compile``, float32, one thread, ``--batch-size`` x ``--seq-len`` tokens; ``--layers 0``
+keeps the preset's own depth), then profiles ``--steps`` training steps of every model per repetition, interleaved, with
+inductor's kernel profiling on, and prints the median self CPU time in ms of: GEMMs (``mm``, ``addmm``, ``bmm``),
+inductor's fused kernels, AdamW's operators, and the rest, per step. ``--shapes`` also records input shapes and prints
+every GEMM shape per model (median ms per step and calls per step), the extra over residual last: where a
+family's projection products (``(tokens, nC) @ (nC, 2n + K)`` and their gradients) stand against the branch's.
+docs/benchmarks.md used it at the gpt2-small shape with 2 layers (section 4) and at ``small`` as
+``s2hc bench`` runs it, ``--preset small --layers 0 --batch-size 8 --steps 3 --shapes`` (section 6b).
 """
 
 from __future__ import annotations
@@ -24,12 +29,13 @@ GEMMS = {"aten::mm", "aten::addmm", "aten::bmm"}
 ADAMW = {"aten::sqrt", "aten::div", "aten::mul_", "aten::addcdiv_", "aten::lerp_", "aten::addcmul_", "aten::add_"}
 
 
-def make_step(preset: str, mixer: str, layers: int, streams: int):
+def make_step(preset: str, mixer: str, layers: int, streams: int, batch_size: int, seq_len: int):
     torch.manual_seed(0)
-    config = get_preset(preset, family=mixer, n_streams=1 if mixer == "residual" else streams, n_layers=layers)
+    depth = {"n_layers": layers} if layers else {}
+    config = get_preset(preset, family=mixer, n_streams=1 if mixer == "residual" else streams, **depth)
     model = Transformer(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    ids = torch.randint(0, config.vocab_size, (2, 257), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, config.vocab_size, (batch_size, seq_len + 1), generator=torch.Generator().manual_seed(0))
     forward = torch.compile(model)
 
     def step():
@@ -42,14 +48,30 @@ def make_step(preset: str, mixer: str, layers: int, streams: int):
     return step
 
 
-def categories(step) -> dict[str, float]:
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
+def gemm_key(name: str, input_shapes: list) -> str:
+    """``"mm (T, nC) @ (nC, K)"``, ``"addmm (N,) + (T, C) @ (C, N)"``: the operands, not the ``out=`` buffer."""
+    dims = [tuple(shape) for shape in input_shapes if shape]
+    if name == "aten::addmm":
+        return f"addmm {dims[0]} + {dims[1]} @ {dims[2]}"
+    return f"{name.removeprefix('aten::')} {dims[0]} @ {dims[1]}"
+
+
+def categories(step, shapes: bool, steps: int) -> dict[str, float]:
+    """Self CPU ms per step of ``steps`` profiled calls of ``step`` by category; with ``shapes``, also
+    ``"GEMM SHAPES"`` keys (ms) and ``"calls GEMM SHAPES"`` keys (calls per step)."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
+        for _ in range(steps):
+            step()
     totals = dict.fromkeys(("GEMMs", "fused kernels", "AdamW", "other"), 0.0)
-    for event in prof.key_averages():
-        name, ms = event.key, event.self_cpu_time_total / 1e3
+    by_shape: dict[str, float] = {}
+    for event in prof.key_averages(group_by_input_shape=shapes):
+        name, ms = event.key, event.self_cpu_time_total / 1e3 / steps
         if name in GEMMS:
             totals["GEMMs"] += ms
+            if shapes:
+                key = gemm_key(name, event.input_shapes)
+                by_shape[key] = by_shape.get(key, 0.0) + ms
+                by_shape["calls " + key] = by_shape.get("calls " + key, 0.0) + event.count / steps
         elif "cpp_fused" in name or "triton_" in name:
             totals["fused kernels"] += ms
         elif name in ADAMW or "Optimizer" in name:
@@ -57,29 +79,56 @@ def categories(step) -> dict[str, float]:
         else:
             totals["other"] += ms
     totals["total"] = sum(totals.values())
-    return totals
+    return {**totals, **by_shape}
+
+
+def print_shapes(samples: dict[str, list[dict[str, float]]], categories_keys: list[str]) -> None:
+    """Every GEMM shape of every model, median ms and calls per step, and each family's extra over residual."""
+    medians = {m: {k: statistics.median(r.get(k, 0.0) for r in rows) for k in {k for r in rows for k in r}}
+               for m, rows in samples.items()}
+    shapes = sorted({k for m in medians.values() for k in m if k not in categories_keys and not k.startswith("calls ")},
+                    key=lambda k: -max(m.get(k, 0.0) for m in medians.values()))
+    print("\n| GEMM | " + " | ".join(f"{m} ms (calls)" for m in medians) + " | " +
+          " | ".join(f"{m} - residual" for m in medians if m != "residual") + " |")
+    print("|---|" + "---:|" * (2 * len(medians) - 1))
+    base = medians["residual"]
+    for key in shapes:
+        cells = [f"{m.get(key, 0.0):,.1f} ({m.get('calls ' + key, 0.0):.0f})" for m in medians.values()]
+        extra = [f"{m.get(key, 0.0) - base.get(key, 0.0):+,.1f}" for name, m in medians.items() if name != "residual"]
+        print(f"| `{key}` | " + " | ".join(cells + extra) + " |")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="gpt2-small")
-    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--layers", type=int, default=2, help="layers (0: the preset's own; default 2)")
     parser.add_argument("--streams", type=int, default=4)
     parser.add_argument("--families", default="s2hc")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=1, help="profiled steps per model and repetition")
+    parser.add_argument("--batch-size", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--shapes", action="store_true", help="also every GEMM by input shape")
     args = parser.parse_args()
+    for name in ("layers", "streams", "repeats", "steps", "batch_size", "seq_len"):
+        value, least = getattr(args, name), 0 if name == "layers" else 1
+        if value < least:
+            parser.error(f"--{name.replace('_', '-')} must be an integer >= {least}, got {value}")
     torch.set_num_threads(1)
     inductor_config.cpp.enable_kernel_profile = True  # name inductor's kernels in the profile
-    steps = {m: make_step(args.preset, m, args.layers, args.streams) for m in ["residual", *args.families.split(",")]}
+    steps = {m: make_step(args.preset, m, args.layers, args.streams, args.batch_size, args.seq_len)
+             for m in ["residual", *args.families.split(",")]}
     samples: dict[str, list[dict[str, float]]] = {m: [] for m in steps}
     for _ in range(args.repeats):
         for mixer, step in steps.items():
-            samples[mixer].append(categories(step))
-    keys = list(next(iter(samples.values()))[0])
+            samples[mixer].append(categories(step, args.shapes, args.steps))
+    keys = ["GEMMs", "fused kernels", "AdamW", "other", "total"]
     print("| mixer | " + " | ".join(keys) + " |")
     print("|---|" + "---:|" * len(keys))
     for mixer, rows in samples.items():
         print(f"| {mixer} | " + " | ".join(f"{statistics.median(r[k] for r in rows):,.0f} ms" for k in keys) + " |")
+    if args.shapes:
+        print_shapes(samples, keys)
 
 
 if __name__ == "__main__":
