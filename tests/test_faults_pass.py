@@ -8,8 +8,10 @@ no checkpoint where the command promises complete-or-absent, a JSON file cut sho
 and the same command called again finishes (exit 0, a valid output; a study resumes).
 
 Kill moments are drawn from a seeded generator (``S2HC_KILL_SEED``, default 22): "any" is a random time after
-the start (mostly imports, loading, computing), the others a random delay after something the command does is
-seen from outside (its ``.OUT.s2hc-tmp-*`` build directory appears, a run's first checkpoint, a run measured).
+the start (mostly imports, loading, computing; for ``eval``, a random fraction of its own uninterrupted duration,
+measured first, so that the kills land on a fast machine too), the others a random delay after something the
+command does is seen from outside (its ``.OUT.s2hc-tmp-*`` build directory appears, a run's first checkpoint, a run
+measured).
 A command that ends before its kill moment must have finished cleanly; each test checks that kills landed.
 """
 
@@ -84,6 +86,15 @@ def kill_9(process: subprocess.Popen, ready, delay: float, err: Path, before_kil
     if not killed:
         assert process.returncode == 0, err.read_text()
     return killed
+
+
+def duration(argv: list[str], err: Path) -> float:
+    """Seconds ``python -m s2hc ARGV`` takes here, uninterrupted (it must succeed): kill moments drawn as fractions
+    of it fall inside the command on a fast machine as on a slow one, where fixed seconds fall after its end."""
+    began = time.monotonic()
+    process = start(argv, err)
+    assert process.wait(timeout=300) == 0, err.read_text()
+    return time.monotonic() - began
 
 
 def hidden_marked(out: Path) -> None:
@@ -203,6 +214,7 @@ def test_kill_9_of_eval_output_at_random_moments_keeps_the_previous_result_or_no
                                                                                     tmp_path, capsys):
     rng = rng_for("eval")
     out, logs = tmp_path / "out" / "ev", tmp_path / "logs"
+    took = duration(eval_argv(tiny_checkpoint, corpus_file, tmp_path / "timed" / "ev", 2), logs / "eval-timed.err")
     landed = 0
     for k, previous in enumerate([False, True, True]):
         if previous:
@@ -211,7 +223,8 @@ def test_kill_9_of_eval_output_at_random_moments_keeps_the_previous_result_or_no
             _assert_result(out, 1)
         before = (out / "perplexity.json").read_bytes() if previous else None
         err = logs / f"eval-{k}.err"
-        landed += kill_9(start(eval_argv(tiny_checkpoint, corpus_file, out, 2), err), None, rng.uniform(1.0, 3.5), err)
+        moment = rng.uniform(0.3, 0.85) * took
+        landed += kill_9(start(eval_argv(tiny_checkpoint, corpus_file, out, 2), err), None, moment, err)
         if _visible(out) == []:
             assert before is None  # an empty output directory at most, never a result lost
         elif (out / "perplexity.json").read_bytes() != before:
@@ -303,7 +316,9 @@ def test_kill_9_of_a_study_at_random_moments_leaves_no_run_training_and_the_stud
 
     moments = {"any": (None, rng.uniform(1.5, 6.0)), "training": (training, rng.uniform(0, 0.3)),
                "measured": (lambda: any(out.glob("rows/*.json")), rng.uniform(0, 0.5))}
-    order = ["training", "measured"] if jobs == 1 else ["any", "training"]
+    # With two jobs the kill while training comes first: a random moment first can fall after both runs trained on
+    # a fast machine, leaving no training for the second kill to interrupt.
+    order = ["training", "measured"] if jobs == 1 else ["training", "any"]
     measured: dict[str, bytes] = {}
     landed, children, said = 0, [], []
     try:
