@@ -26,6 +26,7 @@ from torch.profiler import ProfilerActivity, profile
 from s2hc.models import Transformer, get_preset
 
 GEMMS = {"aten::mm", "aten::addmm", "aten::bmm"}
+CATEGORIES = ("GEMMs", "fused kernels", "AdamW", "other", "total")
 ADAMW = {"aten::sqrt", "aten::div", "aten::mul_", "aten::addcdiv_", "aten::lerp_", "aten::addcmul_", "aten::add_"}
 
 
@@ -56,22 +57,22 @@ def gemm_key(name: str, input_shapes: list) -> str:
     return f"{name.removeprefix('aten::')} {dims[0]} @ {dims[1]}"
 
 
-def categories(step, shapes: bool, steps: int) -> dict[str, float]:
-    """Self CPU ms per step of ``steps`` profiled calls of ``step`` by category; with ``shapes``, also
-    ``"GEMM SHAPES"`` keys (ms) and ``"calls GEMM SHAPES"`` keys (calls per step)."""
+def categories(step, shapes: bool, steps: int) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """Self CPU ms per step of ``steps`` profiled calls of ``step``: by category, and (with ``shapes``, else empty)
+    by GEMM shape as ``(ms, calls)`` per step."""
     with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
         for _ in range(steps):
             step()
-    totals = dict.fromkeys(("GEMMs", "fused kernels", "AdamW", "other"), 0.0)
-    by_shape: dict[str, float] = {}
+    totals = dict.fromkeys(CATEGORIES[:-1], 0.0)
+    gemms: dict[str, tuple[float, float]] = {}
     for event in prof.key_averages(group_by_input_shape=shapes):
         name, ms = event.key, event.self_cpu_time_total / 1e3 / steps
         if name in GEMMS:
             totals["GEMMs"] += ms
             if shapes:
                 key = gemm_key(name, event.input_shapes)
-                by_shape[key] = by_shape.get(key, 0.0) + ms
-                by_shape["calls " + key] = by_shape.get("calls " + key, 0.0) + event.count / steps
+                before_ms, before_calls = gemms.get(key, (0.0, 0.0))
+                gemms[key] = (before_ms + ms, before_calls + event.count / steps)
         elif "cpp_fused" in name or "triton_" in name:
             totals["fused kernels"] += ms
         elif name in ADAMW or "Optimizer" in name:
@@ -79,22 +80,25 @@ def categories(step, shapes: bool, steps: int) -> dict[str, float]:
         else:
             totals["other"] += ms
     totals["total"] = sum(totals.values())
-    return {**totals, **by_shape}
+    return totals, gemms
 
 
-def print_shapes(samples: dict[str, list[dict[str, float]]], categories_keys: list[str]) -> None:
+def print_shapes(samples: dict[str, list[dict[str, tuple[float, float]]]]) -> None:
     """Every GEMM shape of every model, median ms and calls per step, and each family's extra over residual."""
-    medians = {m: {k: statistics.median(r.get(k, 0.0) for r in rows) for k in {k for r in rows for k in r}}
+    none = (0.0, 0.0)
+    medians = {m: {key: tuple(statistics.median(r.get(key, none)[i] for r in rows) for i in (0, 1))
+                   for key in {key for r in rows for key in r}}
                for m, rows in samples.items()}
-    shapes = sorted({k for m in medians.values() for k in m if k not in categories_keys and not k.startswith("calls ")},
-                    key=lambda k: -max(m.get(k, 0.0) for m in medians.values()))
+    keys = sorted({key for m in medians.values() for key in m},
+                  key=lambda key: -max(m.get(key, none)[0] for m in medians.values()))
+    families = [m for m in medians if m != "residual"]
     print("\n| GEMM | " + " | ".join(f"{m} ms (calls)" for m in medians) + " | " +
-          " | ".join(f"{m} - residual" for m in medians if m != "residual") + " |")
-    print("|---|" + "---:|" * (2 * len(medians) - 1))
-    base = medians["residual"]
-    for key in shapes:
-        cells = [f"{m.get(key, 0.0):,.1f} ({m.get('calls ' + key, 0.0):.0f})" for m in medians.values()]
-        extra = [f"{m.get(key, 0.0) - base.get(key, 0.0):+,.1f}" for name, m in medians.items() if name != "residual"]
+          " | ".join(f"{m} - residual" for m in families) + " |")
+    print("|---|" + "---:|" * (len(medians) + len(families)))
+    for key in keys:
+        cells = [f"{ms:,.1f} ({calls:.0f})" for ms, calls in (m.get(key, none) for m in medians.values())]
+        base = medians["residual"].get(key, none)[0]
+        extra = [f"{medians[m].get(key, none)[0] - base:+,.1f}" for m in families]
         print(f"| `{key}` | " + " | ".join(cells + extra) + " |")
 
 
@@ -118,17 +122,20 @@ def main() -> None:
     inductor_config.cpp.enable_kernel_profile = True  # name inductor's kernels in the profile
     steps = {m: make_step(args.preset, m, args.layers, args.streams, args.batch_size, args.seq_len)
              for m in ["residual", *args.families.split(",")]}
-    samples: dict[str, list[dict[str, float]]] = {m: [] for m in steps}
+    totals: dict[str, list[dict[str, float]]] = {m: [] for m in steps}
+    gemms: dict[str, list[dict[str, tuple[float, float]]]] = {m: [] for m in steps}
     for _ in range(args.repeats):
         for mixer, step in steps.items():
-            samples[mixer].append(categories(step, args.shapes, args.steps))
-    keys = ["GEMMs", "fused kernels", "AdamW", "other", "total"]
-    print("| mixer | " + " | ".join(keys) + " |")
-    print("|---|" + "---:|" * len(keys))
-    for mixer, rows in samples.items():
-        print(f"| {mixer} | " + " | ".join(f"{statistics.median(r[k] for r in rows):,.0f} ms" for k in keys) + " |")
+            by_category, by_shape = categories(step, args.shapes, args.steps)
+            totals[mixer].append(by_category)
+            gemms[mixer].append(by_shape)
+    print("| mixer | " + " | ".join(CATEGORIES) + " |")
+    print("|---|" + "---:|" * len(CATEGORIES))
+    for mixer, rows in totals.items():
+        cells = [f"{statistics.median(r[k] for r in rows):,.0f} ms" for k in CATEGORIES]
+        print(f"| {mixer} | " + " | ".join(cells) + " |")
     if args.shapes:
-        print_shapes(samples, keys)
+        print_shapes(gemms)
 
 
 if __name__ == "__main__":
