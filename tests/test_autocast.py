@@ -53,7 +53,7 @@ def bf16_autocast():
 
 @pytest.mark.parametrize("path", PATHS)
 def test_identity_with_a_zero_branch_returns_the_streams_bit_for_bit(path):
-    """The issue's reproduction: before, the read/mix matmul ran in bfloat16 and rounded X by ~2e-3."""
+    """The fault reproduced: the read/mix matmul once ran in bfloat16 and rounded X by ~2e-3."""
     hc = call(s2hc.HyperConnection(C, N, family="identity", fused=path != "reference",
                                    kernels="triton" if path == "triton" else "torch"), path)
     x = streams()

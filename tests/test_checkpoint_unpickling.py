@@ -1,4 +1,4 @@
-"""Loading a sharded checkpoint never runs code the files name (issue 22, item 1; item 14).
+"""Loading a sharded checkpoint never runs code the files name.
 
 torch.distributed.checkpoint unpickles ``checkpoint.dcp/.metadata`` with ``pickle.load`` and non-tensor values
 with ``torch.load(weights_only=False)``. These tests craft run directories that would run code through either
@@ -192,7 +192,7 @@ def test_a_shard_file_outside_the_directory_is_refused(run, name):
         load_model(run)
 
 
-# ------------------------------------------------------------- item 14: damaged or foreign checkpoint.dcp/
+# ---------------------------------------------------------------------- damaged or foreign checkpoint.dcp/
 
 
 def test_garbage_metadata_is_refused_in_one_line(run, capsys):

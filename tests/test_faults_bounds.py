@@ -1,4 +1,4 @@
-"""Every count bounded, every silently ignored or duplicated setting refused (issue 22, items 8-11, 13b, 21).
+"""Every count bounded, every silently ignored or duplicated setting refused.
 
 A count read from a file or a flag (Sinkhorn iterations, seeds, layers, the n! permutation table) has a documented
 maximum checked where that value is validated, so a 1 KB edit cannot make a command run for ever or run out of

@@ -1,4 +1,4 @@
-"""No traceback for a user's mistake (issue 13, items 5, 6, 7, 12, 13): every bad command line, unwritable output
+"""No traceback for a user's mistake: every bad command line, unwritable output
 path, full disk and bad model ends in one line ``s2hc CMD: error: ...`` naming the argument or file, with exit
 status 2 (1 for a run that failed on a full disk or out of memory); a real bug still raises.
 
@@ -124,7 +124,7 @@ def test_a_bad_command_line_ends_in_one_line_naming_what_is_wrong(argv, status, 
 
 
 def test_the_entry_point_prints_no_traceback(tmp_path):
-    # The real executable, as the issue ran it: a non-finite lr is refused before any data is read.
+    # The real executable, as a user runs it: a non-finite lr is refused before any data is read.
     command = [sys.executable, "-m", "s2hc", "train", "--max-steps", "1", "--batch-size", "2", "--seq-len", "32",
                "--set", "lr=.inf", "--out", str(tmp_path / "X")]
     process = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)

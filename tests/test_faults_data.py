@@ -1,4 +1,4 @@
-"""Damaged inputs and impossible sizes (issue 13, items 4 and 9): a damaged data file is refused with a ValueError
+"""Damaged inputs and impossible sizes: a damaged data file is refused with a ValueError
 naming it and what is wrong (never a BadGzipFile, EOFError or UnicodeDecodeError traceback, never trained on
 silently), and ``s2hc params`` counts factorial families without building the n! permutations."""
 
@@ -30,7 +30,7 @@ def records(n: int = 2000) -> bytes:
 
 
 def write_damaged(kind: str, directory: Path) -> Path:
-    """A file of ``kind``, damaged the way the issue found them."""
+    """A file of ``kind``, damaged as ``kind`` says."""
     rng = random.Random(0)
     if kind == "jsonl.gz that is not gzip":
         path, data = directory / "a.jsonl.gz", records(10)

@@ -1,5 +1,5 @@
 """Settings that can only fail late are refused early, and what still fails at the first step leaves nothing that
-blocks the corrected command (issue 22, items 5, 12 and 13)."""
+blocks the corrected command."""
 
 from __future__ import annotations
 

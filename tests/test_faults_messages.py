@@ -1,4 +1,4 @@
-"""A damaged or foreign file ends in one line naming the file and what is wrong, exit 2 (issue 22).
+"""A damaged or foreign file ends in one line naming the file and what is wrong, exit 2.
 
 Each case once ended in a traceback (TypeError, AttributeError, KeyError, UnpicklingError, LinAlgError) or in a
 line that named no file ("Expecting value: line 1 column 1"). They run through :func:`s2hc.cli.main`, as

@@ -1,4 +1,4 @@
-"""Writes that are complete or absent (issue 22, items 3, 4 and 5b, and the study's report).
+"""Writes that are complete or absent: ``export``, ``upcycle`` and the study's report.
 
 - ``s2hc export`` builds its directory beside the target and swaps it in whole: a full disk while re-exporting
   keeps the previous export (its config with its own weights), a SIGKILL while building leaves the previous

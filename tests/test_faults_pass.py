@@ -1,4 +1,4 @@
-"""A fault-injection pass over the newer commands (issue 22, deliverable 4): ``kill -9`` at random moments of
+"""A fault-injection pass over the newer commands: ``kill -9`` at random moments of
 ``export``, ``upcycle``, ``study`` (``--jobs 1`` and ``2``) and ``eval --out``, and a real full disk (a small
 tmpfs) under each.
 

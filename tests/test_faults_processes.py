@@ -1,15 +1,14 @@
 """Processes that must not outlive, or ignore, the one that runs them; files that must not be taken for ours.
 
-The reproductions of issue 22, items 5c, 6, 7 and 10b, on real processes (``python -m s2hc``) with a small
-model:
+Reproduced on real processes (``python -m s2hc``) with a small model:
 
-- 6: ``kill -9`` of ``s2hc study`` takes its ``s2hc train`` child with it (Linux: a parent-death signal), so the
+- ``kill -9`` of ``s2hc study`` takes its ``s2hc train`` child with it (Linux: a parent-death signal), so the
   study called again takes over the dead child's lock and goes on; a run of several processes (torchrun and its
   workers) goes too; a lock whose holder is a zombie is taken over;
-- 7: whatever ends the study's runner (an exception, here a log whose pipe is gone), no child is left running:
+- whatever ends the study's runner (an exception, here a log whose pipe is gone), no child is left running:
   SIGTERM, then SIGKILL after a grace period, and every child reaped;
-- 10b: the first SIGINT/SIGTERM asks for a stop after the current step and says so; a second one stops at once;
-- 5c: opening a run directory removes only the temporary files s2hc itself names, never a user's ``.*.tmp``.
+- the first SIGINT/SIGTERM asks for a stop after the current step and says so; a second one stops at once;
+- opening a run directory removes only the temporary files s2hc itself names, never a user's ``.*.tmp``.
 """
 
 from __future__ import annotations
@@ -97,7 +96,7 @@ def start_study(config: Path, out: Path, err: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=err.open("w"), start_new_session=True)
 
 
-# ------------------------------------------------------------- item 6: kill -9 of a study takes its runs
+# --------------------------------------------------------------------- kill -9 of a study takes its runs
 
 
 @needs_linux
@@ -185,7 +184,7 @@ def test_kill_9_of_the_parent_of_a_multi_process_run_takes_torchrun_and_its_work
     wait_until(lambda: all(gone(pid) for pid in tree), "torchrun and its workers to die with the parent", timeout=30)
 
 
-# ----------------------------------------------------- item 7: no run outlives the study's runner
+# ------------------------------------------------------------- no run outlives the study's runner
 
 
 def test_an_error_in_a_parallel_study_stops_and_reaps_every_run(corpus_file, cache, tmp_path, monkeypatch):
@@ -236,7 +235,7 @@ def test_stopping_children_sends_sigterm_then_sigkill_after_the_grace_period(tmp
                 process.kill()
 
 
-# ------------------------------------------------------------- item 10b: a second signal stops at once
+# ----------------------------------------------------------------------- a second signal stops at once
 
 
 def _catches(pid: int, signum: int) -> bool:
@@ -277,7 +276,7 @@ def test_a_second_signal_stops_a_long_step_at_once(corpus_file, cache, tmp_path,
     assert not (run / LOCK).exists() and not list(run.glob(".*.tmp"))
 
 
-# ---------------------------------------------------- item 5c: only s2hc's own temporary files are removed
+# ------------------------------------------------------------- only s2hc's own temporary files are removed
 
 KILLED_SAVE = """
 import os, signal, sys

@@ -1,6 +1,6 @@
 """Fault injection on real training runs: nothing in a run directory is ever lost or corrupted.
 
-The reproductions of issue 13 (items 1, 2, 3, 8, 10, 11, 13): training into an existing run, two runs into one
+The faults reproduced: training into an existing run, two runs into one
 directory, non-finite weights, optimizer state and validation loss, temporary files of killed saves, a
 bit-flipped checkpoint, a cut metrics line, a mistyped ``--resume``; and a full disk while saving, SIGKILL at
 random moments of training and saving, a concurrent run, a comparison's runs. Small model, a few steps each.
@@ -72,7 +72,7 @@ def error_line(capsys) -> str:
     return err.strip().splitlines()[-1]
 
 
-# ------------------------------------------------------------------- item 1: a run is never overwritten
+# --------------------------------------------------------------------------- a run is never overwritten
 
 
 def test_training_into_an_existing_run_is_refused_and_overwrite_replaces_it(config, capsys):
@@ -121,7 +121,7 @@ def test_resume_of_a_run_killed_before_its_first_checkpoint_starts_it_again(conf
         train(config.replace(seed=5), resume=True)
 
 
-# --------------------------------------------------------------------- item 2: one process per directory
+# ----------------------------------------------------------------------------- one process per directory
 
 
 def test_a_second_run_into_a_directory_in_use_is_refused_and_the_first_is_unharmed(config, capsys):
@@ -152,7 +152,7 @@ def test_a_second_run_into_a_directory_in_use_is_refused_and_the_first_is_unharm
     assert not (Path(first.out) / LOCK).exists()
 
 
-# ------------------------------------------------------------------------ item 3: nothing non-finite kept
+# -------------------------------------------------------------------------------- nothing non-finite kept
 
 
 def _infinite_learning_rate_at(monkeypatch, bad_step: int) -> None:
@@ -214,7 +214,7 @@ def test_a_non_finite_optimizer_state_is_never_saved(config, monkeypatch):
     assert load_checkpoint(config.out).step == 2
 
 
-# ---------------------------------------------------- items 8, 10, 11: leftovers, bit rot, cut metrics
+# --------------------------------------------------------------------- leftovers, bit rot, cut metrics
 
 
 def test_temporary_files_of_killed_saves_are_removed_on_the_next_start(config, capsys):

@@ -1,4 +1,4 @@
-"""No host sync in a training step (issue 29), proved on the CPU: a dispatch mode records every op that makes the
+"""No host sync in a training step, proved on the CPU: a dispatch mode records every op that makes the
 host wait for the device on CUDA, and the training loop's steps record none but at a read (a logging step).
 
 :class:`HostSyncs` sees the ATen ops a step dispatches (``TorchDispatchMode``): ``aten._local_scalar_dense``
@@ -267,7 +267,7 @@ def test_a_reintroduced_sync_is_caught(corpus_file, tmp_path, monkeypatch):
 
     def read_on_the_host(*args, **kwargs):
         loss = real(*args, **kwargs)
-        loss.item()  # as the loop did before issue 29
+        loss.item()  # as the loop did before its steps were made sync-free
         return loss
 
     monkeypatch.setattr(loop.F, "cross_entropy", read_on_the_host)

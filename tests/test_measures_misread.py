@@ -1,4 +1,4 @@
-"""Diagnostics that cannot be misread (issue 24): the rotation angle, the spectrum slope and the negative share with
+"""Diagnostics that cannot be misread: the rotation angle, the spectrum slope and the negative share with
 its tolerance on constructed matrices and against independent references; the connections whose ``H_res`` cannot
 change the output, found from the model and checked by perturbing them, reported apart by ``summarize``; and the
 study report built from rows written before these measures (a dash) and after (values)."""

@@ -1,5 +1,5 @@
 """The core imports and the CLI start without any extra: the next import of an optional package at a module's top
-level is caught here in seconds, not by a pip user (issue: `make demo` failed on a fresh clone).
+level is caught here in seconds, not by a pip user (as when `make demo` failed on a fresh clone).
 
 In a child process every package of :data:`s2hc.extras.EXTRA_OF` is made unimportable (``sys.modules[name] =
 None``, which ``import`` and ``importlib.util.find_spec`` both treat as absent) before s2hc is imported; then

@@ -1,5 +1,5 @@
-"""A sharded safetensors checkpoint's index reads only files inside its directory (issue 22, item 1's sibling:
-path traversal; item 16: malformed indexes).
+"""A sharded safetensors checkpoint's index reads only files inside its directory (path traversal, the sibling of
+tests/test_checkpoint_unpickling.py's unpickling), and a malformed index is refused.
 
 ``model.safetensors.index.json`` maps tensor names to shard files; s2hc joined them to the directory unchecked,
 so ``"../other/model.safetensors"`` or an absolute path made ``diagnose --static`` and ``upcycle`` read another
@@ -107,7 +107,7 @@ def test_shards_inside_the_directory_still_load_symlinks_within_it_and_a_hub_cac
     assert set(read_safetensors(snapshot)[0]) == set(TENSORS)
 
 
-# ------------------------------------------------------------------------------ item 16: malformed indexes
+# --------------------------------------------------------------------------------------- malformed indexes
 
 
 @pytest.mark.parametrize("content, message", [

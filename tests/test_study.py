@@ -293,7 +293,7 @@ def test_a_grid_from_a_residual_run_refuses_families_that_cannot_keep_its_functi
     assert len(parse_spec({"train": train, "families": ["residual", "s2hc"], "seeds": 2}).runs()) == 4
 
 
-def test_the_committed_study_is_the_grid_the_issue_asks_for():
+def test_the_committed_study_is_the_planned_grid():
     spec = load_spec(ROOT / "configs" / "study-tiny.yaml")
     labels = {c.label for c in spec.configurations}
     for family in ("hc", "mhc", "mhc-lite", "kromhc", "s2hc", "identity", "orthogonal", "isometric"):

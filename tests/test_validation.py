@@ -1,5 +1,5 @@
-"""Every value checked by type and range before anything runs (issue 13, items 3, 6, 12): TrainConfig's fields and
-family options, the argument checks of ``s2hc.checks``, and what ``HyperConnection`` accepts as input."""
+"""Every value checked by type and range before anything runs: TrainConfig's fields and family options, the
+argument checks of ``s2hc.checks``, and what ``HyperConnection`` accepts as input."""
 
 from __future__ import annotations
 
