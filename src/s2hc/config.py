@@ -30,6 +30,7 @@ from .data.stream import STREAMING_CHOICES
 from .data.tokenizer import required_packages as tokenizer_packages
 from .devices import AUTOCAST_NAMES, DEVICE_NAME
 from .extras import check_available
+from .init_rng import DEFAULT_INIT_RNG, check_init_rng
 from .loggers import logger_packages, parse_loggers
 from .mixers import GATED_RESIDUAL, RESIDUAL, check_family, default_streams
 from .models import get_preset
@@ -155,6 +156,10 @@ class TrainConfig:
     grad_clip: float = _setting(1.0, "gradient-norm clipping (0: off)", SCHEDULE)
     # the run: where it starts from, what it records, where it runs
     seed: int = _setting(1337, "seed of initialisation and data order", RUN, grid=True)
+    init_rng: str = _setting(
+        DEFAULT_INIT_RNG, "where the initial weights' random values come from: 'per_parameter' (each parameter from "
+        "its own generator, seeded by the seed and its name: runs that differ in one option share every other "
+        "weight) or 'sequential' (torch's global generator in module order, before per_parameter)", RUN)
     init_from: str | None = _setting(
         None, "run directory or checkpoint whose weights start this run (a residual one is upcycled to the run's "
         "family, see `s2hc upcycle`); the optimizer and the schedule start fresh", RUN, inherited=False)
@@ -204,6 +209,7 @@ class TrainConfig:
             raise ValueError(f"weight_decay_on must be one of {list(WEIGHT_DECAY_RULES)}, got {self.weight_decay_on!r}")
         if self.parallel not in PARALLEL_MODES:
             raise ValueError(f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}")
+        check_init_rng(self.init_rng)
         if self.streaming not in STREAMING_CHOICES:
             raise ValueError(f"streaming must be one of {list(STREAMING_CHOICES)}, got {self.streaming!r}")
         if self.dtype not in AUTOCAST_NAMES:
@@ -332,7 +338,7 @@ class TrainConfig:
 
 #: What s2hc computed before a field existed, where that is not the field's default: a run configured before it
 #: resumes computing what it did (before ``streaming``, every source was tokenised whole before step 1).
-BEFORE_FIELD = {"streaming": "never"}
+BEFORE_FIELD = {"streaming": "never", "init_rng": "sequential"}
 
 
 def completed_settings(stored: dict[str, Any]) -> dict[str, Any]:

@@ -70,3 +70,34 @@ def autocast_dtype(name: str, device: torch.device) -> torch.dtype | None:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
     return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name with its family, model and stepping where ``/proc/cpuinfo`` has them (a VM's name
+    alone, "Intel(R) Xeon(R) Processor", tells two CPU generations apart only by them); ``platform.processor()`` or
+    the machine's architecture where there is no such file."""
+    import platform
+
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if not key and fields:  # the first processor's block ends
+                    break
+                if key in ("model name", "cpu family", "model", "stepping"):
+                    fields.setdefault(key, value.strip())
+    except OSError:
+        pass
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    ids = ", ".join(f"{key} {fields[key]}" for key in ("cpu family", "model", "stepping") if key in fields)
+    return f"{name} ({ids})" if ids else name
+
+
+def platform_record(device: torch.device) -> dict[str, object]:
+    """What decides a run's rounding besides its code and settings: the CPU model and the vector instructions
+    torch's kernels use on it, the torch build, torch's thread count and the device (the GPU's name on CUDA). A training run records it at every start."""
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "device": gpu or device.type}

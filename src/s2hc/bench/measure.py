@@ -40,7 +40,7 @@ from torch import nn
 
 from ..config import parse_assignment
 from ..connection import COMPUTE_OPTIONS, GatedResidual, HyperConnection, set_connection_options
-from ..devices import autocast_dtype
+from ..devices import autocast_dtype, cpu_model
 from ..extras import is_available, require
 from ..mixers import GATED_RESIDUAL, REFERENCE_FAMILY, RESIDUAL, check_family
 from ..mixers import get as mixer_class
@@ -536,16 +536,7 @@ def benchmark_coefficients(
 def machine_description(device: torch.device | str | None = None) -> str:
     """One line: CPU model, torch threads, the GPU when there is one, torch version, and with ``device``
     the device the benchmarks ran on (``"cpu"``, or ``"cuda"`` with the GPU's name)."""
-    import platform
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        if names:
-            cpu = names[0]
-    except OSError:
-        pass
+    cpu = cpu_model()
     gpu = f", GPU {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
     line = f"{cpu}, {torch.get_num_threads()} torch threads{gpu}; torch {torch.__version__}"
     if device is not None:

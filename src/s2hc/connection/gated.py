@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checks import check_float, check_int, check_streams
+from ..init_rng import Draw
 from ..mixers import GATED_RESIDUAL, GATED_RESIDUAL_OPTIONS
 from ..mixers.base import coefficient_dtype
 from .base import _stream_precision, call_branch, check_stream_tensor
@@ -74,6 +75,10 @@ class GatedHead(nn.Module):
     @property
     def family(self) -> str:
         return GATED_RESIDUAL
+
+    def random_init(self) -> dict[str, Draw]:
+        """The parameters that start random, and how (:mod:`s2hc.init_rng`): every projection N(0, 0.02²)."""
+        return {name: Draw("normal", GATE_INIT_STD) for name in self.projections}
 
     def _check_streams(self, x: torch.Tensor) -> None:
         check_stream_tensor(x, self.n_streams, self.dim)

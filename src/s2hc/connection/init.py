@@ -32,9 +32,11 @@ import math
 
 import torch
 
+from ..init_rng import Draw
+
 __all__ = [
     "DEFAULT_SPREAD", "GATE_INITS", "PROJECTION_INITS", "check_gate_init", "check_projection_init", "gate_biases",
-    "initial_projection", "projection_std", "residual_targets", "upcycling_biases",
+    "initial_projection", "projection_draw", "projection_std", "residual_targets", "upcycling_biases",
 ]  # fmt: skip
 
 PROJECTION_INITS = ("zero", "normal")
@@ -70,8 +72,13 @@ def initial_projection(shape: tuple[int, int], dim: int, projection_init: str) -
     reproducible)."""
     projection = torch.zeros(shape)
     if check_projection_init(projection_init) == "normal":
-        projection.normal_(0.0, projection_std(dim))
+        projection_draw(dim).fill_(projection)
     return projection
+
+
+def projection_draw(dim: int) -> Draw:
+    """How ``projection_init="normal"`` draws: N(0, :func:`projection_std` ``(dim)²``)."""
+    return Draw("normal", projection_std(dim))
 
 
 def residual_targets(n_streams: int, layer_index: int, spread: float = DEFAULT_SPREAD) -> tuple[torch.Tensor, ...]:

@@ -14,11 +14,12 @@ from torch.utils.checkpoint import checkpoint
 from .. import mixers
 from ..checks import check_float, check_int, check_streams
 from ..extras import check_available
+from ..init_rng import Draw
 from ..mixers import GATED_RESIDUAL, RESIDUAL, check_family
 from ..mixers.base import coefficient_dtype, scale_parameter
 from .base import ComputePath, _stream_precision, call_branch, check_stream_tensor
 from .gated import GatedResidual
-from .init import check_gate_init, check_projection_init, gate_biases, initial_projection
+from .init import check_gate_init, check_projection_init, gate_biases, initial_projection, projection_draw
 from .paths import KERNELS, select_path
 
 COMPUTE_OPTIONS = ("fused", "recompute", "kernels")  # how a connection computes, not what: HyperConnection.set_options
@@ -179,6 +180,13 @@ class HyperConnection(nn.Module):
     def per_stream(self) -> bool:
         """Whether the coefficients come from each stream alone (``hc`` with ``projection="per-stream"``)."""
         return _projects_per_stream(self.mixer)
+
+    def random_init(self) -> dict[str, Draw]:
+        """The parameters that start random, and how (:mod:`s2hc.init_rng`): the projection with
+        ``projection_init="normal"``; nothing else (the gates' biases and the mixer's start are constants)."""
+        if self.mixer is None or self.projection_init != "normal":
+            return {}
+        return {"projection": projection_draw(self.dim)}
 
     def set_options(self, fused: bool | None = None, recompute: bool | None = None, kernels: str | None = None):
         """Change how the connection computes (not what): ``fused``, ``recompute``, ``kernels`` as in the

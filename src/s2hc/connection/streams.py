@@ -4,11 +4,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..checks import check_float, check_int, check_streams
+from ..init_rng import Draw
 from ..mixers.base import coefficient_dtype, scale_parameter
 from .base import _stream_precision
 
@@ -42,6 +45,10 @@ class StreamScaling(nn.Module):
         with torch.no_grad():
             nn.init.xavier_uniform_(self.scale)
             self.scale.add_(self.init)
+
+    def random_init(self) -> dict[str, Draw]:
+        """The parameters that start random, and how (:mod:`s2hc.init_rng`): ``λ`` ~ U(init − a, init + a)."""
+        return {"scale": Draw("uniform", math.sqrt(6.0 / (self.n_streams + self.dim)), self.init)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-2:] != (self.n_streams, self.dim):

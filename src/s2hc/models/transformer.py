@@ -52,6 +52,7 @@ from ..connection import (
     expand_streams,
     reduce_streams,
 )
+from ..init_rng import DEFAULT_INIT_RNG, Draw, check_init_rng, parameter_generator, random_seed, redraw
 from ..mixers import GATED_RESIDUAL
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from .model_config import ModelConfig
@@ -466,13 +467,24 @@ class Transformer(nn.Module):
 
     Either way the RoPE tables and masks come from :func:`attention_inputs` and the blocks run in
     :meth:`run_blocks`, so subclasses that change the streams' layout reuse both.
+
+    ``init_rng`` / ``init_seed``: where the random initial values come from (:mod:`s2hc.init_rng`).
+    ``"per_parameter"`` (default): each parameter from a generator seeded by (``init_seed``, its qualified name,
+    its distribution), ``init_seed`` one draw of torch's global generator when not given, so that models of two
+    configurations built with one seed share every parameter they both have. ``"sequential"``: torch's global
+    generator in module order (``init_seed`` unused).
     """
 
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, *, init_rng: str = DEFAULT_INIT_RNG, init_seed: int | None = None):
         super().__init__()
         if not isinstance(config, ModelConfig):
             raise ValueError(f"config must be a ModelConfig, got {type(config).__name__}")
         self.config = config
+        self.init_rng = check_init_rng(init_rng)
+        # The seed of every parameter's own generator (per parameter; one draw of the global one when not given).
+        self.init_seed = None
+        if init_rng == "per_parameter":
+            self.init_seed = random_seed() if init_seed is None else check_int("init_seed", init_seed, minimum=0)
         self.embed = nn.Embedding(config.vocab_size, config.dim)
         self.pos_embed = nn.Embedding(config.max_seq_len, config.dim) if config.pos == "learned" else None
         self.stream_scale = None
@@ -491,6 +503,8 @@ class Transformer(nn.Module):
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
+        if self.init_seed is not None:  # the connections', the head's and LSS's draws, each from its own generator
+            redraw(self, self.init_seed)
         self.init_weights()
 
     @torch.no_grad()
@@ -505,34 +519,44 @@ class Transformer(nn.Module):
           ``down_proj`` ~ N(0, (1 / (sqrt(C) · L))²). ``init_std`` is not used.
 
         Either way biases are 0 and norms the identity (weight 1, or 0 for Gemma's ``1 + w`` RMSNorm; LayerNorm
-        bias 0).
+        bias 0). The random weights come from ``init_rng`` (:mod:`s2hc.init_rng`): each from its own
+        generator (``"per_parameter"``, the same values on every call) or from torch's global one in module order
+        (``"sequential"``).
         """
-        std, out_std = self._weight_stds()
-
-        def linear(module: nn.Linear | None, sigma: float) -> None:
-            if module is None:
-                return
-            nn.init.normal_(module.weight, mean=0.0, std=sigma)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-
-        nn.init.normal_(self.embed.weight, mean=0.0, std=std)
-        if self.pos_embed is not None:
-            nn.init.normal_(self.pos_embed.weight, mean=0.0, std=std)
+        for name, draw in self._weight_draws().items():
+            generator = None if self.init_seed is None else parameter_generator(self.init_seed, name, draw.kind)
+            draw.fill_(self.get_parameter(name), generator)
+        linears = [self.lm_head] if not self.config.tie_embeddings else []
         for block in self.blocks:
             attn, mlp = block.attn, block.mlp
-            for proj in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj):
-                linear(proj, std)
-            linear(attn.o_proj, out_std)
-            linear(mlp.down_proj, out_std)
+            linears += [attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj, attn.o_proj, mlp.down_proj]
             for norm in (block.attn_norm, block.attn_post_norm, block.mlp_norm, block.mlp_post_norm,
                          attn.q_norm, attn.k_norm):  # fmt: skip
                 if norm is not None:
                     norm.reset_parameters()
+        for linear in linears:
+            if linear is not None and linear.bias is not None:
+                nn.init.zeros_(linear.bias)
         if not isinstance(self.norm, nn.Identity):
             self.norm.reset_parameters()
+
+    def _weight_draws(self) -> dict[str, Draw]:
+        """The random weights :meth:`init_weights` draws, by qualified name, in the order the sequential draw takes
+        them (embeddings, then block by block q, k, v, gate, up, o, down, then an untied LM head)."""
+        std, out_std = self._weight_stds()
+        draws = {"embed.weight": Draw("normal", std)}
+        if self.pos_embed is not None:
+            draws["pos_embed.weight"] = Draw("normal", std)
+        for index, block in enumerate(self.blocks):
+            branches = {"attn": block.attn, "mlp": block.mlp}
+            for branch, proj, sigma in (("attn", "q_proj", std), ("attn", "k_proj", std), ("attn", "v_proj", std),
+                                        ("mlp", "gate_proj", std), ("mlp", "up_proj", std),
+                                        ("attn", "o_proj", out_std), ("mlp", "down_proj", out_std)):
+                if getattr(branches[branch], proj) is not None:
+                    draws[f"blocks.{index}.{branch}.{proj}.weight"] = Draw("normal", sigma)
         if not self.config.tie_embeddings:
-            linear(self.lm_head, std)
+            draws["lm_head.weight"] = Draw("normal", std)
+        return draws
 
     def _weight_stds(self) -> tuple[float, float]:
         """``(std, out_std)`` of :meth:`init_weights`: every linear and embedding weight, and the residual output

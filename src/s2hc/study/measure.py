@@ -157,7 +157,7 @@ def rotation_probe(trained: Transformer, config: TrainConfig, batch) -> dict[str
     if not connections or not any(_rotation_parameters(hc) for _, hc in connections):
         return None
     torch.manual_seed(config.seed)  # as training seeded the initial weights
-    initial = Transformer(trained.config)
+    initial = Transformer(trained.config, init_rng=config.init_rng, init_seed=config.seed)
     if config.init_from:  # a run that started from another one's weights (upcycled or continued)
         load_initial_weights(initial, config.init_from)
     drift = []
@@ -239,6 +239,8 @@ def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnost
         "loss_spike": loss_spike([loss for _, loss in train_points]),
         "curves": {"train": [list(p) for p in train_points], "val": [list(p) for p in val_points]},
         "trajectory": trajectory(records),
+        # where it trained (CPU model, torch build, threads, device), per start: what decides its rounding
+        "platform": [{"step": r["step"], **r["platform"]} for r in records if "platform" in r] or None,
         "params": None, "hc_params": None, "diagnostics": None, "rotations": None,
     }
     row["val_ppl"] = math.exp(row["val_loss"]) if row["val_loss"] is not None else None

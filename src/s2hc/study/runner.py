@@ -35,7 +35,7 @@ import torch
 import yaml
 
 from .. import __version__
-from ..config import shown_fields
+from ..config import BEFORE_FIELD, shown_fields
 from ..devices import resolve_device
 from ..extras import check_available
 from ..io import atomic_write_text, check_output_dir, read_json_object
@@ -153,6 +153,8 @@ def _computed(train: Any) -> Any:
     (:func:`~s2hc.config.shown_fields`: a study may add a logger and still grow): what decides its runs."""
     if not isinstance(train, dict):
         return train
+    # A grid recorded before `init_rng` existed drew its weights sequentially; every grid since records the field.
+    train = {"init_rng": BEFORE_FIELD["init_rng"], **train}
     return {key: value for key, value in train.items() if key not in shown_fields()}
 
 

@@ -52,6 +52,7 @@ from ..config import (
     parse_assignment,
 )
 from ..connection import HyperConnection
+from ..init_rng import DEFAULT_INIT_RNG
 from ..mixers import REFERENCE_FAMILY, RESIDUAL, check_family, options
 from ..models.model_config import CONNECTION_OPTIONS
 from ..rundir import load_checkpoint
@@ -252,6 +253,8 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
         raise ValueError(f"{source}: train sets {fixed}, which the grid sets for every run (families, n_streams, "
                          "seeds, --out); remove them from train")
     TrainConfig.from_dict(train)  # unknown keys and bad values, named once, before the grid
+    # Recorded in the grid whether given or not: a grid recorded before the field drew sequentially (runner._computed).
+    train.setdefault("init_rng", DEFAULT_INIT_RNG)
     families = values.get("families")
     if not isinstance(families, list) or not families:
         raise ValueError(f"{source}: 'families' is missing or empty; list at least one family, e.g. [residual, s2hc]")

@@ -36,7 +36,7 @@ from ..data.loader import StreamBatches, TokenBatches, eval_batches
 from ..data.shards import prepare_tokens
 from ..data.stream import ChunkStream, should_stream, validation_tokens
 from ..data.tokenizer import get_tokenizer
-from ..devices import autocast_dtype
+from ..devices import autocast_dtype, platform_record
 from ..diagnostics.collect import gradient_norms, training_diagnostics
 from ..io import WriteError
 from ..loggers import RunLog, open_sinks, parse_loggers
@@ -386,6 +386,8 @@ class _Run:
             if "weight_decay" not in self.metrics.kept_keys:  # once per run (from its first step, or this resume's)
                 self.metrics.write(step=self.step, weight_decay=weight_decay_record(
                     self.model, config.weight_decay, config.weight_decay_on))
+            # at every start: a resumed run may continue on another machine, and its rounding with it
+            self.metrics.write(step=self.step, platform=platform_record(self.device))
         self.tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world_size
         self.pending = PendingSteps(ctx)  # the steps' values not read yet: read_steps reads them
         self.lr = math.nan
@@ -394,7 +396,7 @@ class _Run:
 
     def _build_model(self, saved: Checkpoint | None) -> Transformer:
         torch.manual_seed(self.config.seed)  # the same initial weights on every rank
-        model = Transformer(self.model_config)
+        model = Transformer(self.model_config, init_rng=self.config.init_rng, init_seed=self.config.seed)
         if self.config.init_from and saved is None:  # a resumed run restores its own weights
             load_initial_weights(model, self.config.init_from)
         # Whole blocks recomputed in backward; set before distributed.wrap compiles and shards the blocks.
