@@ -45,3 +45,15 @@ def test_the_recipe_model_starts_as_the_authors_does():
     assert abs(down.std().item() * math.sqrt(width) * layers - 1) < 0.05  # 1 / (sqrt(C) · L)
     assert abs(model.blocks[0].attn.q_proj.weight.std().item() / math.sqrt(2 / (5 * width)) - 1) < 0.05
     assert set(decayed_parameter_names(model, on=config.weight_decay_on)) == {n for n, _ in model.named_parameters()}
+
+
+def test_the_spectrum_at_its_initial_bias_is_one_in_bfloat16():
+    """docs/training.md, "Precision": tanh(4) rounds to exactly 1 in bfloat16, and keeps rounding to 1 down to a
+    pre-activation of artanh(1 − 2⁻⁹) = 3.47 (the midpoint to the next bfloat16 below 1)."""
+    import math
+
+    assert torch.tanh(torch.tensor(4.0)).bfloat16().item() == 1.0
+    edge = math.atanh(1 - 2**-9)
+    assert round(edge, 2) == 3.47
+    assert torch.tanh(torch.tensor(edge + 1e-3, dtype=torch.float64)).bfloat16().item() == 1.0
+    assert torch.tanh(torch.tensor(edge - 1e-3, dtype=torch.float64)).bfloat16().item() < 1.0

@@ -45,11 +45,13 @@ def finish(*args: str) -> subprocess.CompletedProcess:
 
 
 def comparable(out: Path) -> dict:
-    """results.json without what depends on the machine's speed (timing, wall time, the environment)."""
+    """results.json without what depends on the machine's speed (timing, wall time, the environment) and where each
+    start of a run trained (a resumed run has one platform record per start)."""
     results = json.loads((out / "results.json").read_text())
     results.pop("environment")
     for row in results["rows"]:
         row.pop("timing")
+        row.pop("platform")
     return results
 
 
@@ -73,6 +75,10 @@ def test_smoke_study_writes_runs_rows_results_and_report(smoke):
         assert row["curves"]["val"][-1] == [40, row["val_loss"]]
         assert row["grad_norm"]["max"] >= row["grad_norm"]["p95"] >= row["grad_norm"]["median"] > 0
         assert row["timing"]["tokens_per_s"] > 0
+        # where it trained, once (it started once): what decides its rounding
+        (platform,) = row["platform"]
+        assert platform["step"] == 0 and platform["threads"] >= 1 and platform["torch"] == torch.__version__
+        assert platform["cpu"] and platform["cpu_capability"] and platform["device"] == "cpu"
         model, config = load_model(smoke / "runs" / row["name"])  # an ordinary run directory
         assert (model.config.family, config.seed) == (row["family"], row["seed"])
         assert row["params"] == model.num_params() and row["hc_params"] == model.num_connection_params()

@@ -1,0 +1,108 @@
+"""Re-run one cell of every committed study at the current commit and record how far it lands from its row.
+
+    python scripts/rerun_cells.py [--out runs/reruns] [--json docs/reruns/cells.json] [--only STUDY ...]
+
+Each cell is trained as its study trained it (the study config's run config, ``s2hc train`` in a process of its
+own with one thread, as ``s2hc study --jobs 2`` runs on two cores) and its final validation loss is set beside the
+committed row's. The upcycling study's base model (``configs/upcycle-base.yaml``) is trained first. Resumable: a
+cell already in the JSON is kept, a run directory already finished is read again. docs/results.md renders the table
+(its "Rounding" section) from the JSON this writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: committed study directory -> (its config, the cell's configuration label, seed)
+CELLS = {
+    "study": ("configs/study-tiny.yaml", "s2hc n=4", 1),
+    "recipe": ("configs/study-recipe.yaml",
+               "s2hc (projection_init=normal) n=4 [weight_decay_on=all, weight_decay=1.43]", 1),
+    "start": ("configs/study-start.yaml", "mhc (gate_init=residual) n=4", 1),
+    "depth": ("configs/study-depth.yaml", "s2hc n=4 [n_layers=8]", 0),
+    "gated": ("configs/study-gated.yaml", "gated-residual n=4", 1),
+    "gated-lss": ("configs/study-gated-lss.yaml", "mhc n=4 [lss_init=0.6]", 1),
+    "upcycling": ("configs/study-upcycle.yaml", "s2hc n=4", 1),
+}
+UPCYCLE_BASE = ("configs/upcycle-base.yaml", "runs/upcycle-base")
+
+
+def _train(command: list[str], log: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as handle:
+        subprocess.run(command, check=True, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+
+
+def _final(run_dir: Path) -> tuple[float, dict | None]:
+    """The run's last validation loss and its first platform record."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    val = [r["val_loss"] for r in records if "val_loss" in r]
+    platform = next((r["platform"] for r in records if "platform" in r), None)
+    return val[-1], platform
+
+
+def _commit() -> str:
+    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip()
+
+
+def rerun(study: str, out: Path) -> dict:
+    from s2hc.study.runner import Run, prepare, train_command
+    from s2hc.study.spec import load_spec
+
+    config, label, seed = CELLS[study]
+    if study == "upcycling" and not (ROOT / UPCYCLE_BASE[1] / "metrics.jsonl").is_file():
+        _train([sys.executable, "-m", "s2hc", "train", "--config", UPCYCLE_BASE[0], "--out", UPCYCLE_BASE[1],
+                "--no-progress"], out / "upcycle-base.log")
+    spec = load_spec(ROOT / config)
+    configuration = next((c for c in spec.configurations if c.label == label), None)
+    if configuration is None:
+        raise SystemExit(f"{config} has no configuration {label!r}")
+    directory = out / study
+    prepare(spec, directory)
+    run = Run(configuration, seed, directory)
+    committed = json.loads((ROOT / "docs" / study / "results.json").read_text())
+    row = next(r for r in committed["rows"] if r["name"] == run.name)
+    if not (run.run_dir / "metrics.jsonl").is_file() or row["steps"] != _steps(run.run_dir):
+        _train(train_command(run, 1, sys.executable), run.log_path)
+    val_loss, platform = _final(run.run_dir)
+    return {"study": study, "label": label, "seed": seed, "name": run.name, "committed": row["val_loss"],
+            "committed_at": committed["environment"].get("commit"), "rerun": round(val_loss, 6),
+            "difference": round(val_loss - row["val_loss"], 6), "commit": _commit(), "platform": platform}
+
+
+def _steps(run_dir: Path) -> int | None:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r["step"] for r in records if "val_loss" in r]
+    return steps[-1] if steps else None
+
+
+def main(argv: list[str] | None = None) -> None:
+    from s2hc.io import atomic_write_text
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reruns")
+    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "reruns" / "cells.json")
+    parser.add_argument("--only", nargs="*", choices=list(CELLS), default=list(CELLS))
+    args = parser.parse_args(argv)
+    done = json.loads(args.json.read_text()) if args.json.is_file() else {"cells": []}
+    for study in args.only:
+        if any(cell["study"] == study for cell in done["cells"]):
+            continue
+        cell = rerun(study, args.out)
+        done["cells"].append(cell)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.json, json.dumps(done, indent=1) + "\n")
+        print(f"{study}: {cell['name']} {cell['rerun']} against {cell['committed']} ({cell['difference']:+.6f})",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

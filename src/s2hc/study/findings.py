@@ -1,0 +1,540 @@
+"""Findings pages rendered from committed study JSON: no number in a finding is typed by hand.
+
+A findings template is Markdown with expressions in double braces, evaluated over the committed studies::
+
+    From the papers' start s²HC ends {{ start.diff("s2hc n=4", "residual") }} above residual ...
+
+renders ``+0.028 [−0.011, +0.066]``. The names a template sees (:func:`namespace`): one :class:`Study` per
+directory of ``docs/`` that holds a ``results.json`` (``start``, ``recipe``, ``gated_lss``, ...; ``-`` becomes
+``_``), :data:`LEVEL` as ``level`` (95), ``num`` (a literal number that is not a measurement, e.g. a count of
+configurations, rendered as it is given), ``cite`` (a number quoted from a paper, with its source) and the
+formatting helpers of :class:`Number`.
+
+Two kinds of comparison (:meth:`Study.diff`):
+
+- **confirmatory**: a configuration against the baseline its study's config named before the runs (the paired
+  tables of its report), with the report's Holm adjustment over that table;
+- **exploratory**: any other pair, Holm-adjusted over every exploratory comparison of that study the page cites
+  (two passes: the first collects them, the second renders with the adjusted p).
+
+:func:`check_template` refuses a template whose prose holds a digit outside an expression, a code span, a link
+target or a comment, so that a figure cannot enter a finding by hand. :func:`render_pages` renders every page of
+:data:`PAGES`; the test suite fails when a committed page differs from what its template and JSON give.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..io import atomic_write_text
+from . import stats
+from .factorial import effects
+from .report import _baseline_label, _headline_value, _step_time_ratio, _stream_reduce
+from .rows import by_configuration, finished_values, per_seed, smallest_deviation_sigma, stream_usage
+
+__all__ = ["PAGES", "Comparison", "Number", "Study", "check_template", "namespace", "render", "render_pages"]
+
+MINUS = "\u2212"
+LEVEL = round(stats.LEVEL * 100)
+#: Template -> page (relative to the repository root); ``README.md`` is rendered between its markers only.
+PAGES = {"docs/findings/results.md": "docs/results.md", "docs/findings/readme.md": "README.md"}
+README_START, README_END = "<!-- findings: rendered from docs/findings/readme.md -->", "<!-- /findings -->"
+_EXPRESSION = re.compile(r"\{\{(.+?)\}\}")
+# A digit that starts a number, not one inside a name (s2hc, gpt2, bf16, H200, sm_90).
+_LOOSE_DIGIT = re.compile(r"(?<![A-Za-z_0-9])[0-9]")
+# Code, link targets, comments, table separator rows, and seeds named by number (a seed is a run's name, not a value).
+_EXEMPT = re.compile(r"```.*?```|`[^`\n]*`|\]\([^)]*\)|<!--.*?-->|^\|?[\s:|-]+\|[\s:|-]*$"
+                     r"|\bseeds? [0-9]+(?:(?:, | and |–|-| to )[0-9]+)*", re.S | re.M)
+
+
+# ---- numbers -------------------------------------------------------------------------------------------------
+
+
+def _minus(text: str) -> str:
+    """Typographic minus signs (an exponent's stays ASCII: ``8e-11``)."""
+    return re.sub(r"(?<!e)-", MINUS, text)
+
+
+@dataclass(frozen=True)
+class Number:
+    """A value from the JSON, with the formats a page needs; ``str()`` gives 4 significant digits."""
+
+    value: float
+
+    def f(self, digits: int = 3) -> str:
+        """Fixed decimals: ``0.028``."""
+        return _minus(f"{self.value:.{digits}f}")
+
+    def s(self, digits: int = 3) -> str:
+        """Signed fixed decimals: ``+0.028``, ``−0.016``."""
+        return _minus(f"{self.value:+.{digits}f}")
+
+    def g(self, digits: int = 2) -> str:
+        """Significant digits: ``3.9``, ``8e-11``."""
+        return _minus(f"{self.value:.{digits}g}")
+
+    def n(self) -> str:
+        """A count or a large value, thousands grouped by a space: ``8 121``."""
+        return f"{round(self.value):,}".replace(",", " ")
+
+    def pct(self, digits: int = 0) -> str:
+        """A share as a percentage: ``37 %``."""
+        return f"{self.value * 100:.{digits}f} %"
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+    def __str__(self) -> str:
+        return self.g(4)
+
+    # arithmetic on measured values (ratios, differences) stays a Number
+    def __sub__(self, other):
+        return Number(self.value - float(other))
+
+    def __truediv__(self, other):
+        return Number(self.value / float(other))
+
+    def __mul__(self, other):
+        return Number(self.value * float(other))
+
+    def __neg__(self):
+        return Number(-self.value)
+
+    def __abs__(self):
+        return Number(abs(self.value))
+
+    def __lt__(self, other):
+        return self.value < float(other)
+
+
+def _num(value: Any) -> Number:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        raise ValueError("the JSON has no value here")
+    return Number(float(value))
+
+
+@dataclass
+class Comparison:
+    """A paired difference over seeds: ``mean [low, high]`` (Student-t), p, Holm p and its kind."""
+
+    study: str
+    label: str
+    against: str
+    mean: float
+    low: float
+    high: float
+    p: float
+    seeds: list[int]
+    per_seed: dict[int, float]
+    kind: str  # "confirmatory" or "exploratory"
+    holm: float | None = None
+    digits: int = 3
+
+    def d(self, digits: int) -> Comparison:
+        """The same comparison printed with ``digits`` decimals."""
+        return Comparison(**{**self.__dict__, "digits": digits})
+
+    def __str__(self) -> str:
+        k = self.digits
+        return _minus(f"{self.mean:+.{k}f} [{self.low:+.{k}f}, {self.high:+.{k}f}]")
+
+    @property
+    def p_holm(self) -> str:
+        return _p(self.holm)
+
+    @property
+    def verdict(self) -> str:
+        """``indistinguishable`` (Holm p ≥ 1 − level), else ``lower`` / ``higher``."""
+        if self.holm is None or self.holm >= 1 - stats.LEVEL:
+            return "indistinguishable"
+        return "lower" if self.mean < 0 else "higher"
+
+    def cite(self) -> str:
+        """The interval with its seeds, adjusted p and kind: ``+0.003 [−0.014, +0.020] (5 seeds, Holm p 1.00,
+        confirmatory)``."""
+        return f"{self} ({_seed_count(self.seeds)}, Holm p {self.p_holm}, {self.kind})"
+
+    def seed_values(self, digits: int = 3) -> str:
+        """The per-seed differences: ``+0.074, +0.004, ...`` in seed order."""
+        return ", ".join(_minus(f"{self.per_seed[s]:+.{digits}f}") for s in self.seeds)
+
+    @property
+    def sd(self) -> Number:
+        """The standard deviation of the per-seed differences: what a paired test's interval scales with."""
+        return Number(statistics.stdev(self.per_seed[s] for s in self.seeds))
+
+    @property
+    def lower_on(self) -> int:
+        """On how many seeds the difference is below 0."""
+        return sum(self.per_seed[s] < 0 for s in self.seeds)
+
+
+def _p(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return "< 0.001" if value < 0.001 else f"{value:.3f}"
+
+
+def _seed_count(seeds: Iterable[int]) -> str:
+    seeds = list(seeds)
+    return "one seed" if len(seeds) == 1 else f"{len(seeds)} seeds"
+
+
+# ---- a study ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Study:
+    """One committed study's ``results.json``, read as a findings page needs it."""
+
+    name: str
+    results: dict[str, Any]
+    #: every exploratory comparison asked for, for the Holm adjustment of the second pass
+    exploratory: list[Comparison] = field(default_factory=list)
+    adjusted: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    @property
+    def groups(self) -> dict[str, list[dict[str, Any]]]:
+        return by_configuration(self.results["rows"])
+
+    def runs(self, label: str) -> list[dict[str, Any]]:
+        groups = self.groups
+        if label not in groups:
+            raise KeyError(f"study {self.name!r} has no configuration {label!r}; it has {list(groups)}")
+        return groups[label]
+
+    # what the study is
+    @property
+    def run_count(self) -> str:
+        return str(len(self.results["rows"]))
+
+    @property
+    def commit(self) -> str:
+        return f"`{self.results['environment'].get('commit')}`"
+
+    @property
+    def minutes(self) -> str:
+        return f"{self.results['environment']['wall_s'] / 60:.0f}"
+
+    def setting(self, key: str) -> str:
+        """A training setting of the study (``max_steps``, ``lr``, ``model_overrides.dim``), as its config gives it."""
+        value: Any = self.results["study"]["train"]
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                raise KeyError(f"study {self.name!r} sets no {key!r}")
+            value = value[part]
+        return str(value)
+
+    @property
+    def tokens(self) -> str:
+        """Training tokens per run: ``614 k``."""
+        tokens = self.results["rows"][0]["tokens"]
+        return f"{tokens / 1000:.0f} k" if tokens < 10**6 else f"{tokens / 10**6:.1f} M"
+
+    def seeds(self, label: str | None = None) -> str:
+        """``5 seeds`` / ``one seed`` (of ``label``, or of the study)."""
+        if label is None:
+            return _seed_count(self.results["study"]["seeds"])
+        return _seed_count(finished_values(self.runs(label), "val_loss"))
+
+    # per configuration
+    def loss(self, label: str, seed: int | None = None, key: str = "val_loss") -> Number:
+        """The final validation loss (``key``: another row value) of one seed, or its mean over seeds."""
+        values = finished_values(self.runs(label), key)
+        if seed is not None:
+            return _num(values[seed])
+        return _num(statistics.fmean(values.values()))
+
+    def std(self, label: str, key: str = "val_loss") -> Number:
+        """The standard deviation over seeds (sample)."""
+        return _num(statistics.stdev(finished_values(self.runs(label), key).values()))
+
+    def measure(self, label: str, key: str, combine: Callable = statistics.fmean) -> Number:
+        """A trained-model measure (a diagnostics headline key, or ``smallest_sigma``, ``grad_max``, ``spike``,
+        ``step_time`` against residual, ``read``/``write``/``output``/``output_dominant_share`` stream usage),
+        ``combine`` over seeds (mean by default; ``max``, ``min``)."""
+        runs = [r for r in self.runs(label) if r["status"] == "finished"]
+        if key == "step_time":
+            reference = self.groups.get(_baseline_label("residual", runs, self.groups))
+            return _num(_step_time_ratio(runs, reference))
+        values = [self._row_measure(r, key) for r in runs]
+        values = [v for v in values if v is not None and not math.isnan(v)]
+        if not values:
+            raise ValueError(f"study {self.name!r}, {label!r}: no run has {key!r}")
+        return _num(combine(values))
+
+    def _row_measure(self, row: dict[str, Any], key: str) -> float | None:
+        if key == "smallest_sigma":
+            return smallest_deviation_sigma(row)
+        if key == "grad_max":
+            return (row.get("grad_norm") or {}).get("max")
+        if key == "spike":
+            return row.get("loss_spike")
+        if key in ("read", "write", "output", "output_dominant_share"):
+            usage = stream_usage(row)
+            return usage[key] if usage else None
+        if not row.get("diagnostics"):
+            return None
+        return _headline_value(row, key, _stream_reduce(self.results))
+
+    def per_layer(self, label: str, key: str, stat: str = "mean") -> list[Number]:
+        """A per-connection value of every finished seed over its interior connections (``diagnostics[key]``, its
+        ``stat`` where it is a dict of statistics; the connections whose read / write / ``H_res`` cannot change the
+        output left out), flattened: for ranges over connections and seeds (``max(...)``)."""
+        out = []
+        for row in self.runs(label):
+            d = row.get("diagnostics") or {}
+            values = d.get(key)
+            if isinstance(values, dict):
+                values = values.get(stat)
+            prefix = key.split("_", 1)[0]
+            inert = set(d.get(f"{prefix}_inert_layers") if prefix in ("read", "write") else d.get("inert_layers")
+                        or ())
+            out += [Number(float(v)) for i, v in enumerate(values or ()) if i not in inert and v is not None]
+        if not out:
+            raise ValueError(f"study {self.name!r}, {label!r}: no per-connection {key!r}")
+        return out
+
+    def effect(self, name: str, design: int = 0, measure: str = "validation loss") -> Comparison:
+        """A factorial effect of the study config's ``design`` (its index): the effect whose name contains ``name``
+        (``"projection_init:"`` a main effect, ``" × "`` the interaction), confirmatory: pre-stated by the config,
+        Holm over the design's effects for that measure."""
+        groups = self.groups
+        for chosen in (self.results["study"].get("factorial") or ())[design:design + 1]:
+            per_cell = {c["label"]: per_seed(groups.get(c["label"], []), measure) for c in chosen["cells"]}
+            found = [e for e in effects(chosen, per_cell) if len(e["per_seed"]) >= 2]
+            tests = [stats.paired(e["per_seed"], {seed: 0.0 for seed in e["per_seed"]}) for e in found]
+            for e, test, p_holm in zip(found, tests, stats.holm([t["p"] for t in tests])):
+                if name in e["effect"]:
+                    return Comparison(self.name, e["effect"], "0", test["mean"], *test["ci95"], test["p"],
+                                      test["seeds"], e["per_seed"], "confirmatory", p_holm)
+        raise KeyError(f"study {self.name!r} has no factorial effect matching {name!r}")
+
+    # comparisons
+    def diff(self, label: str, against: str) -> Comparison:
+        """``label`` − ``against`` paired over their common seeds (see the module docstring for the two kinds)."""
+        values = finished_values(self.runs(label), "val_loss")
+        baseline = finished_values(self.runs(against), "val_loss")
+        test = stats.paired(values, baseline)
+        if test is None:
+            raise ValueError(f"study {self.name!r}: {label!r} and {against!r} share fewer than two seeds")
+        per_seed = {s: values[s] - baseline[s] for s in test["seeds"]}
+        planned = self._planned()
+        kind = "confirmatory" if (label, against) in planned else "exploratory"
+        comparison = Comparison(self.name, label, against, test["mean"], *test["ci95"], test["p"], test["seeds"],
+                                per_seed, kind)
+        if kind == "confirmatory":
+            comparison.holm = planned[(label, against)]
+        else:
+            if all((c.label, c.against) != (label, against) for c in self.exploratory):
+                self.exploratory.append(comparison)
+            comparison.holm = self.adjusted.get((label, against))
+        return comparison
+
+    def _planned(self) -> dict[tuple[str, str], float]:
+        """The report's paired tables: ``(label, baseline label) -> Holm p over that table``."""
+        groups, out = self.groups, {}
+        for baseline in self.results["study"].get("baselines") or ():
+            entries = []
+            for label, runs in groups.items():
+                base = _baseline_label(baseline, runs, groups)
+                if base is None or base == label:
+                    continue
+                test = stats.paired(finished_values(runs, "val_loss"), finished_values(groups[base], "val_loss"))
+                if test is not None:
+                    entries.append(((label, base), test["p"]))
+            for (key, _), p_holm in zip(entries, stats.holm([p for _, p in entries])):
+                out[key] = p_holm
+        return out
+
+    def adjust(self) -> None:
+        """Holm over the exploratory comparisons collected so far (between the two passes)."""
+        adjusted = stats.holm([c.p for c in self.exploratory])
+        self.adjusted = {(c.label, c.against): p for c, p in zip(self.exploratory, adjusted)}
+
+    @property
+    def exploratory_count(self) -> str:
+        return str(len(self.exploratory))
+
+    def confirmatory_table(self, labels: dict[str, str] | None = None, digits: int = 3) -> str:
+        """The study's planned comparisons as a Markdown table (configuration, against, Δ [CI], Holm p, verdict,
+        seeds); ``labels`` renames configurations for the page."""
+        labels = labels or {}
+        rows = [f"| configuration | against | Δ validation loss [{LEVEL} % CI] | Holm p | verdict | seeds |",
+                "|---|---|---:|---:|---|---:|"]
+        for label, against in self._planned():
+            c = self.diff(label, against).d(digits)
+            rows.append(f"| {labels.get(label, label)} | {labels.get(against, against)} | {c} | {c.p_holm} | "
+                        f"{c.verdict} | {len(c.seeds)} |")
+        return "\n".join(rows)
+
+
+# ---- the same runs trained twice -------------------------------------------------------------------------------
+
+
+@dataclass
+class Differences:
+    """Per seed, one configuration's final validation loss in one study minus the same run's in another (the same
+    config and seed trained again: on another CPU, thread count or commit)."""
+
+    values: dict[int, float]
+
+    @property
+    def largest(self) -> Number:
+        return Number(max(abs(v) for v in self.values.values()))
+
+    @property
+    def median(self) -> Number:
+        return Number(statistics.median(abs(v) for v in self.values.values()))
+
+    @property
+    def seeds(self) -> str:
+        return _seed_count(self.values)
+
+    def __str__(self) -> str:
+        return ", ".join(_minus(f"{self.values[s]:+.4f}") for s in sorted(self.values))
+
+
+def same_runs(a: Study, label_a: str, b: Study, label_b: str) -> Differences:
+    """``a``'s ``label_a`` minus ``b``'s ``label_b``, seed by seed, on the seeds both finished."""
+    va, vb = finished_values(a.runs(label_a), "val_loss"), finished_values(b.runs(label_b), "val_loss")
+    common = sorted(set(va) & set(vb))
+    if not common:
+        raise ValueError(f"{a.name!r} {label_a!r} and {b.name!r} {label_b!r} share no finished seed")
+    return Differences({s: va[s] - vb[s] for s in common})
+
+
+@dataclass
+class Reruns:
+    """``docs/reruns/cells.json`` (scripts/rerun_cells.py): one committed cell per study trained again."""
+
+    cells: list[dict[str, Any]]
+
+    @property
+    def largest(self) -> Number:
+        return Number(max(abs(c["difference"]) for c in self.cells))
+
+    def table(self) -> str:
+        rows = ["| study | run | committed (at) | re-run | difference | where the re-run trained |",
+                "|---|---|---:|---:|---:|---|"]
+        for c in self.cells:
+            where = c.get("platform") or {}
+            machine = ", ".join(str(where.get(k, "?")) for k in ("cpu", "cpu_capability")) \
+                + f", {where.get('threads', '?')} thread(s)"
+            difference = _minus(f"{c['difference']:+.5f}")
+            rows.append(f"| {c['study']} | `{c['name']}` | {c['committed']:.5f} (`{c['committed_at']}`) | "
+                        f"{c['rerun']:.5f} | {difference} | {machine}, `{c['commit']}` |")
+        return "\n".join(rows)
+
+
+# ---- rendering -------------------------------------------------------------------------------------------------
+
+
+def load_studies(docs: Path) -> dict[str, Study]:
+    """Every ``docs/*/results.json`` as a :class:`Study`, by directory name (``-`` as ``_``)."""
+    studies = {}
+    for path in sorted(Path(docs).glob("*/results.json")):
+        studies[path.parent.name.replace("-", "_")] = Study(path.parent.name, json.loads(path.read_text()))
+    return studies
+
+
+def cite(value: str, source: str) -> str:
+    """A number quoted from elsewhere (a paper): rendered as given; ``source`` says where it is from (kept in the
+    template, where a reviewer reads it)."""
+    if not source:
+        raise ValueError("cite() needs the source of the number")
+    return str(value)
+
+
+def num(value: Any) -> str:
+    """A literal number that is not a measurement (a layer count named by a config, a section's number)."""
+    return str(value)
+
+
+def namespace(studies: dict[str, Study], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a template's expressions may name."""
+    return {**studies, "level": LEVEL, "cite": cite, "num": num, "Number": Number, "same_runs": same_runs,
+            "min": min, "max": max, "len": len, "abs": abs, "round": round, "sorted": sorted, **(extra or {})}
+
+
+def check_template(text: str, where: str) -> None:
+    """ValueError naming ``where`` and the line when a digit stands in the prose outside ``{{ }}``, code, a link
+    target, a comment or a table's separator row: every figure in a finding comes from an expression."""
+    literal = _EXPRESSION.sub(lambda m: " " * len(m.group(0)), text)
+    literal = _EXEMPT.sub(lambda m: re.sub(r"\S", " ", m.group(0)), literal)
+    for number, line in enumerate(literal.splitlines(), 1):
+        match = _LOOSE_DIGIT.search(line)
+        if match:
+            raise ValueError(f"{where}:{number}: a number typed into the prose ({text.splitlines()[number - 1]!r}); "
+                             "write it as an expression over the committed JSON ({{ ... }}), or in code")
+
+
+_LET = re.compile(r"\{\{\s*let\(.*\)\s*\}\}")
+
+
+def _evaluate(text: str, names: dict[str, Any], where: str) -> str:
+    """``text`` with its expressions' values; a line holding only ``{{ let("name", expression) }}`` binds ``name``
+    for the expressions after it and is left out of the page."""
+    names = dict(names)
+
+    def let(name: str, value: Any) -> str:
+        names[name] = value
+        return ""
+
+    names["let"] = let
+    out = []
+    for number, line in enumerate(text.splitlines(keepends=True), 1):
+
+        def one(match: re.Match, number=number) -> str:
+            expression = match.group(1).strip()
+            try:
+                return str(eval(expression, {"__builtins__": {}, **names}))  # noqa: S307 - the repository's templates
+            except Exception as error:
+                raise ValueError(f"{where}:{number}: {{{{ {expression} }}}}: {type(error).__name__}: {error}") \
+                    from None
+
+        rendered = _EXPRESSION.sub(one, line)
+        if not _LET.fullmatch(line.strip()):
+            out.append(rendered)
+    return "".join(out)
+
+
+def render(texts: dict[str, str], studies: dict[str, Study], extra: dict[str, Any] | None = None) -> dict[str, str]:
+    """Every template of ``texts`` (``{where: text}``) with its expressions evaluated: a first pass over all of them
+    collects the exploratory comparisons, a second renders them Holm-adjusted over every page. ValueError for a typed
+    number (:func:`check_template`) or a failing expression, naming the template and line."""
+    names = namespace(studies, extra)
+    for where, text in texts.items():
+        check_template(text, where)
+        _evaluate(text, names, where)
+    for study in studies.values():
+        study.adjust()
+    return {where: _evaluate(text, names, where) for where, text in texts.items()}
+
+
+def render_pages(root: Path, write: bool = False) -> dict[str, str]:
+    """Every page of :data:`PAGES` as its template renders it over ``root/docs``'s studies: ``{page: text}``;
+    with ``write``, written (atomically) where it differs."""
+    root = Path(root)
+    reruns = root / "docs" / "reruns" / "cells.json"
+    extra = {"reruns": Reruns(json.loads(reruns.read_text())["cells"])} if reruns.is_file() else {}
+    rendered = render({template: (root / template).read_text() for template in PAGES}, load_studies(root / "docs"),
+                      extra)
+    pages = {}
+    for template, page in PAGES.items():
+        body = rendered[template]
+        if page == "README.md":
+            current = (root / page).read_text()
+            start, end = current.index(README_START) + len(README_START), current.index(README_END)
+            body = current[:start] + "\n" + body.strip("\n") + "\n" + current[end:]
+        pages[page] = body
+        if write and (not (root / page).is_file() or (root / page).read_text() != body):
+            atomic_write_text(root / page, body)
+    return pages

@@ -1,0 +1,106 @@
+"""The findings pages (docs/results.md, README.md's results) are rendered from the committed JSON: the committed pages
+are what their templates give, a number edited by hand or typed into a template is caught, and the comparisons
+they cite are computed (and adjusted) as the pages say."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import scipy.stats
+
+from s2hc.study import stats
+from s2hc.study.findings import PAGES, Number, Study, check_template, render, render_pages
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _copy_repository(tmp_path: Path) -> Path:
+    """The docs, the templates and README.md: what render_pages reads."""
+    shutil.copytree(ROOT / "docs", tmp_path / "docs")
+    shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    return tmp_path
+
+
+def test_the_committed_pages_are_what_their_templates_render():
+    for page, text in render_pages(ROOT).items():
+        assert (ROOT / page).read_text() == text, f"{page} is stale: run python scripts/render_findings.py"
+
+
+def test_a_number_edited_by_hand_is_caught(tmp_path):
+    root = _copy_repository(tmp_path)
+    page = root / "docs" / "results.md"
+    text = page.read_text()
+    edited = text.replace("Holm p 0.869", "Holm p 0.689", 1)
+    assert edited != text
+    page.write_text(edited)
+    assert render_pages(root)["docs/results.md"] != edited
+    render_pages(root, write=True)
+    assert page.read_text() == text  # rendering again restores it
+
+
+@pytest.mark.parametrize("line", ["s²HC ends 0.03 above mHC", "after 300 steps", "n = 4 streams", "a 95 % interval"])
+def test_a_number_typed_into_the_prose_is_refused(line):
+    with pytest.raises(ValueError, match=r"results:2: a number typed into the prose"):
+        check_template(f"# Title\n{line}\n", "results")
+
+
+@pytest.mark.parametrize("line", ["`--max-steps 300` in code", "[a link](docs/study-0.12b.md)", "s2hc, gpt2, bf16, H200",
+                                  "seed 0 and seeds 1 and 2", "<!-- a comment 12 -->", "{{ num(4) }} streams"])
+def test_names_code_links_and_expressions_may_hold_digits(line):
+    check_template(line + "\n", "results")
+
+
+def _study(values: dict[str, dict[int, float]], baselines=("residual",)) -> Study:
+    rows = [{"name": f"{label}-seed{seed}", "label": label, "family": label.split()[0], "options": {},
+             "n_streams": 1 if label == "residual" else 4, "seed": seed, "status": "finished", "val_loss": value}
+            for label, seeds in values.items() for seed, value in seeds.items()]
+    return Study("toy", {"study": {"baselines": list(baselines), "train": {}, "seeds": [0, 1, 2]}, "rows": rows,
+                         "environment": {}})
+
+
+VALUES = {"residual": {0: 5.0, 1: 5.1, 2: 5.2}, "mhc n=4": {0: 5.3, 1: 5.12, 2: 5.25},
+          "s2hc n=4": {0: 5.31, 1: 5.1, 2: 5.21}}
+
+
+def test_a_planned_comparison_is_confirmatory_with_its_reports_holm():
+    study = _study(VALUES)
+    c = study.diff("s2hc n=4", "residual")
+    differences = [VALUES["s2hc n=4"][s] - VALUES["residual"][s] for s in range(3)]
+    t = scipy.stats.ttest_1samp(differences, 0.0)
+    half = scipy.stats.t.ppf(0.975, 2) * scipy.stats.sem(differences)
+    assert c.kind == "confirmatory" and c.mean == pytest.approx(sum(differences) / 3)
+    assert (c.low, c.high) == pytest.approx((c.mean - half, c.mean + half))
+    other = scipy.stats.ttest_1samp([VALUES["mhc n=4"][s] - VALUES["residual"][s] for s in range(3)], 0.0).pvalue
+    assert c.holm == pytest.approx(stats.holm([other, t.pvalue])[1])  # the report's table: mhc, then s2hc
+    assert str(c).startswith("+0.107 [") and "−" in str(c)  # a typographic minus
+
+
+def test_exploratory_comparisons_are_adjusted_over_those_the_pages_cite():
+    study = _study(VALUES)
+    texts = {"a": '{{ toy.diff("s2hc n=4", "mhc n=4").cite() }}', "b": '{{ toy.diff("mhc n=4", "s2hc n=4").p_holm }}'}
+    rendered = render(texts, {"toy": study})
+    raw = [c.p for c in study.exploratory]
+    assert len(raw) == 2 and "exploratory" in rendered["a"]
+    assert rendered["b"] == f"{stats.holm(raw)[1]:.3f}"
+
+
+def test_an_unknown_configuration_names_those_there_are():
+    with pytest.raises(ValueError, match=r"t:1: .*has no configuration 'hc n=4'; it has \['residual'"):
+        render({"t": '{{ toy.loss("hc n=4") }}'}, {"toy": _study(VALUES)})
+
+
+def test_let_binds_a_name_and_leaves_no_line():
+    text = '{{ let("gap", toy.diff("s2hc n=4", "residual")) }}\nThe gap is {{ gap }}.\n'
+    assert render({"t": text}, {"toy": _study(VALUES)})["t"].startswith("The gap is +0.107 [")
+
+
+def test_numbers_format_as_the_pages_write_them():
+    assert Number(-0.0164).s(3) == "−0.016" and Number(8e-11).g(2) == "8e-11" and Number(8121.4).n() == "8 121"
+    assert Number(0.374).pct() == "37 %" and str(Number(5.17285)) == "5.173"
+
+
+def test_every_page_has_its_template():
+    for template, page in PAGES.items():
+        assert (ROOT / template).is_file() and (ROOT / page).is_file()
