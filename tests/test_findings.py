@@ -46,8 +46,9 @@ def test_a_number_typed_into_the_prose_is_refused(line):
         check_template(f"# Title\n{line}\n", "results")
 
 
-@pytest.mark.parametrize("line", ["`--max-steps 300` in code", "[a link](docs/study-0.12b.md)", "s2hc, gpt2, bf16, H200",
-                                  "seed 0 and seeds 1 and 2", "<!-- a comment 12 -->", "{{ num(4) }} streams"])
+@pytest.mark.parametrize("line", ["`--max-steps 300` in code", "[a link](docs/study-0.12b.md)",
+                                  "s2hc, gpt2, bf16, H200", "seed 0 and seeds 1 and 2", "<!-- a comment 12 -->",
+                                  "{{ num(4) }} streams"])
 def test_names_code_links_and_expressions_may_hold_digits(line):
     check_template(line + "\n", "results")
 

@@ -180,3 +180,12 @@ def test_two_runs_that_differ_in_one_option_share_every_other_initial_tensor(cor
         assert equal == set(others)
     else:  # the draw that per_parameter removes: the embedding, attention and MLP weights moved too
         assert "embed.weight" not in equal
+
+
+@pytest.mark.parametrize("init_rng", ["per_parameter", "sequential"])
+def test_a_model_builds_on_the_meta_device(init_rng):
+    """As `s2hc params` and the Hugging Face loader build it: no values to draw, and no error."""
+    with torch.device("meta"):
+        model = Transformer(get_preset("tiny", **{**SMALL, **BASE}, lss_init=0.6,
+                                       family_options={"projection_init": "normal"}), init_rng=init_rng)
+    assert all(p.is_meta for p in model.parameters())

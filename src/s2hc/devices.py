@@ -97,7 +97,8 @@ def cpu_model() -> str:
 
 def platform_record(device: torch.device) -> dict[str, object]:
     """What decides a run's rounding besides its code and settings: the CPU model and the vector instructions
-    torch's kernels use on it, the torch build, torch's thread count and the device (the GPU's name on CUDA). A training run records it at every start."""
+    torch's kernels use on it, the torch build, torch's thread count and the device (the GPU's name on CUDA). A
+    training run records it at every start."""
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     return {"cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "device": gpu or device.type}

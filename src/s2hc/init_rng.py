@@ -55,11 +55,13 @@ class Draw:
     def fill_(self, tensor: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """``tensor`` drawn in place: from torch's global generator (``generator=None``, the sequential draw),
         or from a CPU ``generator`` in float32, then copied (the same values on every device and dtype)."""
+        if tensor.is_meta:  # a model built on the meta device (counted, or loaded into later) has no values
+            return tensor
         if generator is None:
             if self.kind == "normal":
                 return tensor.normal_(self.shift, self.scale)
             return tensor.uniform_(self.shift - self.scale, self.shift + self.scale)
-        values = torch.empty(tensor.shape, dtype=torch.float32)
+        values = torch.empty(tensor.shape, dtype=torch.float32, device="cpu")
         if self.kind == "normal":
             values.normal_(0.0, 1.0, generator=generator).mul_(self.scale)
         else:
@@ -82,7 +84,7 @@ def parameter_generator(seed: int, name: str, kind: str) -> torch.Generator:
 def random_seed() -> int:
     """One draw from torch's global generator: the model's seed when none is given (so that
     ``torch.manual_seed(s)`` before building a model still decides its weights)."""
-    return int(torch.randint(0, 2**62, (1,)).item())
+    return int(torch.randint(0, 2**62, (1,), device="cpu").item())  # on the CPU inside `with torch.device("meta")`
 
 
 def redraw(model: nn.Module, seed: int) -> None:
