@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from s2hc import families
 from s2hc.init_rng import Draw, check_init_rng, parameter_seed
 from s2hc.models import ModelConfig, Transformer, get_preset
 from s2hc.rundir import load_checkpoint
@@ -189,3 +190,14 @@ def test_a_model_builds_on_the_meta_device(init_rng):
         model = Transformer(get_preset("tiny", **{**SMALL, **BASE}, lss_init=0.6,
                                        family_options={"projection_init": "normal"}), init_rng=init_rng)
     assert all(p.is_meta for p in model.parameters())
+
+
+@pytest.mark.parametrize("family", sorted(families()))
+def test_every_family_draws_nothing_from_the_global_generator(family):
+    """A family whose parameters start random must say so (``random_init``): otherwise its values would follow the
+    global generator, and the family would not share its other weights with the rest."""
+    n = 1 if family == "residual" else 4
+    options = {"projection_init": "normal"} if family not in ("residual", "gated-residual") else {}
+    first = _state(global_seed=1, family=family, n_streams=n, family_options=options)
+    again = _state(global_seed=2, family=family, n_streams=n, family_options=options)
+    assert all(torch.equal(first[name], again[name]) for name in first)
