@@ -6,6 +6,8 @@ more tensor shifts every later draw."""
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,3 +203,22 @@ def test_every_family_draws_nothing_from_the_global_generator(family):
     first = _state(global_seed=1, family=family, n_streams=n, family_options=options)
     again = _state(global_seed=2, family=family, n_streams=n, family_options=options)
     assert all(torch.equal(first[name], again[name]) for name in first)
+
+
+def test_a_committed_study_still_grows_and_a_per_parameter_grid_does_not_join_it(tmp_path):
+    """The committed studies recorded their grids before `init_rng` existed: their configs now say `sequential`,
+    which is what those grids drew, so they grow; the same grid under the new default is another study."""
+    from s2hc.study.runner import prepare
+    from s2hc.study.spec import load_spec
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "start"
+    out.mkdir()
+    shutil.copy(root / "docs" / "start" / "study.json", out / "study.json")
+    spec = load_spec(root / "configs" / "study-start.yaml")
+    assert spec.train["init_rng"] == "sequential"
+    prepare(spec, out)  # grows: no error
+    shutil.copy(root / "docs" / "start" / "study.json", out / "study.json")
+    fresh = load_spec(root / "configs" / "study-start.yaml", ["init_rng=per_parameter"])
+    with pytest.raises(ValueError, match="holds a study of another grid or training settings"):
+        prepare(fresh, out)

@@ -113,6 +113,9 @@ class Number:
     def __lt__(self, other):
         return self.value < float(other)
 
+    def __gt__(self, other):
+        return self.value > float(other)
+
 
 def _num(value: Any) -> Number:
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -363,16 +366,23 @@ class Study:
     def exploratory_count(self) -> str:
         return str(len(self.exploratory))
 
-    def confirmatory_table(self, labels: dict[str, str] | None = None, digits: int = 3) -> str:
+    def confirmatory_table(self, floor: Number | None = None, labels: dict[str, str] | None = None,
+                           digits: int = 3) -> str:
         """The study's planned comparisons as a Markdown table (configuration, against, Δ [CI], Holm p, verdict,
-        seeds); ``labels`` renames configurations for the page."""
+        seeds, and with ``floor`` whether |Δ| exceeds the rounding floor); ``labels`` renames configurations."""
         labels = labels or {}
-        rows = [f"| configuration | against | Δ validation loss [{LEVEL} % CI] | Holm p | verdict | seeds |",
-                "|---|---|---:|---:|---|---:|"]
+        header = f"| configuration | against | Δ validation loss [{LEVEL} % CI] | Holm p | verdict | seeds |"
+        rule = "|---|---|---:|---:|---|---:|"
+        if floor is not None:
+            header, rule = header + f" beyond the rounding floor ({floor.f(4)}) |", rule + "---|"
+        rows = [header, rule]
         for label, against in self._planned():
             c = self.diff(label, against).d(digits)
-            rows.append(f"| {labels.get(label, label)} | {labels.get(against, against)} | {c} | {c.p_holm} | "
-                        f"{c.verdict} | {len(c.seeds)} |")
+            row = (f"| {labels.get(label, label)} | {labels.get(against, against)} | {c} | {c.p_holm} | {c.verdict} "
+                   f"| {len(c.seeds)} |")
+            if floor is not None:
+                row += " yes |" if abs(c.mean) > float(floor) else " no |"
+            rows.append(row)
         return "\n".join(rows)
 
 
