@@ -51,7 +51,7 @@ _EXPRESSION = re.compile(r"\{\{(.+?)\}\}")
 _LOOSE_DIGIT = re.compile(r"(?<![A-Za-z_0-9])[0-9]")
 # Code, link targets, comments, table separator rows, and seeds named by number (a seed is a run's name, not a value).
 _EXEMPT = re.compile(r"```.*?```|`[^`\n]*`|\]\([^)]*\)|<!--.*?-->|^\|?[\s:|-]+\|[\s:|-]*$"
-                     r"|\bseeds? [0-9]+(?:(?:, | and |–|-| to )[0-9]+)*", re.S | re.M)
+                     r"|\bseeds?[ -][0-9]+(?:(?:, | and |–|-| to )[0-9]+)*", re.S | re.M)
 
 
 # ---- numbers -------------------------------------------------------------------------------------------------
