@@ -369,9 +369,9 @@ def test_the_first_and_last_connections_rotation_gradients_are_rounding_noise():
     H_res sum to 1: copies stay copies) and the last one's streams are summed (columns sum to 1: the sum is kept),
     so their rotation parameters' gradient vanishes in exact arithmetic (float64 ~ 0), while every other
     connection's is real (float32 and float64 agree)."""
-    torch.manual_seed(0)
-    model = Transformer(get_preset("tiny", family="s2hc", n_streams=4, dim=32, n_layers=3, n_heads=2, ffn_dim=64))
-    config = type("Config", (), {"seed": 0, "init_from": None})()
+    model = Transformer(get_preset("tiny", family="s2hc", n_streams=4, dim=32, n_layers=3, n_heads=2, ffn_dim=64),
+                        init_seed=0)  # as training builds it: the probe rebuilds the initial model from the seed
+    config = type("Config", (), {"seed": 0, "init_from": None, "init_rng": "per_parameter"})()
     x = torch.randint(0, model.config.vocab_size, (2, 16))
     probe = rotation_probe(model, config, (x, torch.roll(x, -1, dims=1)))
     ends64, middle64 = probe["grad_init_fp64"][::5], probe["grad_init_fp64"][1:5]
