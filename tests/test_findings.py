@@ -99,7 +99,7 @@ def test_let_binds_a_name_and_leaves_no_line():
 
 def test_numbers_format_as_the_pages_write_them():
     assert Number(-0.0164).s(3) == "−0.016" and Number(8e-11).g(2) == "8e-11" and Number(8121.4).n() == "8 121"
-    assert Number(0.374).pct() == "37 %" and str(Number(5.17285)) == "5.173"
+    assert str(Number(5.17285)) == "5.173" and (Number(0.5) / Number(0.25)).f(1) == "2.0"
 
 
 def test_every_page_has_its_template():

@@ -84,31 +84,14 @@ class Number:
         """A count or a large value, thousands grouped by a space: ``8 121``."""
         return f"{round(self.value):,}".replace(",", " ")
 
-    def pct(self, digits: int = 0) -> str:
-        """A share as a percentage: ``37 %``."""
-        return f"{self.value * 100:.{digits}f} %"
-
     def __float__(self) -> float:
         return float(self.value)
 
     def __str__(self) -> str:
         return self.g(4)
 
-    # arithmetic on measured values (ratios, differences) stays a Number
-    def __sub__(self, other):
-        return Number(self.value - float(other))
-
-    def __truediv__(self, other):
+    def __truediv__(self, other):  # a ratio of two measured values stays a Number
         return Number(self.value / float(other))
-
-    def __mul__(self, other):
-        return Number(self.value * float(other))
-
-    def __neg__(self):
-        return Number(-self.value)
-
-    def __abs__(self):
-        return Number(abs(self.value))
 
     def __lt__(self, other):
         return self.value < float(other)
