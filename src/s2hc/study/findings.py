@@ -143,7 +143,7 @@ class Comparison:
         return "lower" if self.mean < 0 else "higher"
 
     def cite(self) -> str:
-        """The interval with its seeds, adjusted p and kind: ``+0.003 [−0.014, +0.020] (5 seeds, Holm p 1.00,
+        """The interval with its seeds, adjusted p and kind: ``+0.003 [−0.014, +0.020] (5 seeds, Holm p 1.000,
         confirmatory)``."""
         return f"{self} ({_seed_count(self.seeds)}, Holm p {self.p_holm}, {self.kind})"
 
