@@ -12,14 +12,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from s2hc.connection import forms
 from s2hc.models.transformer import KVCache
 
-FAMILIES = ["residual", "mhc", "s2hc", "gated-residual"]
+FAMILIES = ["residual", "mhc", "s2hc", "gated-residual", "attn-res", "wide-residual"]
 
 
 def model_for(family: str, seed: int = 0, **overrides):
-    """A random 3-layer model of ``family`` (n = 1 for residual, 3 otherwise), in training mode."""
-    n = 1 if family == "residual" else 3
+    """A random 3-layer model of ``family`` (n = 1 for the one-stream forms, 3 otherwise), in training mode."""
+    n = 1 if forms.get(family).max_streams == 1 else 3
     return helpers.random_model(family, n, seed=seed, n_layers=3, vocab_size=256, **overrides).train()
 
 

@@ -29,7 +29,7 @@ from helpers import Branch, random_model, randomize_, run_connection, small_conf
 
 import s2hc
 from s2hc import HyperConnection
-from s2hc.mixers import GATED_RESIDUAL
+from s2hc.connection import forms
 from s2hc.rundir import load_checkpoint, read_metrics
 from s2hc.train import train
 
@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 cuda = pytest.mark.cuda
 TRAIN_FAMILIES = ("residual", "hc", "mhc", "mhc-lite", "kromhc", "s2hc")
 # The families a HyperConnection is built with: the gated residual is a connection form of its own
-# (s2hc.GatedResidual, one compute path, no Triton kernels), trained in test_gated_model.py.
-HC_FAMILIES = [f for f in s2hc.families() if f != GATED_RESIDUAL]
+# (s2hc.GatedResidual, one compute path, no Triton kernels), trained in test_gated_model.py; so are AttnRes and
+# the wide residual (tests/test_forms.py).
+HC_FAMILIES = [f for f in s2hc.families() if isinstance(forms.get(f), forms.HyperConnectionForm) or f == "residual"]
 
 
 def streams(family: str, n: int = 4) -> int:

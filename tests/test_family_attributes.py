@@ -34,7 +34,9 @@ PERMUTATION_FAMILIES = {"mhc-lite", "kromhc"}
 
 # docs/upcycling.md: rows and columns summing to 1 for any parameters (and mhc: Sinkhorn's rows exact, columns to
 # its tolerance) keep a residual model's function; hc (unconstrained) and orthogonal (keeps norms, not sums) do not.
-UPCYCLABLE = ["identity", "mhc", "mhc-lite", "kromhc", "s2hc", "isometric"]
+# The wide residual starts as the residual model by construction (one block read, every block written), so it
+# keeps the source's function too; AttnRes reads means of its sources, which only the norms make equal.
+UPCYCLABLE = ["identity", "mhc", "mhc-lite", "kromhc", "s2hc", "isometric", "wide-residual"]
 REFUSED = {
     "residual": "it is the source's own family (one stream): there is nothing to upcycle",
     "hc": "its H_res is unconstrained, so nothing keeps its columns summing to 1 and the streams' sum stops "
@@ -43,6 +45,8 @@ REFUSED = {
     "stops following the source's residual stream",
     "gated-residual": "its gates start random, so its start is not the source's function; the start that is (zero "
     "gate projections) keeps the streams identical copies under every gradient step",
+    "attn-res": "its sublayers read the mean of their sources, the residual sum's direction but not its scale, so it "
+    "starts as the source only up to the norms' epsilon",
 }
 
 
@@ -101,7 +105,7 @@ def test_options_for_size_are_what_building_needs(family):
 
 def test_which_families_can_be_upcycled():
     assert upcyclable_families() == UPCYCLABLE
-    assert [f for f in mixers.REGISTRY if mixers.get(f).upcycle_refusal() is None] == UPCYCLABLE
+    assert [f for f in mixers.REGISTRY if mixers.get(f).upcycle_refusal() is None] == UPCYCLABLE[:-1]
     assert sorted(set(s2hc.families()) - set(UPCYCLABLE)) == sorted(REFUSED)
 
 
@@ -133,10 +137,15 @@ def test_the_reference_family_of_the_ratio_tables_is_mhc():
     assert mixers.REFERENCE_FAMILY == "mhc"
 
 
-# ------------------------------------------------------------------ no family named outside s2hc/mixers
+# ------------------------------------------------- no family named outside s2hc/mixers and the connection forms
 
 SRC = Path(s2hc.__file__).parent
-FAMILY_NAMES = set(mixers.REGISTRY)  # "residual" has no class: comparing with mixers.RESIDUAL is how it is asked
+FAMILY_NAMES = set(s2hc.families())
+#: The names that hold a form or a family's name (``forms.RESIDUAL``, ``forms.RESIDUAL.name``, ``GATED_RESIDUAL``):
+#: comparing with one of them asks a family by its name as surely as the literal does.
+FORM_CONSTANTS = {"RESIDUAL", "GATED_RESIDUAL", "ATTN_RES", "WIDE_RESIDUAL"}
+#: The packages that declare the families: the mixers (their mathematics) and the connection forms (the rest).
+DECLARING = ("mixers/", "connection/forms/")
 
 #: (module, literal): why that literal is not a family question there.
 ALLOWED = {
@@ -149,13 +158,36 @@ ALLOWED = {
     # computes only as the mhc family's deepseek-v4 variant: the check names that format (with the variant and
     # transpose_res), not a property another family could declare
     ("hf/deepseek_v4.py", "mhc"): "format check",
+    # gate_init="residual" (a start of the gates), a value of another option that shares the word
+    ("connection/init.py", "residual"): "gate_init value",
+    ("connection/module.py", "residual"): "gate_init value",
+    ("models/model_config.py", "residual"): "gate_init value",
+    # HyperConnection computes the plain residual itself (one stream, no mixer): the one module that is that form
+    ("connection/module.py", "RESIDUAL"): "the residual form's own module",
+    # Qwen's checkpoints hold one concrete format, the gated residual's: the static reader names that format
+    ("hf/static.py", "GATED_RESIDUAL"): "format check",
+    # the residual model as a role, not a property: the source that upcycling and native export start from, and
+    # the baseline the bench times every family against
+    ("models/widen.py", "RESIDUAL"): "upcycling's source",
+    ("train/init_from.py", "RESIDUAL"): "upcycling's source",
+    ("upcycle.py", "RESIDUAL"): "upcycling's source",
+    ("hf/convert.py", "RESIDUAL"): "native transformers classes hold the residual model only",
+    ("bench/measure.py", "RESIDUAL"): "the bench's baseline",
+    ("cli/bench.py", "RESIDUAL"): "the bench's baseline",
 }
 
 
 def _literals(node: ast.AST):
-    """Family names written as literals in ``node``: a string, or the items of a tuple, list or set."""
+    """Family names in ``node``: a string literal, a form constant (``RESIDUAL``, ``forms.RESIDUAL``, either's
+    ``.name``), or the items of a tuple, list or set of them."""
     if isinstance(node, ast.Constant) and node.value in FAMILY_NAMES:
         yield node.value
+    elif isinstance(node, ast.Attribute) and node.attr == "name":
+        yield from _literals(node.value)
+    elif isinstance(node, ast.Name) and node.id in FORM_CONSTANTS:
+        yield node.id
+    elif isinstance(node, ast.Attribute) and node.attr in FORM_CONSTANTS:
+        yield node.attr
     elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         for item in node.elts:
             yield from _literals(item)
@@ -180,16 +212,21 @@ def family_name_questions(source: str) -> list[tuple[int, str]]:
 def test_the_scan_finds_each_kind_of_question():
     source = 'a == "mhc"\nb in ("kromhc", "x")\nc = {"hc": 1}\nmatch d:\n    case "s2hc":\n        pass\n'
     assert family_name_questions(source) == [(1, "mhc"), (2, "kromhc"), (3, "hc"), (5, "s2hc")]
-    assert family_name_questions('f(family="mhc")\nraise ValueError("use mhc")\nx == "residual"\n') == []
+    assert family_name_questions('f(family="mhc")\nraise ValueError("use mhc")\ny = "residual"\n') == []
+    constants = 'a == RESIDUAL\nb is not forms.RESIDUAL\nc != forms.GATED_RESIDUAL.name\nd in (ATTN_RES, "x")\n'
+    assert family_name_questions(constants) == [(1, "RESIDUAL"), (2, "RESIDUAL"), (3, "GATED_RESIDUAL"),
+                                                (4, "ATTN_RES")]
+    assert family_name_questions('e == "attn-res"\nf == "wide-residual"\n') == [(1, "attn-res"), (2, "wide-residual")]
 
 
 def test_no_module_outside_the_families_compares_a_family_with_a_name():
     found = []
     for path in sorted(SRC.rglob("*.py")):
         module = path.relative_to(SRC).as_posix()
-        if module.startswith("mixers/"):
+        if module.startswith(DECLARING):
             continue
         for line, name in family_name_questions(path.read_text(encoding="utf-8")):
             if (module, name) not in ALLOWED:
                 found.append(f"{module}:{line}: {name!r}")
-    assert not found, "ask the family's class (s2hc/mixers/base.py) instead of comparing names: " + ", ".join(found)
+    assert not found, ("ask the family's form (s2hc/connection/forms/) or class (s2hc/mixers/base.py) instead of "
+                       "comparing names: " + ", ".join(found))

@@ -14,6 +14,7 @@ import torch
 
 from s2hc import families
 from s2hc.cli import main
+from s2hc.connection import forms
 from s2hc.data import get_tokenizer
 from s2hc.evaluate import generate_tokens
 from s2hc.models import Transformer, get_preset
@@ -105,7 +106,7 @@ def test_trust_remote_code_loads_without_importing_s2hc(exported):
 @pytest.mark.parametrize("family", families())
 def test_every_family_survives_save_and_load(family, tmp_path):
     """Fixed buffers (Helmert bases, permutation tables) are rebuilt after transformers' meta-device load."""
-    model = random_model(family, 1 if family == "residual" else 3)
+    model = random_model(family, 1 if forms.get(family).max_streams == 1 else 3)
     hf = from_s2hc(model, get_tokenizer())
     hf.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
@@ -176,6 +177,8 @@ FAMILIES = {
                           sliding_window=5, sliding_window_pattern=2, query_pre_attn_scalar=16.0),
     "gpt2-learned": dict(family="kromhc", n_streams=4, preset="gpt2-small"),
     "gated-residual-lss": dict(family="gated-residual", n_streams=3, lss_init=0.5),
+    "attn-res-block": dict(family="attn-res", n_streams=1, n_layers=3, family_options={"block_size": 2}),
+    "wide-residual": dict(family="wide-residual", n_streams=3),
 }  # fmt: skip
 
 

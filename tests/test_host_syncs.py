@@ -24,8 +24,9 @@ import torch
 from helpers import Branch, poison_loss_at, small_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import s2hc
 from s2hc import mixers
-from s2hc.connection import build_connection
+from s2hc.connection import build_connection, forms
 from s2hc.models import Transformer, get_preset
 from s2hc.rundir import load_checkpoint, read_metrics
 from s2hc.train import TrainingError, loop, make_optimizer, train
@@ -154,9 +155,9 @@ def test_the_mode_records_nothing_for_device_side_work_and_exempts_host_scalars(
 
 def connection_cases():
     cases = []
-    for family in mixers.families():
-        if family == mixers.RESIDUAL:
-            continue  # no connection: the model of the next test has it
+    for family in s2hc.families():
+        if not forms.get(family).mixes_streams:
+            continue  # one stream (the residual) or depth sources (AttnRes): the model of the next test has it
         for n in (4, 8):
             n = min(n, mixers.MAX_PERMUTATION_STREAMS) if family == "mhc-lite" else n
             cases.append((family, n))
@@ -170,8 +171,8 @@ def test_a_connection_forward_and_backward_make_no_host_sync(family, n, options)
     """Every family's connection (s2hc, orthogonal and isometric at n = 8 use the batched solve, m = 7),
     forward and backward on its compute paths (the eager fast path, the reference, recomputed), with its
     parameters moved off their start so every term is live: no sync."""
-    if family == mixers.GATED_RESIDUAL and options:
-        pytest.skip("the gated residual has one compute path")
+    if not forms.get(family).compute_options and options:
+        pytest.skip(f"{family} has one compute path")
     torch.manual_seed(0)
     hc = build_connection(16, n, family=family, layer_index=1)
     if options:
@@ -187,11 +188,11 @@ def test_a_connection_forward_and_backward_make_no_host_sync(family, n, options)
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
-@pytest.mark.parametrize("family", mixers.families())
+@pytest.mark.parametrize("family", s2hc.families())
 def test_a_model_step_makes_no_host_sync(family):
     """A whole training step of a small model of every family (bf16 autocast, n = 8, mhc-lite at its largest n):
     forward, backward, clipping and the AdamW update (its first, which makes its state, and a later one)."""
-    n = {mixers.RESIDUAL: 1, "mhc-lite": mixers.MAX_PERMUTATION_STREAMS}.get(family, 8)
+    n = 1 if forms.get(family).max_streams == 1 else {"mhc-lite": mixers.MAX_PERMUTATION_STREAMS}.get(family, 8)
     torch.manual_seed(0)
     model = Transformer(get_preset("tiny", family=family, n_streams=n, vocab_size=64, dim=32, n_layers=2, n_heads=2,
                                    ffn_dim=64, max_seq_len=32))

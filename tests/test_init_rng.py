@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from s2hc import families
+from s2hc.connection import forms
 from s2hc.init_rng import Draw, check_init_rng, parameter_seed
 from s2hc.models import ModelConfig, Transformer, get_preset
 from s2hc.rundir import load_checkpoint
@@ -198,8 +199,9 @@ def test_a_model_builds_on_the_meta_device(init_rng):
 def test_every_family_draws_nothing_from_the_global_generator(family):
     """A family whose parameters start random must say so (``random_init``): otherwise its values would follow the
     global generator, and the family would not share its other weights with the rest."""
-    n = 1 if family == "residual" else 4
-    options = {"projection_init": "normal"} if family not in ("residual", "gated-residual") else {}
+    form = forms.get(family)
+    n = 1 if form.max_streams == 1 else 4
+    options = {"projection_init": "normal"} if "projection_init" in form.allowed_options() else {}
     first = _state(global_seed=1, family=family, n_streams=n, family_options=options)
     again = _state(global_seed=2, family=family, n_streams=n, family_options=options)
     assert all(torch.equal(first[name], again[name]) for name in first)

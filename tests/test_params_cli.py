@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import s2hc
 from s2hc import cli
+from s2hc.connection import forms
 from s2hc.params import count_connection_params, human, param_table
 
 PAPER = dict(layers=28, dim=1024, n_streams=7)  # the s²HC paper's 1.3 B-class shape, n = 7
@@ -106,7 +107,7 @@ def check_paper_rows(rows: list[dict]) -> None:
     assert by_name["mhc"]["vs_mhc"] == 1.0
     for row in rows:
         assert row["sublayers"] == 56 and row["layers"] == 28 and row["dim"] == 1024
-        assert row["n_streams"] == (1 if row["family"] == "residual" else 7)
+        assert row["n_streams"] == (1 if forms.get(row["family"]).max_streams == 1 else 7)
         assert row["per_sublayer"] * 56 == row["hc_params"]
 
 

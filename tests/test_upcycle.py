@@ -26,7 +26,9 @@ from s2hc.train.init_from import load_initial_weights
 
 transformers = pytest.importorskip("transformers")
 
-FAMILIES = ["identity", "mhc", "mhc-lite", "kromhc", "s2hc", "isometric"]
+# The mixing families whose rows and columns sum to 1, and the wide residual (it starts as its source by
+# construction: one block read, every block written).
+FAMILIES = ["identity", "mhc", "mhc-lite", "kromhc", "s2hc", "isometric", "wide-residual"]
 TOLERANCE = 1e-4
 
 

@@ -16,6 +16,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 import s2hc
 from s2hc.cli import main
+from s2hc.connection import forms
 from s2hc.models import Transformer, get_preset
 from s2hc.rundir import load_model, read_metrics
 from s2hc.train import TrainConfig, train
@@ -25,7 +26,7 @@ MODEL = dict(vocab_size=256, dim=16, n_layers=2, n_heads=2, n_kv_heads=2, ffn_di
 
 # (id, family, n_streams, family_options, other ModelConfig fields): every family, and every form that changes
 # which parameters a model holds.
-FORMS = [(name, name, 1 if name == "residual" else 4, {}, {}) for name in s2hc.families()] + [
+FORMS = [(name, name, 1 if forms.get(name).max_streams == 1 else 4, {}, {}) for name in s2hc.families()] + [
     ("hc-flat", "hc", 4, {"projection": "flat"}, {}),
     ("mhc-deepseek-v4-head", "mhc", 4, {"variant": "deepseek-v4"}, {"stream_reduce": "head"}),
     ("s2hc-untied", "s2hc", 4, {}, {"tie_embeddings": False}),
@@ -38,8 +39,9 @@ FORMS = [(name, name, 1 if name == "residual" else 4, {}, {}) for name in s2hc.f
 ]
 
 # What decays under "matrices", stated by name independently of s2hc.train.optim: the model's weight matrices and
-# embeddings, and the connections' projections (the gated residual's three); nothing else.
-PROJECTIONS = r"(projection|read_down|read_up|write)"
+# embeddings, and the connections' projections (the gated residual's three, the wide residual's read and write);
+# nothing else (AttnRes's queries and key-norm weights are not matrices).
+PROJECTIONS = r"(projection|read_down|read_up|write|read)"
 MATRICES = re.compile(r"(^(embed|pos_embed|lm_head)\.weight"
                       r"|\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight"
                       rf"|_hc\.{PROJECTIONS}|^stream_head\.{PROJECTIONS})$")
@@ -92,7 +94,7 @@ def test_matrices_decay_and_nothing_else_whatever_the_family(model):
     assert projections <= decayed
     assert connection - projections <= kept
     assert all(name in kept for name in by_name if re.search(r"norm\.(weight|bias)$|_proj\.bias$", name))
-    if model.config.family != "residual":
+    if model.form.projection_width(model.config.n_streams, **model.config.family_options) is not None:
         assert any(re.search(rf"_hc\.{PROJECTIONS}$", name) for name in decayed)
 
 
@@ -115,7 +117,7 @@ def test_all_decays_every_parameter_and_the_connection_norms_toward_one(model):
     assert toward_one == {name for name in by_name if CONNECTION_NORMS.search(name) and not stored_offset}
     assert all(by_name[name]["decay_toward"] == 0.0 for name in set(by_name) - toward_one)
     assert decayed_parameter_names(model, "all") == [name for name, _ in model.named_parameters()]
-    if model.config.family != "residual" and model.blocks[0].attn_hc.norm_weight is not None and not stored_offset:
+    if getattr(model.blocks[0].attn_hc, "norm_weight", None) is not None and not stored_offset:
         assert toward_one
 
 

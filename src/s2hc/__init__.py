@@ -9,7 +9,7 @@ torch.Size([2, 8, 4, 64])
 
 from . import mixers
 from .connection import GatedHead, GatedResidual, HyperConnection, HyperHead, expand_streams, reduce_streams
-from .mixers import families
+from .connection.forms import families
 
 __version__ = "0.1.0"
 

@@ -28,8 +28,9 @@ import torch
 
 from . import mixers
 from .checks import MAX_LAYERS, check_int, check_streams
-from .connection import build_connection
-from .mixers import REFERENCE_FAMILY, RESIDUAL, check_family, families
+from .connection import build_connection, forms
+from .connection.forms import check_family, families
+from .mixers import REFERENCE_FAMILY
 from .mixers.mhc_lite import MAX_COUNTED_PERMUTATION_SIZE, permutation_limit_error
 from .reports import count, human, ratio, table
 
@@ -67,11 +68,8 @@ def build_options(family: str, **family_options: Any) -> dict[str, Any]:
     for every family whose constructor takes it (the permutation families), since counting builds nothing real.
     An explicit ``allow_large`` in ``family_options`` wins.
     """
-    check_family(family)
-    if family == RESIDUAL:
-        return dict(family_options)
     options = dict(family_options)
-    if "allow_large" in mixers.options(family):
+    if "allow_large" in forms.options(family):
         options.setdefault("allow_large", True)
     return options
 
@@ -89,14 +87,17 @@ def _count(
     # one module is built per sublayer, even on meta: 10**12 layers would never finish
     check_int("layers", layers, maximum=MAX_LAYERS)
     check_int("sublayers_per_layer", sublayers_per_layer, maximum=MAX_SUBLAYERS_PER_LAYER)
-    if family == RESIDUAL:
-        n_streams = 1  # a plain residual stream is one stream, whatever n the others use
+    form = forms.get(family)
+    if form.max_streams == 1:
+        n_streams = 1  # a one-stream form (the residual, AttnRes) is one stream, whatever n the others use
     check_countable(family, n_streams)
     options = build_options(family, **family_options)
     sublayers = layers * sublayers_per_layer
     with torch.device("meta"):
         connections = [
-            build_connection(dim, n_streams, family=family, layer_index=index, **options) for index in range(sublayers)
+            build_connection(dim, n_streams, family=family, layer_index=index // sublayers_per_layer, sublayer=index,
+                             n_sublayers=sublayers, **options)
+            for index in range(sublayers)
         ]
     mixer = getattr(connections[0], "mixer", None)  # the gated residual has none
     num_inputs = 0 if mixer is None else mixer.num_inputs
@@ -180,10 +181,11 @@ def param_table(
 def format_table(rows: list[dict]) -> str:
     """The rows of :func:`param_table` as a Markdown table, with a one-line caption."""
     first = rows[0]
-    n_values = sorted({row["n_streams"] for row in rows if row["family"] != "residual"})
+    one_stream = [row["family"] for row in rows if forms.get(row["family"]).max_streams == 1]
+    n_values = sorted({row["n_streams"] for row in rows if row["family"] not in one_stream})
     streams = f"n = {n_values[0]} streams" if len(n_values) == 1 else "n = 1 stream"
-    if any(row["family"] == "residual" for row in rows) and n_values:
-        streams += " (residual: 1)"
+    if one_stream and n_values:
+        streams += f" ({', '.join(dict.fromkeys(one_stream))}: 1)"
     lines = [
         f"Hyper-connection parameters: {first['layers']} layers x {first['sublayers_per_layer']} sublayers = "
         f"{first['sublayers']} connections, C = {first['dim']}, {streams}",

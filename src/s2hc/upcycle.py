@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from .config import TrainConfig, family_fields, inherited_fields
+from .connection import forms
 from .data.tokenizer import check_tokenizer_fits, get_tokenizer
 from .extras import check_available
 from .io import read_json_object
-from .mixers import RESIDUAL
 from .models import Transformer
 from .models.widen import DEFAULT_SPREAD, check_upcyclable, upcycle_model
 from .rundir import CHECKPOINT, Checkpoint, checkpoint_paths, load_model, write_config
@@ -84,7 +84,7 @@ def read_source(source: str | Path, tokenizer: str | None = None) -> tuple[Trans
     if path.is_dir() and (path / "config.json").is_file() and not checkpoint_paths(path):
         return _read_hf_source(path, tokenizer)
     model, config = load_model(path)
-    if model.config.family != RESIDUAL:
+    if model.form is not forms.RESIDUAL:
         raise ValueError(f"SOURCE {str(source)!r} holds a {model.config.family!r} model with "
                          f"{model.config.n_streams} streams; upcycling starts from a residual model")
     kept = set(inherited_fields()) - set(family_fields())  # the upcycled run has its own family

@@ -39,10 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import parse_assignment
-from ..connection import COMPUTE_OPTIONS, GatedResidual, HyperConnection, set_connection_options
+from ..connection import COMPUTE_OPTIONS, GatedResidual, HyperConnection, forms, set_connection_options
+from ..connection.forms import check_family
 from ..devices import autocast_dtype, cpu_model
 from ..extras import is_available, require
-from ..mixers import GATED_RESIDUAL, REFERENCE_FAMILY, RESIDUAL, check_family
+from ..mixers import REFERENCE_FAMILY
 from ..mixers import get as mixer_class
 from ..models import Transformer, get_preset
 from ..reports import DASH, count, mib, ratio, table
@@ -110,7 +111,8 @@ def parse_variant(text: str, n_streams: int) -> Variant:
     if not isinstance(options.get(ACTIVATION_CHECKPOINTING, False), bool):
         raise ValueError(f"argument --families: option {ACTIVATION_CHECKPOINTING!r} of {name!r} must be true or "
                          f"false, got {options[ACTIVATION_CHECKPOINTING]!r}")
-    variant = Variant(name, 1 if name == RESIDUAL else n_streams, options)
+    one_stream = name != PEER and forms.get(name).max_streams == 1  # the residual, AttnRes
+    variant = Variant(name, 1 if one_stream else n_streams, options)
     return variant.with_activation_checkpointing(variant.activation_checkpointing)  # `=false` is the plain variant
 
 
@@ -374,8 +376,8 @@ def benchmark_steps(
     if activation_checkpointing:
         variants = [twin for v in variants
                     for twin in ([v] if v.activation_checkpointing else [v, v.with_activation_checkpointing(True)])]
-    if not any(v.family == RESIDUAL and not v.activation_checkpointing for v in variants):
-        plain = Variant(RESIDUAL, 1)
+    if not any(v.family == forms.RESIDUAL.name and not v.activation_checkpointing for v in variants):
+        plain = Variant(forms.RESIDUAL.name, 1)
         variants = [plain, *([plain.with_activation_checkpointing(True)] * activation_checkpointing), *variants]
     variants = list({_key(v): v for v in variants}.values())  # each variant once, where it first appears
     runners = []
@@ -413,7 +415,7 @@ def benchmark_steps(
         )
         emit({"event": "repetition", "repetition": rep + 1, "repeats": repeats,
               "step_s": {r.variant.label: times[i][-1] for i, r in enumerate(runners)}})  # fmt: skip
-    plain_residual = _key(Variant(RESIDUAL, 1))
+    plain_residual = _key(Variant(forms.RESIDUAL.name, 1))
     base = next(i for i, r in enumerate(runners) if _key(r.variant) == plain_residual)
     index = {_key(r.variant): i for i, r in enumerate(runners)}
     peaks = {}
@@ -481,13 +483,13 @@ def benchmark_coefficients(
     emit = on_event or (lambda _: None)
     device = torch.device(device)
     amp_dtype, precision = autocast_dtype(dtype, device), precision_name(dtype, device)
-    names = [m for m in mixers if m not in (RESIDUAL, PEER)]
+    names = [m for m in mixers if m != PEER and forms.get(m).coefficient_path is not None]
     generator = torch.Generator().manual_seed(0)  # drawn on the CPU: the same values on every device
     x = torch.randn(tokens, 1, n_streams, dim, generator=generator).to(device).requires_grad_()
     cases = []
     for name in names:
         torch.manual_seed(0)
-        if check_family(name) == GATED_RESIDUAL:
+        if forms.get(name).coefficient_path == "one path":  # the gated residual
             hc = GatedResidual(dim, n_streams)  # its projections start random already
         else:
             options = mixer_class(name).options_for_size(n_streams)  # allow_large for big mixtures
@@ -585,7 +587,8 @@ def format_coefficient_table(rows: list[dict[str, Any]]) -> str:
         "time per token, median [min, max]",
         "",
     ]
-    cells = [[row["family"], "one path" if row["family"] == GATED_RESIDUAL else "fast" if row["fused"] else "reference",
+    one_path = {row["family"] for row in rows if forms.get(row["family"]).coefficient_path == "one path"}
+    cells = [[row["family"], "one path" if row["family"] in one_path else "fast" if row["fused"] else "reference",
               f"{count(row['ns_per_token'])} [{count(row['ns_min'])}, {count(row['ns_max'])}]",
               ratio(row["ratio_vs_mhc"])] for row in rows]
     return "\n".join(lines + table(["family", "implementation", "ns / token", "vs mhc (same implementation)"], cells,

@@ -16,9 +16,11 @@ import torch
 
 from ..bench import measure
 from ..bench.measure import PEER
+from ..connection import forms
+from ..connection.forms import families
 from ..devices import AUTOCAST_NAMES, DEVICE_NAMES, resolve_device
 from ..extras import MissingExtra, check_available
-from ..mixers import REFERENCE_FAMILY, families
+from ..mixers import REFERENCE_FAMILY
 from ..models import get_preset
 from ..params import format_table, param_table
 from .common import positive_int
@@ -122,15 +124,18 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValueError as error:  # bad options, kernels=triton where it cannot run
         args.subparser.error(str(error))
-    families = list(dict.fromkeys(v.family for v in variants if v.family not in ("residual", measure.PEER)))
+    families = list(dict.fromkeys(v.family for v in variants
+                                  if v.family != measure.PEER and forms.get(v.family).coefficient_path))
     if REFERENCE_FAMILY not in families:  # the coefficient and parameter tables' ratios are to it
         families.append(REFERENCE_FAMILY)
     coefficients = [] if args.no_coefficients else measure.benchmark_coefficients(
         families, n_streams=args.streams, dim=config.dim, repeats=max(3, args.repeats), device=device,
         dtype=args.dtype, log=log, on_event=emit)  # fmt: skip
-    counted = [(v.family, v.family_options) for v in variants if v.family not in ("residual", measure.PEER)]
+    counted = [(v.family, v.family_options) for v in variants
+               if v.family != measure.PEER and forms.get(v.family) is not forms.RESIDUAL]
     counted += [(REFERENCE_FAMILY, {})] * (REFERENCE_FAMILY not in {family for family, _ in counted})
-    params = param_table([("residual", {}), *counted], layers=config.n_layers, dim=config.dim, n_streams=args.streams)
+    params = param_table([(forms.RESIDUAL.name, {}), *counted], layers=config.n_layers, dim=config.dim,
+                         n_streams=args.streams)
     emit({"event": "done"})
     log("done")
     if args.json:

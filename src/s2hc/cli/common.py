@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..connection.forms import check_family, families
 from ..io import check_output_dir
-from ..mixers import check_family, families
 
 
 def _int_at_least(text: str, minimum: int) -> int:

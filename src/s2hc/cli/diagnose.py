@@ -116,6 +116,13 @@ def _static(args: argparse.Namespace) -> int:
             write_static(result, out)
     except ValueError as error:
         return _fail(str(error))
+    if "depth_attention" in result:  # AttnRes: its depth softmax
+        reads = result["depth_attention"]["reads"]
+        spread = ", ".join(f"{r['effective_sources']:.2f}/{r['sources']}" for r in reads)
+        print(f"{result['family']}, {len(reads)} depth reads, {result['depth_attention']['tokens']} tokens: effective "
+              f"sources (of the count) {spread}")
+        print(f"Report: {out / REPORT_NAME}")
+        return 0
     head = result["headline"]
     print(
         f"{result['family']} (n = {result['n_streams']}, {result['layout']} layout), {result['depth']} connections, "
@@ -153,6 +160,13 @@ def _checkpoint(args: argparse.Namespace) -> int:
         return _fail(str(error))
     if result.get("nothing_to_measure"):
         print(nothing_message(result))
+        print(f"Report: {out / REPORT_NAME}")
+        return 0
+    if "depth_attention" in result:  # AttnRes: its depth softmax
+        reads = result["depth_attention"]["reads"]
+        spread = ", ".join(f"{r['effective_sources']:.2f}/{r['sources']}" for r in reads)
+        print(f"{result['family']}, {len(reads)} depth reads, {result['depth_attention']['tokens']} tokens: effective "
+              f"sources (of the count) {spread}")
         print(f"Report: {out / REPORT_NAME}")
         return 0
     head = result["headline"]

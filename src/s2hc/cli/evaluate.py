@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from ..connection import forms
 from ..data.shards import stored_cache_dir
 from ..data.sources import required_packages
 from ..devices import DTYPES
@@ -104,7 +105,7 @@ def _add_eval_parser(subparsers) -> None:
 
 def _row_label(model) -> str:
     c = model.config
-    return "residual" if c.family == "residual" else f"{c.family} (n={c.n_streams})"
+    return c.family if forms.get(c.family).max_streams == 1 else f"{c.family} (n={c.n_streams})"
 
 
 def run_eval(args: argparse.Namespace) -> int:

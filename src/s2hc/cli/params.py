@@ -7,7 +7,7 @@ import json
 
 from ..bench.measure import parse_variant
 from ..checks import check_streams
-from ..mixers import check_family, families
+from ..connection.forms import check_family, families
 from ..params import format_table, param_table
 from .common import parse_families, positive_int
 

@@ -17,7 +17,7 @@ import os
 import sys
 
 from ..config import TrainConfig, load_yaml_config, option_fields, parse_assignment
-from ..mixers import families
+from ..connection.forms import families
 from ..study import StudyFailed, StudyInterrupted, compare
 from ..train import Interrupted, TrainingError, train
 from ..train.distributed import launch, launched_by_torchrun

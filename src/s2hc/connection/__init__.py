@@ -32,9 +32,12 @@ The n-wide work (norm and projection, read and mix, write) has four implementati
 
 Measurements of each: ``docs/benchmarks.md``.
 
-Qwen's gated residual (``family="gated-residual"``) is a connection form of its own, :class:`GatedResidual` with its
-final read :class:`GatedHead` (:mod:`~s2hc.connection.gated`: no compute paths, it has one);
-:func:`build_connection` (:mod:`~s2hc.connection.build`) builds the right module for a family.
+Every family is a *connection form* (:mod:`~s2hc.connection.forms`: what the rest of s2hc asks about a family, and
+the module it builds): the plain residual and the hyper-connection over each mixing family (:class:`HyperConnection`),
+Qwen's gated residual (:class:`GatedResidual` with its final read :class:`GatedHead`, :mod:`~s2hc.connection.gated`:
+no compute paths, it has one), Attention Residuals (:class:`~s2hc.connection.forms.AttnResConnection`) and the wide
+residual (:class:`~s2hc.connection.forms.WideResidual`); :func:`build_connection` (:mod:`~s2hc.connection.build`)
+builds the right module for a family.
 
 The modules: :mod:`~s2hc.connection.module` (:class:`HyperConnection` and its compute options),
 :mod:`~s2hc.connection.streams` (into and out of the streams), :mod:`~s2hc.connection.base` (what a compute
@@ -46,20 +49,30 @@ kernels; it needs ``triton`` and is imported only when ``kernels="triton"`` is f
 
 from __future__ import annotations
 
+from . import forms
 from .base import ComputePath
-from .build import CONNECTIONS, HEADS, build_connection, is_mixing_connection
+from .build import (
+    CONNECTIONS,
+    HEADS,
+    build_connection,
+    is_mixing_connection,
+    projection_width,
+    set_connection_options,
+)
+from .forms import AttnResConnection, AttnResHead, WideResidual
 from .fused import CompiledPath, EagerPath, TritonPath
 from .gated import GatedHead, GatedResidual
 from .init import GATE_INITS, PROJECTION_INITS, gate_biases, projection_std, residual_targets, upcycling_biases
-from .module import COMPUTE_OPTIONS, HyperConnection, projection_width, set_connection_options
+from .module import COMPUTE_OPTIONS, HyperConnection
 from .paths import COMPILED, EAGER, KERNELS, REFERENCE, select_path
 from .reference import ReferencePath
 from .streams import HyperHead, StreamScaling, expand_streams, reduce_streams
 
 __all__ = [
     "COMPILED", "COMPUTE_OPTIONS", "CONNECTIONS", "EAGER", "GATE_INITS", "HEADS", "KERNELS", "PROJECTION_INITS",
-    "REFERENCE", "CompiledPath", "ComputePath", "EagerPath", "GatedHead", "GatedResidual", "HyperConnection",
-    "HyperHead", "ReferencePath", "StreamScaling", "TritonPath", "build_connection", "expand_streams", "gate_biases",
-    "is_mixing_connection", "projection_std", "projection_width", "reduce_streams", "residual_targets", "select_path",
-    "set_connection_options", "upcycling_biases",
+    "REFERENCE", "AttnResConnection", "AttnResHead", "CompiledPath", "ComputePath", "EagerPath", "GatedHead",
+    "GatedResidual", "HyperConnection", "HyperHead", "ReferencePath", "StreamScaling", "TritonPath", "WideResidual",
+    "build_connection", "expand_streams", "forms", "gate_biases", "is_mixing_connection", "projection_std",
+    "projection_width", "reduce_streams", "residual_targets", "select_path", "set_connection_options",
+    "upcycling_biases",
 ]

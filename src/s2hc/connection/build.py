@@ -1,5 +1,5 @@
 """Which module a family's connection is: :func:`build_connection`, and the module types every model-level tool
-recognises (:data:`CONNECTIONS`, :data:`HEADS`)."""
+recognises (:data:`CONNECTIONS`, :data:`HEADS`). Each family's form (:mod:`s2hc.connection.forms`) builds them."""
 
 from __future__ import annotations
 
@@ -7,31 +7,62 @@ from typing import Any
 
 from torch import nn
 
-from ..mixers import GATED_RESIDUAL, check_family
-from .gated import GATED_OPTIONS, GatedHead, GatedResidual
-from .module import HyperConnection
+from ..checks import check_streams
+from . import forms
+from .forms import AttnResConnection, AttnResHead, WideResidual
+from .gated import GatedHead, GatedResidual
+from .module import COMPUTE_OPTIONS, HyperConnection
 from .streams import HyperHead
 
-#: The connections around a branch: the papers' form (every family but one) and Qwen's gated residual.
-CONNECTIONS = (HyperConnection, GatedResidual)
-#: The learned final reads: DeepSeek-V4's HyperHead and Qwen's gated read.
-HEADS = (HyperHead, GatedHead)
+#: The connections around a branch: the papers' form (the residual and every mixing family), Qwen's gated
+#: residual, Attention Residuals and the wide residual.
+CONNECTIONS = (HyperConnection, GatedResidual, AttnResConnection, WideResidual)
+#: The learned final reads: DeepSeek-V4's HyperHead, Qwen's gated read and AttnRes's output query.
+HEADS = (HyperHead, GatedHead, AttnResHead)
 
 
-def build_connection(dim: int, n_streams: int, family: str = "s2hc", layer_index: int = 0,
-                     **options: Any) -> HyperConnection | GatedResidual:
-    """The connection of ``family`` around one branch: a :class:`GatedResidual` for ``"gated-residual"`` (its options:
-    ``rank``, ``eps``), else a :class:`HyperConnection` (every option of its constructor). ValueError naming an
-    option the gated residual does not take."""
-    check_family(family)
-    if family != GATED_RESIDUAL:
-        return HyperConnection(dim, n_streams, family=family, layer_index=layer_index, **options)
-    unknown = sorted(set(options) - set(GATED_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} for family {GATED_RESIDUAL!r}; allowed: {list(GATED_OPTIONS)}")
-    return GatedResidual(dim, n_streams, layer_index=layer_index, **options)
+def build_connection(dim: int, n_streams: int, family: str = "s2hc", layer_index: int = 0, *, sublayer: int = 0,
+                     n_sublayers: int = 1, **options: Any) -> nn.Module:
+    """The connection of ``family`` around one branch, built by its form (:meth:`ConnectionForm.build
+    <s2hc.connection.forms.ConnectionForm.build>`): ``layer_index`` the block's index, ``sublayer`` the branch's
+    index over the model's ``n_sublayers`` (for the forms that carry state across sublayers); ``options`` the
+    family's and the connection's own. ValueError naming an option the form does not take."""
+    return forms.get(family).build(dim, n_streams, layer_index, sublayer=sublayer, n_sublayers=n_sublayers,
+                                   **options)
 
 
 def is_mixing_connection(module: nn.Module) -> bool:
-    """Whether ``module`` is a connection with several streams (a :data:`CONNECTIONS` instance, not ``residual``)."""
-    return isinstance(module, CONNECTIONS) and not module.is_residual
+    """Whether ``module`` is a connection over several streams whose ``matrices(x)`` the stream diagnostics read
+    (its form's ``mixes_streams``; not the plain residual, not AttnRes)."""
+    return isinstance(module, CONNECTIONS) and forms.get(module.family).mixes_streams
+
+
+def projection_width(family: str, n_streams: int, **family_options: Any) -> int | None:
+    """Width of the coefficient projection ``d`` (``2n + K``, K = the constraint map's inputs) that
+    :class:`HyperConnection` builds for ``family`` at ``n_streams``; None where the connection has no n·C-wide
+    projection (``"residual"``, ``"gated-residual"``, and HC's ``projection="per-stream"``). Raises ValueError
+    where the family's constraint map refuses the size or an option, as the constructor does.
+
+    >>> projection_width("s2hc", 4), projection_width("mhc", 4), projection_width("residual", 1)
+    (17, 24, None)
+    """
+    check_streams("n_streams", n_streams)
+    return forms.get(family).projection_width(n_streams, **family_options)
+
+
+def set_connection_options(model: nn.Module, **options: Any) -> nn.Module:
+    """:meth:`HyperConnection.set_options` (``fused``, ``recompute``, ``kernels``) on every mixing connection
+    of ``model``; returns ``model``. How the connections compute is not part of a model's configuration:
+    a checkpoint trained with ``kernels="triton"`` on a GPU loads and runs anywhere."""
+    unknown = sorted(set(options) - set(COMPUTE_OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown connection options {unknown}; allowed: {list(COMPUTE_OPTIONS)}")
+    connections = [module for module in model.modules() if isinstance(module, CONNECTIONS)]
+    fixed = sorted({module.family for module in connections if not forms.get(module.family).compute_options})
+    if options and fixed:
+        raise ValueError(f"family {fixed[0]!r} has one way to compute: connection options {sorted(options)} do not "
+                         "apply to it")
+    for module in connections:
+        if isinstance(module, HyperConnection) and not module.is_residual:
+            module.set_options(**options)
+    return model

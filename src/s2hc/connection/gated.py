@@ -32,10 +32,12 @@ from torch import nn
 
 from ..checks import check_float, check_int, check_streams
 from ..init_rng import Draw
-from ..mixers import GATED_RESIDUAL, GATED_RESIDUAL_OPTIONS
 from ..mixers.base import coefficient_dtype
 from .base import _stream_precision, call_branch, check_stream_tensor
 
+GATED_RESIDUAL = "gated-residual"  # the family's name (its form: s2hc.connection.forms.gated_residual)
+#: Its options and their defaults: the read gates' rank r, transformers' Qwen4ExpTextConfig.hc_lowrank default.
+GATED_RESIDUAL_OPTIONS: dict[str, object] = {"rank": 320}
 #: The std of the gates' projections at init: transformers' ``initializer_range`` default (Qwen4ExpTextConfig).
 GATE_INIT_STD = 0.02
 #: Every option a model's ``family_options`` may give the gated residual: its own and its norm's ``eps``.

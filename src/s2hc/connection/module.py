@@ -15,30 +15,13 @@ from .. import mixers
 from ..checks import check_float, check_int, check_streams
 from ..extras import check_available
 from ..init_rng import Draw
-from ..mixers import GATED_RESIDUAL, RESIDUAL, check_family
 from ..mixers.base import coefficient_dtype, scale_parameter
 from .base import ComputePath, _stream_precision, call_branch, check_stream_tensor
-from .gated import GatedResidual
 from .init import check_gate_init, check_projection_init, gate_biases, initial_projection, projection_draw
 from .paths import KERNELS, select_path
 
 COMPUTE_OPTIONS = ("fused", "recompute", "kernels")  # how a connection computes, not what: HyperConnection.set_options
-
-
-def projection_width(family: str, n_streams: int, **family_options: Any) -> int | None:
-    """Width of the coefficient projection ``d`` (``2n + K``, K = the constraint map's inputs) that
-    :class:`HyperConnection` builds for ``family`` at ``n_streams``; None where the connection has no n·C-wide
-    projection (``"residual"``, ``"gated-residual"``, and HC's ``projection="per-stream"``). Raises ValueError
-    where the family's constraint map refuses the size or an option, as the constructor does.
-
-    >>> projection_width("s2hc", 4), projection_width("mhc", 4), projection_width("residual", 1)
-    (17, 24, None)
-    """
-    check_streams("n_streams", n_streams)
-    check_family(family)
-    if family in (RESIDUAL, GATED_RESIDUAL):
-        return None
-    return _mixer_projection_width(mixers.build(family, n_streams, **family_options))
+RESIDUAL = "residual"  # the family HyperConnection computes without a mixer: x + F(x) (its form: forms.residual)
 
 
 def _projects_per_stream(mixer: mixers.Mixer) -> bool:
@@ -48,22 +31,6 @@ def _projects_per_stream(mixer: mixers.Mixer) -> bool:
 
 def _mixer_projection_width(mixer: mixers.Mixer) -> int | None:
     return None if _projects_per_stream(mixer) else 2 * mixer.n_streams + mixer.num_inputs
-
-
-def set_connection_options(model: nn.Module, **options: Any) -> nn.Module:
-    """:meth:`HyperConnection.set_options` (``fused``, ``recompute``, ``kernels``) on every mixing connection
-    of ``model``; returns ``model``. How the connections compute is not part of a model's configuration:
-    a checkpoint trained with ``kernels="triton"`` on a GPU loads and runs anywhere."""
-    unknown = sorted(set(options) - set(COMPUTE_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown connection options {unknown}; allowed: {list(COMPUTE_OPTIONS)}")
-    if options and any(isinstance(module, GatedResidual) for module in model.modules()):
-        raise ValueError(f"the gated residual has one way to compute: connection options {sorted(options)} do not "
-                         "apply to it")
-    for module in model.modules():
-        if isinstance(module, HyperConnection) and not module.is_residual:
-            module.set_options(**options)
-    return model
 
 
 class HyperConnection(nn.Module):
@@ -130,10 +97,10 @@ class HyperConnection(nn.Module):
         check_int("dim", dim)
         check_streams("n_streams", n_streams)  # before anything n-sized is built
         check_int("layer_index", layer_index, minimum=0)
-        check_family(family)
-        if family == GATED_RESIDUAL:
-            raise ValueError(f"family={GATED_RESIDUAL!r} is a connection form of its own: build it with "
-                             "s2hc.GatedResidual or s2hc.connection.build_connection")
+        if family != RESIDUAL and family not in mixers.REGISTRY:
+            raise ValueError(f"family must be one of {[RESIDUAL, *mixers.REGISTRY]} for a HyperConnection, got "
+                             f"{family!r} (every family, the connection forms of their own among them: "
+                             "s2hc.connection.build_connection)")
         eps = check_float("eps", eps, positive=True)  # 0, a negative or NaN eps gives NaN streams silently
         if not isinstance(transpose_res, bool):
             raise ValueError(f"transpose_res must be True or False, got {transpose_res!r}")

@@ -30,7 +30,10 @@ from torch import nn
 from ..connection import GatedHead, HyperConnection, HyperHead, is_mixing_connection
 from ..models import Transformer
 from . import measures
+from .depth import depth_modules
+from .depth import training_record as depth_record
 from .inert import SUM_KEEPING_REDUCTIONS, model_inert_connections
+from .positions import model_device, sample_positions
 from .summary import summarize
 
 __all__ = [
@@ -52,19 +55,6 @@ def mixing_connections(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """``(name, module)`` of every connection in ``model`` with several streams (a :class:`~s2hc.HyperConnection`
     that is not ``residual``, or a :class:`~s2hc.GatedResidual`), in module order."""
     return [(name, m) for name, m in model.named_modules() if is_mixing_connection(m)]
-
-
-def sample_positions(total: int, tokens: int | None, seed: int = 0) -> torch.Tensor | None:
-    """Sorted flat indices of ``tokens`` positions out of ``total``, uniformly without replacement; None for all.
-
-    Uses a private generator seeded with ``seed``, so the global RNG (and with it a training run) is untouched.
-    """
-    if tokens is None or tokens >= total:
-        return None
-    if tokens < 1:
-        raise ValueError(f"tokens must be an integer >= 1 or None, got {tokens!r}")
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randperm(total, generator=generator)[:tokens].sort().values
 
 
 def split_inert_connections(model: nn.Module, depth: int) -> tuple[list[int], list[int]]:
@@ -302,11 +292,6 @@ class Recorder(contextlib.AbstractContextManager):
         )
 
 
-def _device(model: nn.Module) -> torch.device:
-    parameter = next(model.parameters(), None)
-    return parameter.device if parameter is not None else torch.device("cpu")
-
-
 def collect(
     model: nn.Module,
     input_ids: torch.Tensor,
@@ -331,7 +316,7 @@ def collect(
     B, T = input_ids.shape
     positions = sample_positions(B * T, tokens, seed)
     rows = batch_size or B
-    device = _device(model)
+    device = model_device(model)
     was_training = model.training
     model.eval()
     recorder = Recorder(model, keep_streams=keep_streams)
@@ -414,7 +399,9 @@ def training_diagnostics(
     cannot change the output), ``stream_similarity_mean`` (mean off-diagonal cosine at
     each connection's input, then the output), ``composite_spectral_norm_max``, ``composite_forward_amax_max``,
     ``composite_backward_amax_max``, ``cumulative_column_sum_max``, ``cumulative_column_sum_min``; and
-    ``grad_norm``. A model without mixing connections gets only ``grad_norm``. Deterministic and free of the
+    ``grad_norm``. An AttnRes model gets its depth softmax instead (:func:`s2hc.diagnostics.depth.training_record`:
+    ``depth_effective_sources``, ``depth_embedding_weight``, ``depth_uniform_sources``); a model without mixing
+    connections gets only ``grad_norm``. Deterministic and free of the
     global RNG, so a resumed run writes the same records. Compiled blocks run eagerly for this forward pass
     (``torch.compiler.set_stance("force_eager")``); under FSDP2 every rank must call it (the forward gathers).
     """
@@ -445,6 +432,10 @@ def training_diagnostics(
             cumulative_column_sum_max=s["cumulative_column_sums"]["max"],
             cumulative_column_sum_min=s["cumulative_column_sums"]["min"],
         )
+    elif depth_modules(model):  # AttnRes: the depth softmax's spread and its weight on the embedding
+        stance = getattr(torch.compiler, "set_stance", None)
+        with stance("force_eager") if stance is not None else contextlib.nullcontext():
+            record.update(depth_record(model, input_ids, tokens=tokens, seed=seed, autocast_dtype=autocast_dtype))
     if grad_norms is not None:
         record["grad_norm"] = grad_norms
     return record

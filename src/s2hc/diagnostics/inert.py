@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from torch import nn
 
-from .. import mixers
+from ..connection import forms
 from ..models import Transformer
 from ..models.model_config import STREAM_REDUCTIONS
 
@@ -39,7 +39,7 @@ SUM_KEEPING_REDUCTIONS = ("sum", "mean")
 
 def _applied_sums(family: str, transposed: bool) -> tuple[bool, bool]:
     """(rows sum to 1, columns sum to 1) guaranteed of the matrix a connection applies (the gated residual's is I)."""
-    flags = mixers.get("identity" if family == mixers.GATED_RESIDUAL else family).guarantees
+    flags = forms.get(family).res_guarantees()
     return (flags.col_sums_one, flags.row_sums_one) if transposed else (flags.row_sums_one, flags.col_sums_one)
 
 

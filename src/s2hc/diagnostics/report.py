@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import mixers
 from ..checks import check_int, check_str
 from ..connection import CONNECTIONS, HyperConnection
 from ..data.loader import eval_batches
@@ -35,6 +36,8 @@ from ..reports import DASH, number, table
 from ..rundir import METRICS, load_model, read_metrics, resolve_checkpoint
 from . import plots
 from .collect import collect, mixing_connections
+from .depth import depth_attention, depth_modules
+from .depth import depth_lines as depth_attention_lines
 from .measures import NEGATIVE_TOLERANCE
 from .summary import OUTPUT_READS
 from .synthetic import DEFAULT_SWEEP, logit_scale_sweep, synthetic_summaries
@@ -448,7 +451,7 @@ def diagnose_checkpoint(
     path = resolve_checkpoint(checkpoint)
     model, config = loaded if loaded is not None else load_model(path)
     out = Path(out).expanduser() if out is not None else None
-    if not mixing_connections(model):
+    if not mixing_connections(model) and not depth_modules(model):
         result = _nothing_to_measure(path, model, config)
         if out is not None:
             write_json(out / JSON_NAME, result)
@@ -474,10 +477,28 @@ def diagnose_checkpoint(
         "seq_len": seq_len,
         "seed": seed,
     }
+    if not mixing_connections(model):  # AttnRes: its depth softmax is what there is to measure
+        result = {**about, "depth_attention": depth_attention(model, ids, tokens=tokens, seed=seed,
+                                                                batch_size=batch_size,
+                                                                autocast_dtype=autocast_dtype(config.dtype, target))}
+        if out is not None:
+            write_json(out / JSON_NAME, result)
+            write_text(out / REPORT_NAME, _depth_report(result))
+        return result
     result, _ = _diagnose(model, ids, out, about, tokens=tokens, batch_size=batch_size, seed=seed,
                           autocast_dtype=autocast_dtype(config.dtype, target),
                           more_figures=lambda directory: _history_figure(path.parent, directory))
     return result
+
+
+def _depth_report(result: dict[str, Any]) -> str:
+    """The report of an AttnRes checkpoint: what was measured, then the depth-attention table."""
+    options = options_text(result.get("family_options"))
+    lines = [f"# s2hc diagnose: `{result['checkpoint']}`", "",
+             f"Family `{result['family']}`{options}, preset `{result['preset']}` ({result['n_layers']} layers). "
+             f"Measured on the validation split of `{result['data']}` (windows of {result['seq_len']} tokens, seed "
+             f"{result['seed']}). The numbers: [`{JSON_NAME}`]({JSON_NAME}).", ""]
+    return "\n".join(lines + depth_attention_lines(result["depth_attention"])) + "\n"
 
 
 def _history_figure(run_dir: Path, out: Path) -> dict[str, Path]:
@@ -713,9 +734,10 @@ def diagnose_synthetic(
     object: ``kind: "synthetic"``, ``settings``, ``families``, the shared ``layers``/``depth``/``tokens``/
     ``n_streams``, one key per measurement mapping each family to its statistics, and ``logit_scale_sweep``.
     """
-    families = [f for f in families if f != "residual"]
+    families = [f for f in families if f in mixers.REGISTRY]
     if not families:
-        raise ValueError("no family with a residual matrix to generate (residual has none)")
+        raise ValueError("no family with a residual matrix to generate (only the mixing families "
+                         f"{list(mixers.REGISTRY)} have one)")
     summaries = synthetic_summaries(families, n_streams, layers, tokens, logit_scale, seed)
     scales = sorted(set(float(s) for s in sweep) | ({float(logit_scale)} if sweep else set()))
     sweep_rows = logit_scale_sweep(families, scales, n_streams, layers, tokens, seed) if scales else {}

@@ -95,10 +95,11 @@ def synthetic_summaries(
     logit_scale: float = 1.0,
     seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
-    """``{family: summarize(...)}`` for each family in ``families`` (``residual`` has no matrices: left out)."""
+    """``{family: summarize(...)}`` for each mixing family in ``families`` (the others have no constraint map to
+    draw from: left out)."""
     out = {}
     for family in families:
-        if family == "residual":
+        if family not in mixers.REGISTRY:
             continue
         res = synthetic_matrices(family, n_streams, layers, tokens, logit_scale, seed)
         out[family] = summarize(res, names=[str(i) for i in range(layers)], family=family)
@@ -122,7 +123,7 @@ def logit_scale_sweep(
     """
     out: dict[str, list[dict[str, float]]] = {}
     for family in families:
-        if family == "residual":
+        if family not in mixers.REGISTRY:
             continue
         for scale in scales:
             row = {"logit_scale": float(scale)}

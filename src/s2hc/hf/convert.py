@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..mixers import RESIDUAL
+from ..connection import forms
 from ..models import ModelConfig, Transformer
 from . import architectures
 from .architectures.common import WeightMap, get
@@ -104,7 +104,7 @@ def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """
     if not isinstance(model, Transformer):
         raise ValueError(f"model must be an s2hc.models.Transformer, got {type(model).__name__}")
-    if model.config.family != RESIDUAL:
+    if model.form is not forms.RESIDUAL:
         raise ValueError(f"to_hf_state_dict needs a residual model (no hyper-connections), got family "
                          f"{model.config.family!r}; export it with s2hc export instead")
     state = {name: value.detach() for name, value in model.state_dict().items()}

@@ -47,9 +47,9 @@ import torch
 
 from ..checks import MAX_LAYERS, check_int
 from ..connection import GatedHead, GatedResidual, HyperConnection, HyperHead, build_connection
+from ..connection.gated import GATED_RESIDUAL
 from ..diagnostics import report as diagnostics_report
 from ..diagnostics.summary import summarize
-from ..mixers import GATED_RESIDUAL
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
 from ..reports import number, table

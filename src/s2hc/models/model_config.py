@@ -16,11 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import mixers
 from ..checks import MAX_LAYERS, check_int
-from ..connection.gated import GATED_OPTIONS
+from ..connection import forms
+from ..connection.forms import HYPER_CONNECTION_OPTIONS, check_family
 from ..connection.init import check_gate_init, check_projection_init
-from ..mixers import GATED_RESIDUAL, RESIDUAL, check_family
 
 __all__ = ["ModelConfig", "PRESETS", "default_stream_reduce", "get_preset"]
 
@@ -32,15 +31,16 @@ STREAM_REDUCTIONS = ("sum", "mean", "head")
 ROPE_SCALINGS = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
 # HyperConnection's own keywords (its RMSNorm epsilon; mixing with H_resᵀ; how its projection and its gates start),
 # accepted beside the family's options.
-CONNECTION_OPTIONS = ("eps", "transpose_res", "projection_init", "gate_init")
+CONNECTION_OPTIONS = HYPER_CONNECTION_OPTIONS
 # How Transformer.init_weights draws the weights outside the connections (see ModelConfig's docstring).
 WEIGHT_INITS = ("gpt2", "neox")
 
 
 def default_stream_reduce(family: str) -> str:
-    """What ``ModelConfig.stream_reduce=None`` resolves to for ``family``: ``"head"`` for the gated residual (Qwen's
-    model ends with its gated read), ``"sum"`` (the papers') for every other family."""
-    return "head" if family == GATED_RESIDUAL else "sum"
+    """What ``ModelConfig.stream_reduce=None`` resolves to for ``family`` (its form's ``default_stream_reduce``):
+    ``"head"`` for the gated residual (Qwen's model ends with its gated read) and AttnRes (its output query),
+    ``"sum"`` (the papers') for every other family."""
+    return forms.get(family).default_stream_reduce
 
 
 def _fail(name: str, value: Any, allowed: str) -> ValueError:
@@ -167,7 +167,7 @@ class ModelConfig:
     local_rope_theta: float | None = None
     weight_init: str = "gpt2"
     init_std: float = 0.02
-    family: str = RESIDUAL
+    family: str = forms.RESIDUAL.name
     n_streams: int = 1
     family_options: dict[str, Any] = field(default_factory=dict)
     stream_reduce: str | None = None
@@ -252,29 +252,19 @@ class ModelConfig:
         if not isinstance(self.family_options, Mapping):
             raise _fail("family_options", self.family_options, "a dict of the family's options")
         self.family_options = dict(self.family_options)
-        if self.family == RESIDUAL:
-            if self.stream_reduce == "head":
-                raise ValueError("stream_reduce='head' weighs several streams; family='residual' has one, so use "
-                                 "'sum' (or choose a multi-stream family)")
-            if self.n_streams != 1:
-                raise ValueError(f"n_streams must be 1 for family='residual', got n_streams={self.n_streams}")
-            if self.family_options:
-                raise ValueError(f"family='residual' takes no family_options, got {sorted(self.family_options)}")
-            if self.lss_init is not None:
-                raise ValueError(f"lss_init scales several streams; family='residual' has one, got lss_init="
-                                 f"{self.lss_init!r} (leave it None or choose a multi-stream family)")
-            return
+        form = forms.get(self.family)
+        form.check_streams(self.n_streams)
+        if self.stream_reduce not in form.stream_reductions:
+            raise ValueError(f"stream_reduce must be one of {list(form.stream_reductions)} for family="
+                             f"{self.family!r}, got {self.stream_reduce!r}")
         if self.lss_init is not None:
+            if not form.stream_scaling:
+                raise ValueError(f"lss_init scales several streams; family={self.family!r} has one, got lss_init="
+                                 f"{self.lss_init!r} (leave it None or choose a multi-stream family)")
             self.lss_init = _check_float("lss_init", self.lss_init)
-        gated = self.family == GATED_RESIDUAL
-        allowed = list(GATED_OPTIONS) if gated else sorted({*mixers.options(self.family), *CONNECTION_OPTIONS})
-        unknown = sorted(set(self.family_options) - set(allowed))
-        if unknown:
-            raise ValueError(f"unknown family_options {unknown} for family {self.family!r}; allowed: {allowed}")
-        if not gated:
+        form.check_options(self.family_options)
+        if isinstance(form, forms.HyperConnectionForm):
             self._check_initialisation()
-        elif self.n_streams < 2:
-            raise ValueError(f"n_streams must be at least 2 for family={self.family!r}, got {self.n_streams}")
 
     def _check_initialisation(self) -> None:
         """The connection's ``projection_init`` and ``gate_init`` values; a residual-equivalent start

@@ -10,9 +10,11 @@ Data flow (``n = config.n_streams``)::
 A branch is everything between the connection's read and write: the pre-norm, the sublayer and, with
 ``post_norms`` (Gemma3), the norm on its output. Qwen's gated residual (``family="gated-residual"``) reads
 normalised streams, so its branches have no pre-norm, and its head (:class:`s2hc.GatedHead`) takes the final
-norm's place, as in transformers' ``qwen4_exp``. With ``family="residual"`` the model is the plain pre-norm
-architecture of GPT-2, Qwen2.5, Qwen3 or Gemma3 (``tests/test_hf_parity.py`` checks the last three against
-Hugging Face ``transformers`` logit for logit).
+norm's place, as in transformers' ``qwen4_exp``. With Attention Residuals (``family="attn-res"``) the state between
+sublayers is the tuple of depth sources (:mod:`s2hc.connection.forms.attn_res`) and the head is its output query.
+What each family changes here is declared by its form (:mod:`s2hc.connection.forms`), never asked by name. With
+``family="residual"`` the model is the plain pre-norm architecture of GPT-2, Qwen2.5, Qwen3 or Gemma3
+(``tests/test_hf_parity.py`` checks the last three against Hugging Face ``transformers`` logit for logit).
 
 Incremental decoding: ``forward(ids, cache=KVCache())`` appends every layer's keys and values to the cache, so the
 next call needs only the new tokens. Hyper-connections mix streams per token, so attention is the only part of
@@ -45,16 +47,11 @@ from ..checks import check_int
 from ..connection import (
     CONNECTIONS,
     HEADS,
-    GatedHead,
-    HyperHead,
     StreamScaling,
     build_connection,
-    expand_streams,
-    reduce_streams,
+    forms,
 )
 from ..init_rng import DEFAULT_INIT_RNG, Draw, check_init_rng, parameter_generator, random_seed, redraw
-from ..mixers import GATED_RESIDUAL
-from ..mixers.mhc import DEEPSEEK_V4_EPS
 from .model_config import ModelConfig
 
 __all__ = [
@@ -417,7 +414,7 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer, self.local = layer, config.is_local_layer(layer)
-        pre_norms = config.family != GATED_RESIDUAL  # the gated residual's read is normalised already
+        pre_norms = forms.get(config.family).pre_norms  # the gated residual's read is normalised already
         self.attn_norm = make_norm(config) if pre_norms else None
         self.attn = Attention(config, local=self.local)
         self.attn_post_norm = make_norm(config) if config.post_norms else None
@@ -425,8 +422,11 @@ class Block(nn.Module):
         self.mlp = MLP(config)
         self.mlp_post_norm = make_norm(config) if config.post_norms else None
         options = dict(family=config.family, **config.family_options)
-        self.attn_hc = build_connection(config.dim, config.n_streams, layer_index=layer, **options)
-        self.mlp_hc = build_connection(config.dim, config.n_streams, layer_index=layer, **options)
+        sublayers = {"n_sublayers": 2 * config.n_layers}  # attention 2·layer, MLP 2·layer + 1 (AttnRes counts them)
+        self.attn_hc = build_connection(config.dim, config.n_streams, layer_index=layer, sublayer=2 * layer,
+                                        **sublayers, **options)
+        self.mlp_hc = build_connection(config.dim, config.n_streams, layer_index=layer, sublayer=2 * layer + 1,
+                                       **sublayers, **options)
 
     def attention_branch(self, h: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
         """Pre-norm (if any), attention, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
@@ -492,14 +492,11 @@ class Transformer(nn.Module):
             self.stream_scale = StreamScaling(config.dim, config.n_streams, init=config.lss_init)
         self.blocks = nn.ModuleList(Block(config, layer) for layer in range(config.n_layers))
         self.stream_head = None
-        gated_head = config.stream_reduce == "head" and config.family == GATED_RESIDUAL
-        if gated_head:
-            self.stream_head = GatedHead(config.dim, config.n_streams, **config.family_options)
-        elif config.stream_reduce == "head":
-            hc_eps = config.family_options.get("hc_eps", DEEPSEEK_V4_EPS)
-            self.stream_head = HyperHead(config.dim, config.n_streams, eps=config.norm_eps, hc_eps=hc_eps)
+        if config.stream_reduce == "head":  # the form's learned read: HyperHead, Qwen's gated read, AttnRes's query
+            self.stream_head = self.form.build_head(config.dim, config.n_streams, norm_eps=config.norm_eps,
+                                                    options=config.family_options)
         # Qwen's gated read is normalised (its own RMSNorm with 1 + w): the model has no final norm after it.
-        self.norm = nn.Identity() if gated_head else make_norm(config)
+        self.norm = nn.Identity() if self.form.replaces_final_norm(config.stream_reduce) else make_norm(config)
         self.lm_head = nn.Linear(config.dim, config.vocab_size, bias=False)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
@@ -650,20 +647,25 @@ class Transformer(nn.Module):
         x = self.run_blocks(self.expand_streams(h), attention_inputs(self.config, positions))
         return self.lm_head(self.norm(self.reduce_streams(x)))
 
+    @property
+    def form(self) -> forms.ConnectionForm:
+        """The connection form of the model's family (:mod:`s2hc.connection.forms`)."""
+        return forms.get(self.config.family)
+
     def expand_streams(self, h: torch.Tensor) -> torch.Tensor:
         """Embeddings ``(B, T, C)`` -> streams ``(B, T, n, C)``: n copies, times the learned stream scaling when
-        ``lss_init`` is set."""
-        x = expand_streams(h, self.config.n_streams)
+        ``lss_init`` is set (the form's :meth:`~s2hc.connection.forms.ConnectionForm.expand`: AttnRes's state is
+        the tuple ``(h,)``)."""
+        x = self.form.expand(h, self.config.n_streams)
         return x if self.stream_scale is None else self.stream_scale(x)
 
     def reduce_streams(self, x: torch.Tensor) -> torch.Tensor:
         """Streams ``(B, T, n, C)`` -> ``(B, T, C)``: their sum, their mean with ``stream_reduce="mean"``, or
-        the learned head's read with ``stream_reduce="head"`` (:class:`s2hc.HyperHead`'s weighted sum, or
-        :class:`s2hc.GatedHead`'s gated read)."""
+        the learned head's read with ``stream_reduce="head"`` (:class:`s2hc.HyperHead`'s weighted sum,
+        :class:`s2hc.GatedHead`'s gated read, or AttnRes's output query over its sources)."""
         if self.stream_head is not None:
             return self.stream_head(x)
-        reduced = reduce_streams(x)
-        return reduced / x.shape[-2] if self.config.stream_reduce == "mean" else reduced
+        return self.form.reduce(x, mean=self.config.stream_reduce == "mean")
 
     def run_blocks(self, x: torch.Tensor, inputs: AttentionInputs, cache=None) -> torch.Tensor:
         """Every block in order on streams ``x`` ``(B, T, n, C)`` (or the layout the blocks' connections take,

@@ -32,38 +32,21 @@ from __future__ import annotations
 
 import torch
 
-from .. import mixers
-from ..connection import HyperConnection
+from ..connection import HyperConnection, forms
 from ..connection.init import DEFAULT_SPREAD, upcycling_biases  # their home is the connection (gate_init="residual")
-from ..mixers import RESIDUAL
 from .model_config import ModelConfig
 from .transformer import Transformer
 
 __all__ = ["DEFAULT_SPREAD", "check_upcyclable", "upcyclable_families", "upcycle_model", "upcycling_biases"]
 
-_SAME_FAMILY = "it is the source's own family (one stream): there is nothing to upcycle"
-_GATED_REFUSAL = ("its gates start random, so its start is not the source's function; the start that is (zero gate "
-                  "projections) keeps the streams identical copies under every gradient step")
-
-
 def upcyclable_families() -> list[str]:
     """The families :func:`upcycle_model` accepts."""
-    return [f for f in mixers.families() if _reason(f) is None]
-
-
-def _reason(family: str) -> str | None:
-    """Why ``family`` cannot be upcycled into, or None: its class says (``residual``, with none, is the source's)."""
-    if family == RESIDUAL:
-        return _SAME_FAMILY
-    if family == mixers.GATED_RESIDUAL:
-        return _GATED_REFUSAL
-    return mixers.get(family).upcycle_refusal()
+    return [form.name for form in forms.FORMS if form.upcycle_refusal() is None]
 
 
 def check_upcyclable(family: str, argument: str = "--family") -> str:
     """``family`` if a residual model can be upcycled into it function-preservingly; ValueError saying why not."""
-    mixers.check_family(family, argument)
-    reason = _reason(family)
+    reason = forms.get(family, argument).upcycle_refusal()
     if reason is not None:
         raise ValueError(f"{argument} {family!r} cannot start from a residual model with the same function: "
                          f"{reason}; choose one of {upcyclable_families()}")
@@ -79,7 +62,7 @@ def upcycle_model(source: Transformer, family: str, n_streams: int, family_optio
     not residual, a family that does not qualify (:func:`check_upcyclable`), fewer than 2 streams or a bad
     ``spread``.
     """
-    if source.config.family != RESIDUAL:
+    if forms.get(source.config.family) is not forms.RESIDUAL:
         raise ValueError(f"the source model must be residual (one stream) to upcycle, got family "
                          f"{source.config.family!r} with {source.config.n_streams} streams")
     check_upcyclable(family)

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import TrainConfig, check_seed_count
+from ..connection import forms
+from ..connection.forms import default_streams
 from ..diagnostics.report import DEFAULT_TOKENS
-from ..mixers import RESIDUAL, default_streams
 from ..rundir import check_run_directory, holds_run
 from .runner import Run, run_study
 from .spec import DEFAULT_BASELINES, GRID_KEYS, StudySpec, parse_spec
@@ -39,10 +40,12 @@ def compare_spec(base: TrainConfig, families: list[str], seeds: int = 1, n_strea
              if key not in GRID_KEYS and value != defaults.get(key)}
     entries: list[Any] = []
     for family in families:
-        if family == RESIDUAL:
-            entries.append(RESIDUAL)
+        form = forms.get(family)
+        if not form.allowed_options():  # the residual: one stream whatever n the others use, no options
+            entries.append(family)
             continue
-        entry: dict[str, Any] = {"family": family, "n_streams": [n_streams or default_streams(family)]}
+        streams = 1 if form.max_streams == 1 else n_streams or default_streams(family)
+        entry: dict[str, Any] = {"family": family, "n_streams": [streams]}
         if base.family_options:
             entry["options"] = dict(base.family_options)
         entries.append(entry)

@@ -51,9 +51,10 @@ from ..config import (
     load_yaml_config,
     parse_assignment,
 )
-from ..connection import HyperConnection
+from ..connection import HyperConnection, forms
+from ..connection.forms import check_family, options
 from ..init_rng import DEFAULT_INIT_RNG
-from ..mixers import REFERENCE_FAMILY, RESIDUAL, check_family, options
+from ..mixers import REFERENCE_FAMILY
 from ..models.model_config import CONNECTION_OPTIONS
 from ..rundir import load_checkpoint
 from ..train.init_from import upcycles
@@ -64,7 +65,7 @@ KEYS = ("description", "train", "n_streams", "streams", "seeds", "families", "se
 MODEL_OVERRIDES = "model_overrides"  # the TrainConfig key whose settings merge key by key (``model_overrides.dim``)
 GRID_KEYS = grid_fields()  # set by the grid, not by `train:` (TrainConfig's field metadata says which)
 DEFAULT_DIAGNOSTICS_TOKENS = 2048
-DEFAULT_BASELINES = (RESIDUAL, REFERENCE_FAMILY)  # what every configuration is paired with, unless told
+DEFAULT_BASELINES = (forms.RESIDUAL.name, REFERENCE_FAMILY)  # what every configuration is paired with, unless told
 #: Bounds of the counts a grid file sets beside its runs' (which TrainConfig bounds): the diagnostics hold
 #: per-token matrices of every connection in memory, and a run's processes are GPUs of one machine or more.
 MAX_DIAGNOSTICS_TOKENS, MAX_NPROC = 1_000_000, 1024
@@ -91,15 +92,19 @@ class Configuration:
         name it."""
         settings = ", ".join(f"{_short(k)}={_word(v)}" for k, v in self.settings)
         suffix = f" [{settings}]" if settings else ""
-        if self.family == RESIDUAL:
-            return RESIDUAL + suffix
         options = ", ".join(f"{k}={_word(v)}" for k, v in self.options)
-        return f"{self.family}{f' ({options})' if options else ''} n={self.n_streams}{suffix}"
+        streams = "" if self.one_stream else f" n={self.n_streams}"
+        return f"{self.family}{f' ({options})' if options else ''}{streams}{suffix}"
+
+    @property
+    def one_stream(self) -> bool:
+        """Whether the family's form has one stream whatever n the others use (the residual, AttnRes)."""
+        return forms.get(self.family).max_streams == 1
 
     @property
     def slug(self) -> str:
         """``"s2hc-n4-rotation-expm"``, ``"mhc-n4-n_layers-16"``: the label as a file name."""
-        parts = [self.family] + ([] if self.family == RESIDUAL else [f"n{self.n_streams}"])
+        parts = [self.family] + ([] if self.one_stream else [f"n{self.n_streams}"])
         parts += [f"{k}-{_word(v)}" for k, v in self.options]
         parts += [f"{_short(k)}-{_word(v)}" for k, v in self.settings]
         return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(parts))
@@ -196,10 +201,11 @@ def _entry(entry: Any, default_streams: list[int], where: str) -> list[Configura
     else:
         raise ValueError(f"{where}: expected FAMILY, FAMILY:KEY=VALUE or a mapping, got {entry!r}")
     family = check_family(str(family).strip(), where)
-    if family == RESIDUAL:
-        if options:
-            raise ValueError(f"{where}: residual takes no options, got {options!r}")
-        return [Configuration(RESIDUAL, (), 1)]
+    form = forms.get(family)
+    if not form.allowed_options() and options:
+        raise ValueError(f"{where}: {family} takes no options, got {options!r}")
+    if form.max_streams == 1:
+        return [Configuration(family, tuple(sorted(options.items())), 1)]
     frozen = tuple(sorted(options.items()))
     return [Configuration(family, frozen, n) for n in streams]
 
@@ -346,7 +352,7 @@ def configuration_value(spec: StudySpec, configuration: Configuration, key: str)
         return config.n_streams
     if key.startswith(f"{MODEL_OVERRIDES}."):
         return getattr(config.model_config(), _short(key))
-    family_options = {} if config.family == RESIDUAL else {**CONNECTION_DEFAULTS, **options(config.family)}
+    family_options = _option_defaults(config.family)
     family_options.update(config.family_options)
     if key in family_options:
         return family_options[key]
@@ -355,11 +361,17 @@ def configuration_value(spec: StudySpec, configuration: Configuration, key: str)
     raise KeyError(key)
 
 
+def _option_defaults(family: str) -> dict[str, Any]:
+    """The options ``family`` takes with their defaults, the connection's own (:data:`CONNECTION_DEFAULTS`) among
+    them; none for a form that takes none (the residual)."""
+    return {**CONNECTION_DEFAULTS, **options(family)} if forms.get(family).allowed_options() else {}
+
+
 def _model_key(config: TrainConfig) -> tuple:
     """What tells two grid points' models apart: family, streams and every option with the family's and the
     connection's defaults filled in (``s2hc`` and ``s2hc:rotation=cayley`` are one model), values as checked
     (``alpha=1e-2``, a string in YAML 1.1, is 0.01)."""
-    defaults = {} if config.family == RESIDUAL else {**CONNECTION_DEFAULTS, **options(config.family)}
+    defaults = _option_defaults(config.family)
     effective = {**defaults, **config.family_options}
     return config.family, config.n_streams, tuple(sorted((k, repr(v)) for k, v in effective.items()))
 

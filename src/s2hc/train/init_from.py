@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..config import TrainConfig, completed_settings, family_fields, model_fields
-from ..mixers import RESIDUAL
+from ..connection import forms
 from ..models import Transformer
 from ..models.widen import check_upcyclable, upcycle_model
 from ..rundir import checkpoint_paths, load_checkpoint, load_model, read_config
@@ -68,7 +68,7 @@ def inherit_model_settings(values: dict[str, Any]) -> dict[str, Any]:
             if key in family_fields() and explicit_family:
                 continue  # a new family takes its own defaults
             out[key] = stored[key]
-    if upcycles(stored["family"], out.get("family", RESIDUAL), "family (with init_from a residual run)"):
+    if upcycles(stored["family"], out.get("family", forms.RESIDUAL.name), "family (with init_from a residual run)"):
         out["model_overrides"] = {"stream_reduce": "mean", **dict(out.get("model_overrides") or {})}
     return out
 
@@ -76,7 +76,7 @@ def inherit_model_settings(values: dict[str, Any]) -> dict[str, Any]:
 def upcycles(source_family: str, family: str, argument: str = "family") -> bool:
     """Whether a run of ``family`` starting from a ``source_family`` run upcycles it (a residual source, another
     family); ValueError naming ``argument`` when ``family`` cannot keep a residual source's function."""
-    if source_family != RESIDUAL or family == RESIDUAL:
+    if forms.get(source_family) is not forms.RESIDUAL or forms.get(family) is forms.RESIDUAL:
         return False
     check_upcyclable(family, argument)
     return True

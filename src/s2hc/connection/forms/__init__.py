@@ -1,0 +1,68 @@
+"""Every connection form, by family name: the registry the rest of s2hc asks instead of comparing names.
+
+>>> from s2hc.connection import forms
+>>> forms.get("gated-residual").pre_norms, forms.get("attn-res").default_stream_reduce, forms.default_streams("mhc")
+(False, 'head', 4)
+
+A family is a form: the plain residual (:mod:`~.residual`), a hyper-connection over each mixing family of
+:data:`s2hc.mixers.REGISTRY` (:mod:`~.hyper`), Qwen's gated residual (:mod:`~.gated_residual`), Attention
+Residuals (:mod:`~.attn_res`) and the wide residual (:mod:`~.wide_residual`). Adding a form is one module here
+and one entry in :data:`FORMS` (docs/design.md section 4); what a form declares is :class:`ConnectionForm`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ... import mixers
+from .attn_res import ATTN_RES, AttnResConnection, AttnResHead
+from .base import ConnectionForm
+from .gated_residual import GATED_RESIDUAL
+from .hyper import HYPER_CONNECTION_OPTIONS, HyperConnectionForm
+from .residual import RESIDUAL
+from .wide_residual import WIDE_RESIDUAL, WideResidual
+
+#: Every form in the order ``s2hc.families()`` lists them: the residual, the mixing families in the design
+#: document's order, then the forms of their own.
+FORMS: tuple[ConnectionForm, ...] = (
+    RESIDUAL,
+    *(HyperConnectionForm(name) for name in mixers.REGISTRY),
+    GATED_RESIDUAL,
+    ATTN_RES,
+    WIDE_RESIDUAL,
+)
+REGISTRY: dict[str, ConnectionForm] = {form.name: form for form in FORMS}
+
+
+def families() -> list[str]:
+    """Every family name a model accepts (``ModelConfig.family``), in registry order."""
+    return list(REGISTRY)
+
+
+def check_family(name: object, argument: str = "family") -> str:
+    """``name`` if it names a family; ValueError naming ``argument`` and the allowed names otherwise."""
+    if not isinstance(name, str) or name not in REGISTRY:
+        raise ValueError(f"{argument} must be one of {families()}, got {name!r}")
+    return name
+
+
+def get(name: object, argument: str = "family") -> ConnectionForm:
+    """The form of family ``name``; ValueError naming ``argument`` and the allowed names otherwise."""
+    return REGISTRY[check_family(name, argument)]
+
+
+def default_streams(family: str) -> int:
+    """Streams a family gets when none are given (1 for the one-stream forms, else the papers' 4)."""
+    return get(family).default_streams
+
+
+def options(family: str) -> dict[str, Any]:
+    """The options family ``family`` takes and their defaults (the connection's own ``eps`` etc. aside)."""
+    return get(family).options()
+
+
+__all__ = [
+    "ATTN_RES", "FORMS", "GATED_RESIDUAL", "HYPER_CONNECTION_OPTIONS", "REGISTRY", "RESIDUAL", "WIDE_RESIDUAL",
+    "AttnResConnection", "AttnResHead", "ConnectionForm", "HyperConnectionForm", "WideResidual", "check_family",
+    "default_streams", "families", "get", "options",
+]

@@ -1,0 +1,223 @@
+"""Attention Residuals (AttnRes; Kimi, arXiv 2603.15031): each sublayer reads a softmax-weighted sum over the
+outputs of the sublayers before it (Full) or over block summaries (Block), instead of their plain sum.
+
+With sources ``v_0 = `` the embedding and ``v_j`` the output of sublayer ``j`` (attention and MLP each count as
+one sublayer), sublayer ``l`` reads::
+
+    h_l = Σ_i α_{i→l} v_i,   α_{·→l} = softmax_i( w_lᵀ RMSNorm(v_i) )
+
+over its sources ``i``, with ``w_l ∈ R^C`` a learned pseudo-query per sublayer (zero at init: a uniform softmax)
+and an RMSNorm with a learned weight on the keys only (the values are the raw sources), as the paper and
+flash-linear-attention's ``fused_attnres`` have it. **Block** AttnRes groups the sublayers into blocks of
+``block_size``: the sources are the embedding, the sum of each completed block's outputs and the partial sum of
+the current block, so the state holds ``1 + ⌈l / block_size⌉`` tensors instead of ``l + 1``. ``block_size=1`` is
+**Full** AttnRes. The model's output is read the same way by one more query (:class:`AttnResHead`), before the
+final norm.
+
+The state between sublayers is a tuple of ``(B, T, C)`` tensors (the sources), not a ``(B, T, n, C)`` tensor: a
+growing concatenation would copy every source at every sublayer and keep each copy for the backward pass
+(quadratic memory in depth). The logits are computed as ``(v_i · (w ⊙ g)) / rms(v_i)`` (``g`` the key norm's
+weight), so a call keeps only its per-token scalars besides the sources themselves.
+
+At init every query is zero, so each sublayer reads the *mean* of its sources. With pre-norm branches that is the
+residual model's function (the mean and the residual sum differ by a positive factor per token, which the
+branch's RMSNorm and the final norm remove, up to their epsilon), so an AttnRes model starts as the residual
+model with the same weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...checks import check_float, check_int
+from ...mixers.base import coefficient_dtype
+from ..base import _stream_precision, call_branch
+from .base import ConnectionForm
+
+#: The paper's Block AttnRes: about eight blocks over the depth (``block_size=None`` chooses the size for that).
+DEFAULT_BLOCKS = 8
+VARIANTS = ("block", "full")
+
+
+def _check_sources(sources: Any, count: int | None, dim: int, what: str) -> tuple[torch.Tensor, ...]:
+    """``sources`` as a tuple of ``(B, T, dim)`` floating tensors (``count`` of them when given), or an error."""
+    if isinstance(sources, torch.Tensor) or not isinstance(sources, (tuple, list)) or not sources:
+        got = tuple(sources.shape) if isinstance(sources, torch.Tensor) else type(sources).__name__
+        raise TypeError(f"{what} takes the depth sources, a tuple of (batch, time, dim) tensors (the embedding, "
+                        f"then each block's sum), got {got}")
+    first = sources[0]
+    for source in sources:
+        if (not isinstance(source, torch.Tensor) or not source.is_floating_point() or source.dim() != 3
+                or source.shape != first.shape or source.shape[-1] != dim):
+            got = tuple(source.shape) if isinstance(source, torch.Tensor) else type(source).__name__
+            raise ValueError(f"{what}: every source must be a floating (batch, time, dim={dim}) tensor of one "
+                             f"shape, got {got}")
+    if count is not None and len(sources) != count:
+        raise ValueError(f"{what} expects {count} sources here (the embedding and each block so far), got "
+                         f"{len(sources)}")
+    return tuple(sources)
+
+
+class DepthAttention(nn.Module):
+    """The softmax read over depth sources: a pseudo-query ``query`` ``(C,)`` (zero at init) against the sources
+    RMS-normalised with a learned weight ``key_norm_weight`` ``(C,)`` (one at init).
+
+    ``weights(sources)``: a tuple of ``(B, T, C)`` -> ``(B, T, S)`` in at least float32 (sums to 1 over S);
+    ``forward(sources)`` -> ``(B, T, C)`` in the sources' dtype."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.dim = check_int("dim", dim)
+        self.eps = check_float("eps", eps, positive=True)
+        self.query = nn.Parameter(torch.zeros(dim))
+        self.key_norm_weight = nn.Parameter(torch.ones(dim))
+
+    def weights(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        dtype = coefficient_dtype(sources[0].dtype)
+        scaled_query = (self.query.to(dtype) * self.key_norm_weight.to(dtype))
+        logits = [
+            (source.to(dtype) @ scaled_query) * torch.rsqrt(source.to(dtype).square().mean(-1) + self.eps)
+            for source in sources
+        ]
+        return torch.softmax(torch.stack(logits, dim=-1), dim=-1)
+
+    def read(self, sources: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(h, weights)``: the weighted sum ``(B, T, C)`` in the sources' dtype and the weights ``(B, T, S)``."""
+        with _stream_precision(sources[0]):
+            weights = self.weights(sources)
+            dtype = sources[0].dtype
+            h = sum(weights[..., i, None].to(dtype) * source for i, source in enumerate(sources))
+        return h, weights
+
+    def forward(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self.read(_check_sources(sources, None, self.dim, type(self).__name__))[0]
+
+
+class AttnResConnection(DepthAttention):
+    """Attention Residuals around one branch (module docstring).
+
+    Args:
+        dim: the width C.
+        n_streams: 1 (the state holds depth sources, not parallel streams).
+        layer_index: the block's index (bookkeeping).
+        sublayer: this branch's index over the model's sublayers (0-based).
+        block_size: sublayers per block (1: Full AttnRes).
+        eps: the key norm's epsilon.
+
+    ``forward(sources, branch, *args, **kwargs)``: ``sources`` a tuple of ``1 + ⌈sublayer / block_size⌉``
+    ``(B, T, C)`` tensors; calls ``branch(h, *args, **kwargs)`` on the weighted read ``h`` and returns the new
+    sources: the branch output appended as a new block when ``sublayer`` starts one, else added to the last.
+    """
+
+    projections: tuple[str, ...] = ()  # the query and the norm weight are not token-driven matrices: no decay
+
+    def __init__(self, dim: int, n_streams: int = 1, layer_index: int = 0, *, sublayer: int = 0, block_size: int = 1,
+                 eps: float = 1e-6):
+        super().__init__(dim, eps)
+        if n_streams != 1:
+            raise ValueError(f"n_streams must be 1 for family='attn-res' (its state is the depth sources), "
+                             f"got {n_streams}")
+        self.n_streams = 1
+        self.layer_index = check_int("layer_index", layer_index, minimum=0)
+        self.sublayer = check_int("sublayer", sublayer, minimum=0)
+        self.block_size = check_int("block_size", block_size)
+
+    @property
+    def family(self) -> str:
+        return ATTN_RES.name
+
+    @property
+    def num_sources(self) -> int:
+        """How many sources this sublayer reads: the embedding and one per block begun before it."""
+        return 1 + math.ceil(self.sublayer / self.block_size)
+
+    def depth_weights(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """The softmax weights ``(B, T, S)`` this sublayer gives its sources (the form's diagnostic)."""
+        return self.weights(_check_sources(sources, self.num_sources, self.dim, type(self).__name__))
+
+    def forward(self, sources: tuple[torch.Tensor, ...], branch: Callable[..., torch.Tensor], *args: Any,
+                **kwargs: Any) -> tuple[torch.Tensor, ...]:
+        sources = _check_sources(sources, self.num_sources, self.dim, type(self).__name__)
+        h, _ = self.read(sources)
+        out = call_branch(branch, h, args, kwargs).to(h.dtype)
+        if self.sublayer % self.block_size == 0:  # this sublayer begins a block
+            return (*sources, out)
+        return (*sources[:-1], sources[-1] + out)
+
+    def extra_repr(self) -> str:
+        return f"dim={self.dim}, sublayer={self.sublayer}, block_size={self.block_size}, eps={self.eps}"
+
+
+class AttnResHead(DepthAttention):
+    """The model's output read over every source (the paper's last query): a tuple of ``(B, T, C)`` -> ``(B, T, C)``."""
+
+    projections: tuple[str, ...] = ()
+
+    def depth_weights(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return self.weights(_check_sources(sources, None, self.dim, type(self).__name__))
+
+
+def block_size_for(variant: str, block_size: int | None, n_sublayers: int) -> int:
+    """Sublayers per block: 1 for ``"full"``; for ``"block"`` ``block_size``, or ``⌈n_sublayers / 8⌉`` when None
+    (the paper's eight blocks)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"family option 'variant' of 'attn-res' must be one of {list(VARIANTS)}, got {variant!r}")
+    if variant == "full":
+        if block_size not in (None, 1):
+            raise ValueError(f"variant='full' reads every sublayer (block_size 1), got block_size={block_size!r}")
+        return 1
+    if block_size is None:
+        return max(1, math.ceil(n_sublayers / DEFAULT_BLOCKS))
+    return check_int("family option 'block_size' of 'attn-res'", block_size)
+
+
+class AttnResForm(ConnectionForm):
+    name = "attn-res"
+    summary = "Attention Residuals: a softmax read over earlier sublayers (Full) or block sums (Block)"
+    min_streams = max_streams = default_streams = 1
+    default_stream_reduce = "head"
+    stream_scaling = False
+    mixes_streams = False
+    connection_options = ("eps",)
+    option_kinds = {"variant": {"str"}, "block_size": {"int", "None"}, "eps": {"float"}}
+
+    def options(self) -> dict[str, Any]:
+        return {"variant": "block", "block_size": None}
+
+    def check_options(self, options: Mapping[str, Any], what: str = "family_options") -> None:
+        super().check_options(options, what)
+        block_size_for(options.get("variant", "block"), options.get("block_size"), 1)
+
+    def build(self, dim: int, n_streams: int, layer_index: int = 0, *, sublayer: int = 0, n_sublayers: int = 1,
+              **options: Any) -> nn.Module:
+        self.check_options(options, "option(s)")
+        size = block_size_for(options.pop("variant", "block"), options.pop("block_size", None), n_sublayers)
+        return AttnResConnection(dim, n_streams, layer_index, sublayer=sublayer, block_size=size, **options)
+
+    def build_head(self, dim: int, n_streams: int, *, norm_eps: float, options: Mapping[str, Any]) -> nn.Module:
+        return AttnResHead(dim, eps=options.get("eps", 1e-6))
+
+    def expand(self, h: torch.Tensor, n_streams: int) -> tuple[torch.Tensor, ...]:
+        if not isinstance(h, torch.Tensor) or h.dim() != 3:
+            got = tuple(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
+            raise ValueError(f"h must have shape (batch, time, dim), got {got}")
+        return (h,)
+
+    def reduce(self, x: tuple[torch.Tensor, ...], mean: bool = False) -> torch.Tensor:
+        """Without the output query (``stream_reduce="sum"`` or ``"mean"``): the sources' sum, which is the
+        residual stream (the embedding plus every output), or their mean."""
+        sources = _check_sources(x, None, x[0].shape[-1] if isinstance(x, tuple) and x else 0, "reduce")
+        total = sum(sources[1:], sources[0])
+        return total / len(sources) if mean else total
+
+    def upcycle_refusal(self) -> str | None:
+        return ("its sublayers read the mean of their sources, the residual sum's direction but not its scale, so "
+                "it starts as the source only up to the norms' epsilon")
+
+
+ATTN_RES = AttnResForm()

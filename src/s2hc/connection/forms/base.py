@@ -1,0 +1,134 @@
+"""What a connection form declares: :class:`ConnectionForm`, the one object the rest of s2hc asks about a family.
+
+A *form* is a kind of connection around a branch: the plain residual, a hyper-connection over a mixing family
+(:mod:`s2hc.mixers`), Qwen's gated residual, Attention Residuals, the wide residual. Everything the model, the
+configuration, the optimiser, the counts, the bench and the diagnostics need to know about a family that is not
+its mixer's mathematics is an attribute or method here, so that a new form is one module in this package and one
+line in its registry (:mod:`s2hc.connection.forms`), and no module outside asks a family by its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ... import mixers
+from ...checks import check_int
+from ...mixers.base import Guarantees
+from ...mixers.mhc import DEEPSEEK_V4_EPS
+from ..streams import HyperHead, expand_streams, reduce_streams
+
+
+class ConnectionForm:
+    """One kind of connection, as the rest of s2hc sees it. Subclasses set the class attributes and override
+    :meth:`build` (and :meth:`build_head` when the form has a learned final read of its own).
+
+    Attributes:
+        name: the family name a model takes (``ModelConfig.family``).
+        summary: one line for listings.
+        min_streams, max_streams: the ``n_streams`` the form accepts (``max_streams`` None: no bound of its own).
+        default_streams: what ``n_streams`` is when none is given.
+        pre_norms: whether the branches keep their own pre-norm (the gated residual's read is normalised already).
+        default_stream_reduce: what ``ModelConfig.stream_reduce=None`` resolves to.
+        stream_reductions: the ``stream_reduce`` values the form accepts.
+        stream_scaling: whether learned stream scaling (``lss_init``) applies (several streams to scale).
+        compute_options: whether the connection takes ``fused`` / ``recompute`` / ``kernels``.
+        mixes_streams: whether its connections hold several streams in ``(B, T, n, C)`` and give
+            ``matrices(x)`` (``pre``, ``post``, ``res``): what the stream diagnostics read.
+        connection_options: the options beside the family's own that the connection takes (``eps``, ...).
+        coefficient_path: how the bench times the connection's coefficient path alone: ``"paths"`` (its fast
+            and reference implementations), ``"one path"``, or None (no token-driven coefficients of its own to
+            time apart from the step: AttnRes's depth softmax, the wide residual's fixed maps).
+        option_kinds: for a form without a mixer, the types each of its options takes (``{"rank": {"int"}}``;
+            type names as a constructor's annotation writes them), which the configuration checks.
+    """
+
+    name: str = ""
+    summary: str = ""
+    min_streams: int = 1
+    max_streams: int | None = None
+    default_streams: int = 4
+    pre_norms: bool = True
+    default_stream_reduce: str = "sum"
+    stream_reductions: tuple[str, ...] = ("sum", "mean", "head")
+    stream_scaling: bool = True
+    compute_options: bool = False
+    mixes_streams: bool = True
+    connection_options: tuple[str, ...] = ()
+    option_kinds: Mapping[str, set[str]] = {}
+    coefficient_path: str | None = None
+
+    # ---- options ---------------------------------------------------------------------------------------------
+
+    def options(self) -> dict[str, Any]:
+        """The form's own options and their defaults (those a model's ``family_options`` may give)."""
+        return {}
+
+    def allowed_options(self) -> list[str]:
+        """Every key a model's ``family_options`` may hold for this form, sorted."""
+        return sorted({*self.options(), *self.connection_options})
+
+    def check_options(self, options: Mapping[str, Any], what: str = "family_options") -> None:
+        """ValueError naming the form and the allowed keys for an option it does not take (``what``: how the
+        message names them, a model's ``family_options`` or a connection's ``option(s)``)."""
+        unknown = sorted(set(options) - set(self.allowed_options()))
+        if unknown and not self.allowed_options():
+            raise ValueError(f"family={self.name!r} takes no {what}, got {unknown}")
+        if unknown:
+            raise ValueError(f"unknown {what} {unknown} for family {self.name!r}; allowed: {self.allowed_options()}")
+
+    def check_streams(self, n_streams: int, argument: str = "n_streams") -> int:
+        """``n_streams`` when the form accepts it; ValueError naming the form and the accepted range otherwise."""
+        check_int(argument, n_streams)
+        low, high = self.min_streams, self.max_streams
+        if n_streams < low or (high is not None and n_streams > high):
+            allowed = f"{low}" if low == high else f"at least {low}" if high is None else f"{low} to {high}"
+            raise ValueError(f"{argument} must be {allowed} for family={self.name!r}, got {n_streams}")
+        return n_streams
+
+    # ---- modules -----------------------------------------------------------------------------------------------
+
+    def build(self, dim: int, n_streams: int, layer_index: int = 0, *, sublayer: int = 0, n_sublayers: int = 1,
+              **options: Any) -> nn.Module:
+        """The connection around one branch. ``layer_index`` is the block's index (both sublayers of a block get
+        it, as in the s²HC authors' code); ``sublayer`` the branch's index over the whole model (``2·layer`` for
+        attention, ``2·layer + 1`` for the MLP) of ``n_sublayers``, for forms that carry state across them."""
+        raise NotImplementedError
+
+    def build_head(self, dim: int, n_streams: int, *, norm_eps: float, options: Mapping[str, Any]) -> nn.Module:
+        """The learned final read of ``stream_reduce="head"``: DeepSeek-V4's :class:`~s2hc.HyperHead` unless the
+        form has its own."""
+        return HyperHead(dim, n_streams, eps=norm_eps, hc_eps=options.get("hc_eps", DEEPSEEK_V4_EPS))
+
+    def replaces_final_norm(self, stream_reduce: str) -> bool:
+        """Whether the form's head is normalised itself, so the model has no final norm after it."""
+        return False
+
+    def expand(self, h: torch.Tensor, n_streams: int) -> Any:
+        """The state the first block reads, from the embeddings ``h`` ``(B, T, C)``: n copies ``(B, T, n, C)``."""
+        return expand_streams(h, n_streams)
+
+    def reduce(self, x: Any, mean: bool = False) -> torch.Tensor:
+        """The last block's state -> ``(B, T, C)`` without a learned head: the streams' sum (their mean with
+        ``mean``)."""
+        reduced = reduce_streams(x)
+        return reduced / x.shape[-2] if mean else reduced
+
+    def projection_width(self, n_streams: int, **options: Any) -> int | None:
+        """Width of the connection's n·C-wide coefficient projection, None where it has none."""
+        return None
+
+    def res_guarantees(self) -> Guarantees:
+        """What the matrix applied to the streams guarantees (:class:`~s2hc.mixers.Guarantees`): the identity's
+        for a form that never mixes them (the gated and wide residuals)."""
+        return mixers.get("identity").guarantees
+
+    def upcycle_refusal(self) -> str | None:
+        """Why a residual model cannot become this form with the same function (None: it can)."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<connection form {self.name!r}>"
