@@ -21,6 +21,7 @@ def _subcommands() -> list[str]:
     (["train", "--bogus", "1"], "s2hc train: error: unrecognized arguments: --bogus 1 (`s2hc train --help` lists "
                                 "them)"),
     (["train", "--max-steps", "x"], "s2hc train: error: argument --max-steps: invalid int value: 'x'"),
+    (["train", "--optimizer", "sgd"], "s2hc train: error: optimizer must be one of ['adamw', 'muon'], got 'sgd'"),
     (["study"], "s2hc study: error: the following arguments are required: --out (`s2hc study --help` lists them)"),
     (["configs", "nope"], None),
 ])

@@ -12,7 +12,7 @@ from helpers import small_config
 
 from s2hc.cli import main
 from s2hc.diagnostics import plots
-from s2hc.rundir import load_checkpoint
+from s2hc.rundir import load_checkpoint, read_metrics
 from s2hc.study import compare, compare_spec, load_spec, run_study, write_report
 from s2hc.study import stats as study_stats
 
@@ -114,3 +114,43 @@ def test_the_report_without_the_study_extra(base, tmp_path, monkeypatch):
     assert study_stats.NO_STATISTICS in report and plots.NO_FIGURES in report
     assert "Paired differences" not in report and "![" not in report
     assert re.search(r"\| s2hc n=4 \| 2 \| \d\.\d{4} ± \d\.\d{4} \|", report)  # mean ± std, no interval
+
+
+def test_the_verdicts_at_equal_cost_of_a_real_comparison(base, tmp_path):
+    """Every evaluation records the training seconds so far, a CPU run the float32 matmul peak it measured at its
+    start; the rows carry the model's FLOP count; the report has a verdict line per configuration (loss, token and
+    wall-clock speedups, the latter labelled CPU, and MFU) and verdicts.json holds every value."""
+    out = tmp_path / "cmp"
+    report = compare(base.replace(max_steps=4), ["residual", "s2hc"], seeds=2, out=out).read_text()
+    records = read_metrics(out / "runs" / "s2hc-n4-seed5")
+    evaluations = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in evaluations] == [2, 4]
+    assert 0 < evaluations[0]["train_seconds"] < evaluations[1]["train_seconds"]
+    step_times = load_checkpoint(out / "runs" / "s2hc-n4-seed5").history.step_times
+    assert evaluations[1]["train_seconds"] == pytest.approx(sum(step_times), abs=1e-5)
+    (platform,) = [r["platform"] for r in records if "platform" in r]
+    assert platform["matmul_peak"]["flops_per_s"] > 0 and platform["matmul_peak"]["dtype"] == "float32"
+
+    results = json.loads((out / "results.json").read_text())
+    for row in results["rows"]:
+        flops = row["cost"]["flops"]
+        assert row["cost"]["precision"] == "float32" and row["cost"]["tokens_per_step"] == 4 * 32
+        assert flops["train_per_token"] == 3 * flops["forward_per_token"] > flops["forward_matmul_per_token"] > 0
+        assert (flops["parts"]["connections"]["matmul"] > 0) == (row["family"] == "s2hc")
+        assert len(row["timing"]["val_seconds"]) == len(row["curves"]["val"]) == 2
+
+    assert "## Verdicts at equal cost" in report
+    line = next(x for x in report.splitlines() if x.startswith("- **s2hc n=4** against `residual` (seeds 5, 6)"))
+    for text in ("Δ validation loss", "token speedup", "wall-clock speedup", "(CPU: ", "MFU ",
+                 "peak: CPU, measured float32 512² matmul"):
+        assert text in line
+    found = json.loads((out / "verdicts.json").read_text())
+    assert found["format"] == "s2hc-verdicts" and found["version"] == 1
+    (entry,) = found["baselines"]["residual"]
+    assert entry["configuration"] == "s2hc n=4" and entry["seeds"] == [5, 6]
+    for measure in ("token_speedup", "wall_clock_speedup"):
+        for value in entry[measure]["per_seed"].values():  # a value, or a bound beyond the baseline's curve
+            assert (value["value"] or 0) > 0 or value["beyond"] in ("below", "above")
+    assert entry["wall_clock_speedup"]["cpu"] and entry["mfu"]["available"] and 0 < entry["mfu"]["mean"] < 1
+    if study_stats.available():
+        assert entry["loss"]["ci95"] is not None and entry["loss"]["p_holm"] is not None

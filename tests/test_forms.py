@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import Branch, random_model
+from helpers import Branch, assert_close_to_scale, random_model
 
 import s2hc
 from s2hc import mixers
@@ -359,3 +359,24 @@ def test_train_export_reload_and_diagnose(family, streams, options, corpus_file,
     assert main(["diagnose", str(run), "--out", str(tmp_path / "diag"), "--tokens", "64"]) == 0
     report = (tmp_path / "diag" / "report.md").read_text()
     assert ("## Depth attention" in report) == (family == "attn-res")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "n", "options"), [("attn-res", 1, {"block_size": 2}), ("wide-residual", 2, {})])
+def test_compiled_blocks_compute_what_eager_blocks_do(family, n, options):
+    """``--compile`` compiles each block in place (``block.compile()``): AttnRes's tuple of sources, one more per
+    block, and the wide residual's maps give the eager values and gradients."""
+    torch.manual_seed(0)
+    eager = random_model(family, n, n_layers=2, vocab_size=64, family_options=options).train()
+    compiled = random_model(family, n, n_layers=2, vocab_size=64, family_options=options).train()
+    for block in compiled.blocks:
+        block.compile()
+    ids = torch.randint(0, 64, (2, 8))
+    results = []
+    for model in (eager, compiled):
+        loss = model(ids).float().square().mean()
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters()]))
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(results[1][1], results[0][1]):  # inductor reorders float32 sums: to 1e-4 of each gradient's scale
+        assert_close_to_scale(a, b, 1e-4)

@@ -24,7 +24,8 @@ import yaml
 
 from . import mixers
 from .checks import check_bool, check_float, check_int, check_str, check_streams
-from .connection import COMPUTE_OPTIONS, KERNELS
+from .connection import COMPUTE_OPTIONS, KERNELS, forms
+from .connection.forms import check_family, default_streams
 from .data.sources import required_packages as data_packages
 from .data.stream import STREAMING_CHOICES
 from .data.tokenizer import required_packages as tokenizer_packages
@@ -32,7 +33,6 @@ from .devices import AUTOCAST_NAMES, DEVICE_NAME
 from .extras import check_available
 from .init_rng import DEFAULT_INIT_RNG, check_init_rng
 from .loggers import logger_packages, parse_loggers
-from .mixers import GATED_RESIDUAL, RESIDUAL, check_family, default_streams
 from .models import get_preset
 from .params import check_countable
 
@@ -41,6 +41,9 @@ PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
 #: (s2hc's rule), every parameter (the s²HC authors' one group), or every parameter of two or more dimensions
 #: (s2hc's rule before these: the committed study of docs/results.md was trained with it).
 WEIGHT_DECAY_RULES = ("matrices", "all", "2d")
+#: The optimizers a run may use (s2hc.train.optim): AdamW for every parameter, or torch's Muon for the attention and
+#: MLP matrices with AdamW for the rest (embeddings, LM head, biases, norms, every connection parameter).
+OPTIMIZERS = ("adamw", "muon")
 
 # The range of every number, checked before anything runs (types come from the field's annotation).
 NONNEGATIVE_INTS = (  # the other ints are >= 1 (n_streams also <= MAX_STREAMS, seed in [0, MAX_SEED])
@@ -141,16 +144,20 @@ class TrainConfig:
     streaming: str = _setting(
         "auto", "tokenise the data chunk by chunk as training reads it: 'auto' (hf: sources and local ones over "
         "1 GiB), 'always' or 'never' (all before step 1)", DATA)
-    # the schedule: AdamW, cosine with linear warmup and a floor
+    # the schedule: AdamW (or Muon with AdamW), cosine with linear warmup and a floor
     max_steps: int = _setting(1000, "optimizer steps", SCHEDULE, resumable=True)
     lr: float = _setting(6e-4, "peak learning rate", SCHEDULE)
     min_lr_ratio: float = _setting(0.1, "floor of the cosine schedule, as a fraction of lr", SCHEDULE)
     warmup_steps: int = _setting(100, "linear warmup steps", SCHEDULE)
-    weight_decay: float = _setting(0.1, "AdamW weight decay, of the parameters weight_decay_on names", SCHEDULE)
+    weight_decay: float = _setting(
+        0.1, "weight decay (AdamW's, and Muon's for its matrices), of the parameters weight_decay_on names", SCHEDULE)
     weight_decay_on: str = _setting(
         "matrices", "which parameters decay: 'matrices' (weight matrices, embeddings, the connections' projections) "
         "'all' (the s²HC authors' one group; connection norm weights toward 1) or '2d' (every parameter of two or "
         "more dimensions: the rule before these, which also decays mHC's and HC's (n, n) biases)", SCHEDULE)
+    optimizer: str = _setting(
+        "adamw", "'adamw' (every parameter) or 'muon' (torch's Muon for the attention and MLP matrices, AdamW for "
+        "embeddings, LM head, biases, norms and connections; lr is AdamW's update RMS: match_rms_adamw)", SCHEDULE)
     beta1: float = _setting(0.9, "AdamW beta1", SCHEDULE)
     beta2: float = _setting(0.95, "AdamW beta2", SCHEDULE)
     grad_clip: float = _setting(1.0, "gradient-norm clipping (0: off)", SCHEDULE)
@@ -207,6 +214,8 @@ class TrainConfig:
             self._check_field(f.name, f.type)
         if self.weight_decay_on not in WEIGHT_DECAY_RULES:
             raise ValueError(f"weight_decay_on must be one of {list(WEIGHT_DECAY_RULES)}, got {self.weight_decay_on!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.parallel not in PARALLEL_MODES:
             raise ValueError(f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}")
         check_init_rng(self.init_rng)
@@ -336,9 +345,10 @@ class TrainConfig:
         }
 
 
-#: What s2hc computed before a field existed, where that is not the field's default: a run configured before it
-#: resumes computing what it did (before ``streaming``, every source was tokenised whole before step 1).
-BEFORE_FIELD = {"streaming": "never", "init_rng": "sequential"}
+#: What s2hc computed before a field existed, where that is not (or may stop being) the field's default: a run
+#: configured before it resumes computing what it did (before ``streaming``, every source was tokenised whole before
+#: step 1; before ``optimizer``, AdamW updated every parameter, which stays so should the default ever change).
+BEFORE_FIELD = {"streaming": "never", "init_rng": "sequential", "optimizer": "adamw"}
 
 
 def completed_settings(stored: dict[str, Any]) -> dict[str, Any]:
@@ -389,14 +399,12 @@ def check_family_options(family: str, n_streams: int, options: dict[str, Any]) -
     meta device (nothing allocated), so that a value the family refuses (``rotation=foo``, n > 6 for mhc-lite
     without ``allow_large``) fails here, before any data is read. Returns the options, numeric strings of
     float options converted. Unknown options are left to :class:`~s2hc.models.ModelConfig`, which names them."""
-    if family == RESIDUAL:
-        return options
-    if family == GATED_RESIDUAL:  # no mixer to build: its two options checked here, the rest by ModelConfig
+    form = forms.get(family)
+    if not isinstance(form, forms.HyperConnectionForm):  # no mixer to build: the options the form declares
         checked = dict(options)
-        if "rank" in checked:
-            checked["rank"] = check_int(f"family option 'rank' of {family!r}", checked["rank"])
-        if "eps" in checked:
-            checked["eps"] = _check_option(family, "eps", checked["eps"], CONNECTION_OPTION_KINDS["eps"])
+        for name, kinds in form.option_kinds.items():
+            if name in checked:
+                checked[name] = _check_option(family, name, checked[name], kinds)
         return checked
     check_countable(family, n_streams, built=True)  # n! permutations refused before they are built, even on meta
     kinds = _option_kinds(family)

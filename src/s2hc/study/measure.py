@@ -24,6 +24,7 @@ from ..data.loader import eval_batches
 from ..data.stream import validation_tokens
 from ..data.tokenizer import get_tokenizer
 from ..diagnostics import diagnose_checkpoint, mixing_connections
+from ..flops import model_flops
 from ..mixers.orthomaps import Rotation
 from ..models import Transformer
 from ..rundir import Checkpoint, checkpoint_paths, load_checkpoint, model_from_checkpoint, read_config, read_metrics
@@ -31,6 +32,9 @@ from ..rundir.metrics import final_train_loss
 from ..train.init_from import load_initial_weights
 from .spec import Configuration
 
+#: The version of a row's ``cost`` (what the verdicts at equal cost read, :mod:`.cost`): rows measured before it
+#: lack it, and the report leaves the verdicts out for them, so it needs no new row version.
+COST_VERSION = 1
 #: Rows of another version are measured again from their run directories (where there are none, as for the
 #: committed studies' results, the report still builds from them and says what they lack). 3: the rotation angle,
 #: the spectrum slope, negative entries counted below −1e-3 and the connections that cannot change the output.
@@ -255,8 +259,31 @@ def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnost
                 row["diagnostics"] = compact_diagnostics(result)
             row["rotations"] = rotation_probe(model.cpu().float(), config, _probe_batch(config))
     row["timing"] = _timing(payload, records, tokens_per_step)
+    # cumulative training seconds at each validation record (None where a record lacks them: an older run)
+    seconds = [r.get("train_seconds") for r in records if "val_loss" in r]
+    row["timing"]["val_seconds"] = seconds if seconds and None not in seconds else None
+    row["cost"] = _cost(config, None if payload is None else model.config, tokens_per_step, row["platform"])
     row["version"] = ROW_VERSION
     return _round(row)
+
+
+def _cost(config: TrainConfig, model_config, tokens_per_step: int, platform: list[dict] | None) -> dict[str, Any]:
+    """What the verdicts at equal cost need beside the curves and timing: the tokens per step (a validation record
+    at step s is s × that many tokens), the precision the run trained in (``dtype``; ``auto`` is bfloat16 on a GPU,
+    float32 on a CPU) and the model's FLOPs per token (:func:`s2hc.flops.model_flops`; None, with the reason, where
+    there is no checkpoint to read the model from or no count for its connection form)."""
+    device = (platform or [{}])[0].get("device", "cpu")
+    precision = config.dtype if config.dtype != "auto" else ("float32" if device == "cpu" else "bfloat16")
+    cost: dict[str, Any] = {"version": COST_VERSION, "tokens_per_step": tokens_per_step, "precision": precision,
+                            "flops": None}
+    if model_config is None:
+        cost["flops_reason"] = "no checkpoint to read the model from"
+        return cost
+    try:
+        cost["flops"] = model_flops(model_config, config.seq_len)
+    except ValueError as error:  # a connection form without a count
+        cost["flops_reason"] = str(error)
+    return cost
 
 
 def _probe_batch(config: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,10 +3,11 @@
 ``report.md`` has: the setup; per configuration the validation and train loss (mean ± std, 95 % interval),
 tokens/s, parameters, step time against residual, gradient norms and the largest loss spike; paired differences
 against each baseline trained under the same settings, with the paired t-test and Holm's correction (two seeds or
-more, SciPy); the factorial designs' effects (:mod:`.factorial`); the trained models' residual matrices; the
-rotation probe (the early-training question); figures under ``figures/`` (:mod:`.figures`, matplotlib); and every
-run's directory and diagnostics report. ``s2hc compare`` writes the same report (one axis, families).
-The same ``results.json`` always gives the same ``report.md``.
+more, SciPy); the verdicts at equal cost, loss, token and wall-clock speedups and MFU (:mod:`.cost`, for rows
+that carry them; also written to ``verdicts.json``); the factorial designs' effects (:mod:`.factorial`); the
+trained models' residual matrices; the rotation probe (the early-training question); figures under ``figures/``
+(:mod:`.figures`, matplotlib); and every run's directory and diagnostics report. ``s2hc compare`` writes the
+same report (one axis, families). The same ``results.json`` always gives the same ``report.md``.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ..connection import forms
 from ..diagnostics import plots
 from ..diagnostics.inert import inert_connections
 from ..extras import check_available
 from ..io import atomic_write_text, fsync_path
-from ..mixers import RESIDUAL
 from ..models.model_config import ModelConfig, default_stream_reduce
 from ..reports import DASH, count, fixed, mean_std, p_value, ratio, sci, table
-from . import stats
+from . import cost, stats
 from .factorial import design_lines
 from .figures import FIGURES, figures
 from .measure import MIXING_VERSION
@@ -58,7 +59,7 @@ def _baseline_label(baseline: str, runs: list[dict[str, Any]], groups: dict[str,
     for label, candidates in groups.items():
         first = candidates[0]
         if (first["family"] == baseline and not first["options"] and (first.get("settings") or {}) == settings
-                and (baseline == RESIDUAL or first["n_streams"] == n)):
+                and (forms.get(baseline).max_streams == 1 or first["n_streams"] == n)):
             return label
     return None
 
@@ -85,7 +86,7 @@ def summary_table(results: dict[str, Any]) -> list[str]:
     intervals = stats.available()
     rows = []
     for label, runs in groups.items():
-        reference = groups.get(_baseline_label(RESIDUAL, runs, groups))  # residual under the same settings
+        reference = groups.get(_baseline_label(forms.RESIDUAL.name, runs, groups))  # residual under the same settings
         finished = [r for r in runs if r["status"] == "finished"]
         diverged = len(runs) - len(finished)
         runs_text = f"{len(finished)}" + (f" (+{diverged} diverged)" if diverged else "")
@@ -355,7 +356,7 @@ def runs_table(results: dict[str, Any]) -> list[str]:
         elif measured:
             reports = ", ".join(f"`{RUNS}/{r['name']}/diagnostics/{REPORT}`" for r in measured)
         else:
-            reports = "nothing to measure" if runs[0]["family"] == RESIDUAL else DASH
+            reports = DASH if forms.get(runs[0]["family"]).mixes_streams else "nothing to measure"
         rows.append([label, directories, reports])
     return table(["configuration", "run directories", "diagnostics reports"], rows, align="lll")
 
@@ -401,6 +402,21 @@ def _paired_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def verdicts(results: dict[str, Any]) -> dict[str, Any]:
+    """The verdicts at equal cost (:func:`.cost.verdicts`) against each of the study's baselines."""
+    return cost.verdicts(results, results["study"].get("baselines", DEFAULT_BASELINES), _baseline_label)
+
+
+def _write_verdicts(results: dict[str, Any], out: Path) -> None:
+    """``verdicts.json`` (:mod:`.cost`) when the rows carry what it reads; an older one is removed otherwise (it
+    would be of other results)."""
+    path = out / cost.VERDICTS
+    if cost.has_cost(results):
+        atomic_write_text(path, json.dumps(verdicts(results), indent=1) + "\n")
+    elif path.exists():
+        path.unlink()
+
+
 def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Path) -> str:
     """The text of ``report.md``."""
     lines = [f"# {results['study'].get('title', 's2hc study')}", ""] + _setup_lines(results)
@@ -412,6 +428,7 @@ def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Pa
               "same seed (runs on a shared machine: a rough measure; `s2hc bench` is the careful one).", ""]
     lines += summary_table(results) + [""] + noise_lines(results)
     lines += _paired_lines(results)
+    lines += cost.verdict_lines(verdicts(results)) if cost.has_cost(results) else []
     lines += design_lines(results)
     lines += ["## Training stability", "",
               "Gradient norms before clipping (mean over seeds of each run's statistic over logged steps); the "
@@ -481,8 +498,9 @@ def write_report(out: str | Path, strict: bool = True) -> Path:
     report = out / REPORT
     _remove_durably(report)  # complete or absent, see below
     groups = by_configuration(results["rows"])
-    made = figures(results, out, baseline_of=lambda label, runs: _baseline_label(RESIDUAL, runs, groups))
+    made = figures(results, out, baseline_of=lambda label, runs: _baseline_label(forms.RESIDUAL.name, runs, groups))
     _sync([*made.values(), *([out / FIGURES] if made else [])])  # the figures and their names
+    _write_verdicts(results, out)
     atomic_write_text(report, build_report(results, made, out))  # last: it names the figures
     return report
 

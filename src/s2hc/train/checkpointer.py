@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from ..config import completed_settings
 from ..io import WriteError
 from ..rundir.checkpoint import (
     NonFiniteError,
@@ -49,6 +50,7 @@ from ..rundir.checkpoint import (
 from ..rundir.layout import BEST, CHECKPOINT, KEPT, SHARDED
 from ..rundir.schema import Checkpoint
 from . import distributed
+from .optim import optimizer_name, optimizer_parts, other_optimizer_refused
 
 
 def rng_state() -> dict[str, Any]:
@@ -77,6 +79,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 class Checkpointer:
     """Saves and restores one run's training state in ``run_dir``.
+
+    ``optimizer``: one of :func:`s2hc.train.optim.make_optimizer`'s, AdamW or Muon with AdamW; the state of each
+    torch optimizer it is made of (:func:`~s2hc.train.optim.optimizer_parts`) is saved and put back by parameter
+    name, into one ``state`` and the groups of all.
 
     ``save(checkpoint)`` writes a :class:`~s2hc.rundir.schema.Checkpoint` (configs, step, history) with the
     model, the optimizer, the data loader's position and every RNG filled in; ``restore(saved)`` puts one read
@@ -134,7 +140,7 @@ class Checkpointer:
         ``best`` (with ``keep_best``): it is also the best one, ``RUN/checkpoints/best``; ``keep_step`` (with
         ``keep``): it is also ``RUN/checkpoints/step-N``, and the step checkpoints beyond the newest ``keep``
         are removed. The state is written once, the other places are links to it (see the module)."""
-        model_state, optimizer_state = get_state_dict(self.model, self.optimizer)
+        model_state, optimizer_state = get_state_dict(self.model, optimizer_parts(self.optimizer))
         checkpoint = dataclasses.replace(checkpoint, loader=self.loader.state_dict(), rng=rng_state(),
                                          world_size=self.ctx.world_size)
         latest = self.run_dir / (SHARDED if self.sharded else CHECKPOINT)
@@ -182,21 +188,28 @@ class Checkpointer:
 
         One without optimizer state, loader position or RNG (``s2hc upcycle``'s step 0) restores its weights
         alone: the run starts from them, with a fresh optimizer, at the beginning of the data. The optimizer's
-        step counters end up where the optimizer keeps its own (:func:`keep_step_counters_on_host`)."""
+        step counters end up where the optimizer keeps its own (:func:`keep_step_counters_on_host`). ValueError
+        when its optimizer state was written by another optimizer than this run's (AdamW's into Muon's, or back)."""
+        parts = optimizer_parts(self.optimizer)
+        written, used = completed_settings(saved.config)["optimizer"], optimizer_name(self.optimizer)
         if saved.path.endswith(SHARDED):
-            state = dict(zip(("model", "optimizer"), get_state_dict(self.model, self.optimizer)))
+            if written != used:
+                raise ValueError(other_optimizer_refused(str(self.run_dir), written, used))
+            state = dict(zip(("model", "optimizer"), get_state_dict(self.model, parts)))
             load_sharded_into(Path(saved.path), state)
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=state["optimizer"])
+            set_state_dict(self.model, parts, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         else:
             full = load_checkpoint(saved.path, self.ctx.device, verify=False)  # verified when `saved` was read
             options = StateDictOptions(full_state_dict=True)
             if full.optimizer is None:  # `s2hc upcycle`'s step 0: weights only, the run starts from them
                 set_model_state_dict(self.model, full.model, options=options)
+            elif written != used:
+                raise ValueError(other_optimizer_refused(str(self.run_dir), written, used))
             else:
-                set_state_dict(self.model, self.optimizer, model_state_dict=full.model,
-                               optim_state_dict=full.optimizer, options=options)
-        keep_step_counters_on_host(self.optimizer)
+                set_state_dict(self.model, parts, model_state_dict=full.model, optim_state_dict=full.optimizer,
+                               options=options)
+        for part in parts:
+            keep_step_counters_on_host(part)
         if saved.loader is not None:  # an upcycled run has not read any data yet: its loader starts at the beginning
             self.loader.load_state_dict(saved.loader)
         if saved.rng is not None and saved.world_size == 1 and self.ctx.world_size == 1:  # per-rank streams

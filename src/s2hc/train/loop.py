@@ -38,6 +38,7 @@ from ..data.stream import ChunkStream, should_stream, validation_tokens
 from ..data.tokenizer import get_tokenizer
 from ..devices import autocast_dtype, platform_record
 from ..diagnostics.collect import gradient_norms, training_diagnostics
+from ..flops import MEASURED_PEAK, measure_matmul_peak
 from ..io import WriteError
 from ..loggers import RunLog, open_sinks, parse_loggers
 from ..models import ModelConfig, Transformer
@@ -56,7 +57,7 @@ from ..rundir.guard import clear_run, notice
 from . import distributed
 from .checkpointer import Checkpointer
 from .init_from import load_initial_weights
-from .optim import learning_rate, make_optimizer, weight_decay_record
+from .optim import learning_rate, make_optimizer, optimizer_record, other_optimizer_refused, weight_decay_record
 from .step_values import PendingSteps, StepValues
 
 
@@ -131,6 +132,8 @@ def _check_resumable(before: dict, before_world_size: int, config: TrainConfig, 
             config.streaming, config.data):
         changed.discard("streaming")  # 'auto' where it reads the data as the run did ('never' for local data)
     changed -= {"batch_size", "grad_accum"}  # checked below, as the global batch
+    if changed == {"optimizer"}:  # AdamW's moments are no Muon momentum, nor the other way round
+        raise ValueError(other_optimizer_refused(config.out, before["optimizer"], config.optimizer))
     if changed:
         details = ", ".join(f"{k}: {before.get(k)!r} -> {getattr(config, k)!r}" for k in sorted(changed))
         raise ValueError(
@@ -367,7 +370,7 @@ class _Run:
         self.params, self.hc_params = self.model.num_params(), self.model.num_connection_params()
         self.forward = distributed.wrap(self.model, ctx, config.compile, self.amp_dtype)
         self.optimizer = make_optimizer(self.model, config.lr, config.weight_decay, (config.beta1, config.beta2),
-                                        on=config.weight_decay_on)
+                                        on=config.weight_decay_on, optimizer=config.optimizer)
         torch.manual_seed(config.seed + ctx.rank)  # per-rank streams from here on
         self.checkpointer = Checkpointer(self.out, self.model, self.optimizer, self.loader, ctx,
                                          keep=config.keep_checkpoints, keep_best=config.keep_best)
@@ -386,8 +389,10 @@ class _Run:
             if "weight_decay" not in self.metrics.kept_keys:  # once per run (from its first step, or this resume's)
                 self.metrics.write(step=self.step, weight_decay=weight_decay_record(
                     self.model, config.weight_decay, config.weight_decay_on))
+            if "optimizer" not in self.metrics.kept_keys:  # which optimizer updates what, once per run likewise
+                self.metrics.write(step=self.step, optimizer=optimizer_record(self.model, config.optimizer))
             # at every start: a resumed run may continue on another machine, and its rounding with it
-            self.metrics.write(step=self.step, platform=platform_record(self.device))
+            self.metrics.write(step=self.step, platform=_platform(self.device))
         self.tokens_per_step = config.batch_size * config.seq_len * config.grad_accum * ctx.world_size
         self.pending = PendingSteps(ctx)  # the steps' values not read yet: read_steps reads them
         self.lr = math.nan
@@ -411,7 +416,7 @@ class _Run:
         if self.config.init_from and self.step == 0 and self.config.eval_every:
             self.history.val_loss = evaluate(self.forward, self.validation, self.device, self.amp_dtype)
             if self.metrics:
-                self.metrics.write(step=0, val_loss=self.history.val_loss)
+                self.metrics.write(step=0, val_loss=self.history.val_loss, train_seconds=0.0)
 
     def optimizer_step(self) -> None:
         """One optimizer step: the scheduled learning rate, ``grad_accum`` micro-steps, clipping, the update. No
@@ -506,9 +511,16 @@ class _Run:
             raise self.diverged(f"non-finite validation loss ({val_loss}) at step {self.step}", self.step)
         self.history.val_loss = val_loss
         if self.metrics:
-            self.metrics.write(step=self.step, val_loss=val_loss)
+            self.metrics.write(step=self.step, val_loss=val_loss, **self._train_seconds())
         self.best_due = self.checkpointer.improves(val_loss)  # keep_best: saved next, as the best one
         return True
+
+    def _train_seconds(self) -> dict[str, float]:
+        """``{"train_seconds": ...}``, the measured training time of every step so far (their step times: evaluation,
+        diagnostics and checkpoints left out), for a validation record; empty when the history lacks some steps'
+        times (a run resumed from a checkpoint written before they were kept), so no partial sum is recorded."""
+        times = self.history.step_times
+        return {"train_seconds": round(math.fsum(times), 6)} if len(times) == self.step else {}
 
     def checkpoint_due(self, *, best: bool = True) -> bool:
         """Whether a checkpoint is due after this step: every ``checkpoint_every`` steps, at the end, and (with
@@ -561,6 +573,16 @@ class _Run:
         return RunResult(out=self.out, step=self.step, train_loss=self.history.train_loss,
                          val_loss=self.history.val_loss, tokens_per_s=self.tokens_per_step / median_step,
                          params=self.params, hc_params=self.hc_params)
+
+
+def _platform(device: torch.device) -> dict[str, object]:
+    """The platform record (:func:`s2hc.devices.platform_record`) and, on a CPU, the float32 matmul peak measured
+    now with the run's threads (:func:`s2hc.flops.measure_matmul_peak`, a few milliseconds): what a study's MFU
+    divides by there (a GPU's peak comes from the table in :mod:`s2hc.flops`)."""
+    record = platform_record(device)
+    if device.type == "cpu":
+        record[MEASURED_PEAK] = measure_matmul_peak(device)
+    return record
 
 
 def _model_config(config: TrainConfig, vocab_size: int) -> ModelConfig:

@@ -1,0 +1,341 @@
+"""The verdict at equal cost: each configuration against its baseline in validation loss, tokens, training seconds
+and MFU (docs/study.md, "Verdicts at equal cost"), read from ``results.json`` alone.
+
+Per seed, the configuration (its final validation loss ``L``, after ``T`` tokens and ``S`` measured training
+seconds) is set against the baseline trained with the same seed:
+
+- **token speedup**: the tokens the baseline needs to reach ``L``, divided by ``T``. Read from the baseline's
+  validation curve (its evaluations, ``step × tokens per step``), taken as its running minimum (the best loss
+  it had reached by then, so that a noisy rise does not make it reach ``L`` twice) and linearly interpolated
+  between evaluations. Where ``L`` lies outside that curve nothing is extrapolated: below the baseline's best
+  (``beyond: "below"``) the baseline never reached ``L``, and the speedup is only known to exceed its last
+  evaluation's tokens over ``T`` (``> x``); above its first evaluation (``beyond: "above"``) the baseline was
+  there before it was first measured, and the speedup is below its first evaluation's tokens over ``T`` (``< x``).
+- **wall-clock speedup**: the same in measured training seconds (each validation record's cumulative step time,
+  ``train_seconds``; evaluation and checkpoints left out). Unavailable for runs whose records lack them (written
+  before runs recorded them). Measured on the run's device: a CPU figure on a CPU, labelled so.
+- **MFU**: the model's training FLOPs per token (:func:`s2hc.flops.model_flops`, 3 × forward) × tokens/s (the
+  median step's) ÷ the device's peak (:func:`s2hc.flops.peak_flops`: the table for known GPUs, the float32 matmul
+  the run measured on a CPU). Unavailable, with the reason, where the peak or the count is unknown.
+
+Over seeds, a speedup (a ratio) is analysed on the log scale: the mean log ratio with its Student-t interval and
+the paired t-test of log(configuration) against log(baseline) (:func:`.stats.paired`, the two-sided test that the
+ratio's geometric mean is 1), reported back as a geometric mean ratio and interval. MFU is summarised per
+configuration (mean, interval) and compared as a ratio the same way. Holm's correction runs over the
+configurations paired with one baseline, per measure. A seed beyond the curve gives a bound, not a value: the
+summary is then a bound on the geometric mean (all such seeds on one side: ``"beyond"`` and ``"bound"``), or none
+(``"mixed"``), and has no interval or test.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from ..flops import peak_flops
+from ..reports import p_value
+from . import stats
+from .rows import by_configuration
+from .stats import describe, holm, paired
+
+VERDICTS = "verdicts.json"
+FORMAT = "s2hc-verdicts"
+#: The version of ``verdicts.json``'s schema.
+VERSION = 1
+BELOW, ABOVE, MIXED = "below", "above", "mixed"
+
+
+def has_cost(results: dict[str, Any]) -> bool:
+    """Whether any row carries what the verdicts read (rows measured before they existed do not)."""
+    return any(row.get("cost") for row in results["rows"])
+
+
+# ------------------------------------------------------------------------------------------- one curve
+
+
+def running_minimum(losses: list[float]) -> list[float]:
+    """The best loss reached by each evaluation."""
+    best, out = math.inf, []
+    for loss in losses:
+        best = min(best, loss)
+        out.append(best)
+    return out
+
+
+def cost_to_reach(curve: list[tuple[float, float]], target: float) -> dict[str, Any]:
+    """What a curve ``[(cost, loss), ...]`` (evaluations in training order, cost increasing) spends to reach
+    ``target``: its running minimum, linearly interpolated between the evaluation before it first reaches
+    ``target`` and the one where it does. ``{"value": cost}``; outside the curve no value but a bound:
+    ``{"beyond": "below", "bound": last cost}`` for a target below the curve's best (never reached: more than
+    that), ``{"beyond": "above", "bound": first cost}`` for one above its first evaluation (reached before it:
+    less than that). ValueError for an empty curve."""
+    if not curve:
+        raise ValueError("an empty curve reaches nothing")
+    costs = [float(c) for c, _ in curve]
+    best = running_minimum([float(loss) for _, loss in curve])
+    if target < best[-1]:
+        return {"value": None, "beyond": BELOW, "bound": costs[-1]}
+    if target > best[0]:
+        return {"value": None, "beyond": ABOVE, "bound": costs[0]}
+    if target == best[0]:
+        return {"value": costs[0]}
+    for i in range(1, len(best)):
+        if best[i] <= target:  # best[i - 1] > target >= best[i], so best[i] < best[i - 1]
+            fraction = (best[i - 1] - target) / (best[i - 1] - best[i])
+            return {"value": costs[i - 1] + fraction * (costs[i] - costs[i - 1])}
+    raise AssertionError("unreachable: the target is within the curve's range")  # pragma: no cover
+
+
+def speedup(baseline: list[tuple[float, float]], target: float, own_cost: float) -> dict[str, Any]:
+    """:func:`cost_to_reach` on the ``baseline`` curve over ``own_cost`` (what the configuration spent to reach
+    ``target``): ``{"value"}``, or ``{"beyond", "bound"}`` (the bound over ``own_cost`` likewise)."""
+    reach = cost_to_reach(baseline, target)
+    if "beyond" in reach:
+        return {"value": None, "beyond": reach["beyond"], "bound": reach["bound"] / own_cost}
+    return {"value": reach["value"] / own_cost}
+
+
+# ------------------------------------------------------------------------------------------- one run
+
+
+def _val_curve(row: dict[str, Any], key: str) -> list[tuple[float, float]] | None:
+    """A finished row's validation curve against ``"tokens"`` or ``"seconds"``; None without what it needs."""
+    if row["status"] != "finished" or not row.get("cost") or not row["curves"]["val"]:
+        return None
+    points = row["curves"]["val"]
+    if key == "tokens":
+        per_step = row["cost"]["tokens_per_step"]
+        return [(step * per_step, loss) for step, loss in points]
+    seconds = (row.get("timing") or {}).get("val_seconds")
+    if not seconds or len(seconds) != len(points):
+        return None
+    return [(s, loss) for s, (_, loss) in zip(seconds, points)]
+
+
+def _run_speedup(row: dict[str, Any], base: dict[str, Any], key: str) -> dict[str, Any] | None:
+    mine, theirs = _val_curve(row, key), _val_curve(base, key)
+    if mine is None or theirs is None or mine[-1][0] <= 0:
+        return None
+    return speedup(theirs, mine[-1][1], mine[-1][0])
+
+
+def _devices(row: dict[str, Any]) -> list[str]:
+    return sorted({str(p.get("device")) for p in row.get("platform") or []})
+
+
+def run_mfu(row: dict[str, Any]) -> dict[str, Any]:
+    """``{"value", "peak"}`` (MFU as a fraction, the peak's label) of a finished row, or ``{"value": None,
+    "reason"}``."""
+    cost = row.get("cost") or {}
+    flops = cost.get("flops")
+    if not flops:
+        return {"value": None, "reason": cost.get("flops_reason") or "no FLOP count in the row"}
+    speed = (row.get("timing") or {}).get("tokens_per_s")
+    if not speed:
+        return {"value": None, "reason": "no tokens/s in the row"}
+    devices = _devices(row)
+    if len(devices) != 1:
+        return {"value": None, "reason": "no platform record" if not devices else
+                f"trained on several devices ({', '.join(devices)})"}
+    peak = peak_flops(row["platform"][0], cost.get("precision", "float32"))
+    if not peak["flops_per_s"]:
+        return {"value": None, "reason": peak["reason"]}
+    return {"value": flops["train_per_token"] * speed / peak["flops_per_s"], "peak": peak["label"]}
+
+
+def device_label(rows: list[dict[str, Any]]) -> tuple[str, bool]:
+    """Where ``rows`` trained, in words, and whether all on a CPU (``"CPU: Intel …"``: a CPU figure)."""
+    cpus = sorted({str(p.get("cpu")) for r in rows for p in r.get("platform") or []})
+    devices = sorted({d for r in rows for d in _devices(r)})
+    if devices == ["cpu"]:
+        return f"CPU: {'; '.join(cpus)}", True
+    return ("; ".join(devices) or "unknown device"), False
+
+
+# ------------------------------------------------------------------------------------------- over seeds
+
+
+def _log(value: float) -> float:
+    return math.log(value) if value > 0 else -math.inf
+
+
+def summarize_ratios(per_seed: dict[int, dict[str, Any]], tests: bool) -> dict[str, Any]:
+    """Per-seed ratios (``{seed: {"value"} or {"beyond", "bound"}}``) over seeds, on the log scale: ``n``,
+    ``geometric_mean``, its ``ci95`` and the paired t-test's ``p`` (``tests``: SciPy, two seeds or more), or,
+    where some seed is beyond its curve, ``beyond`` (``"below"``, ``"above"`` or ``"mixed"``) and ``bound`` (the
+    geometric mean of values and bounds: a bound on the geometric mean; None when mixed)."""
+    out: dict[str, Any] = {"n": len(per_seed), "geometric_mean": None, "ci95": None, "p": None, "beyond": None,
+                           "bound": None}
+    if not per_seed:
+        return out
+    sides = {entry["beyond"] for entry in per_seed.values() if entry.get("beyond")}
+    logs = {seed: _log(entry["value"] if entry.get("value") is not None else entry["bound"])
+            for seed, entry in per_seed.items()}
+    mean = statistics.fmean(logs.values()) if all(math.isfinite(v) for v in logs.values()) else -math.inf
+    if sides:
+        out["beyond"] = MIXED if len(sides) > 1 else sides.pop()
+        out["bound"] = None if out["beyond"] == MIXED else math.exp(mean)
+        return out
+    out["geometric_mean"] = math.exp(mean)
+    if tests and len(logs) >= 2 and math.isfinite(mean):
+        test = paired(logs, dict.fromkeys(logs, 0.0))
+        out["ci95"], out["p"] = [math.exp(v) for v in test["ci95"]], test["p"]
+    return out
+
+
+def _loss(row_values: dict[int, float], base_values: dict[int, float], tests: bool) -> dict[str, Any]:
+    seeds = sorted(set(row_values) & set(base_values))
+    diffs = {seed: row_values[seed] - base_values[seed] for seed in seeds}
+    out = {"per_seed": diffs, "mean": statistics.fmean(diffs.values()) if diffs else None, "ci95": None, "p": None}
+    if tests and len(seeds) >= 2:
+        test = paired(row_values, base_values)
+        out.update(mean=test["mean"], ci95=test["ci95"], p=test["p"])
+    return out
+
+
+def _speedup_measure(pairs: dict[int, tuple[dict, dict]], key: str, tests: bool) -> dict[str, Any]:
+    per_seed = {seed: s for seed, (row, base) in pairs.items() if (s := _run_speedup(row, base, key)) is not None}
+    out = {"per_seed": per_seed, **summarize_ratios(per_seed, tests)}
+    if key == "seconds":
+        label, cpu = device_label([r for pair in pairs.values() for r in pair])
+        out.update(unit="measured training seconds", device=label, cpu=cpu)
+        if not per_seed:
+            out["reason"] = "the runs' validation records hold no training seconds (recorded since runs log them)"
+    out["available"] = bool(per_seed)
+    return out
+
+
+def _mfu_measure(pairs: dict[int, tuple[dict, dict]], tests: bool) -> dict[str, Any]:
+    mine = {seed: run_mfu(row) for seed, (row, _) in pairs.items()}
+    theirs = {seed: run_mfu(base) for seed, (_, base) in pairs.items()}
+    values = {seed: m["value"] for seed, m in mine.items() if m["value"] is not None}
+    base_values = {seed: m["value"] for seed, m in theirs.items() if m["value"] is not None}
+    out: dict[str, Any] = {"per_seed": values, "baseline_per_seed": base_values, "available": bool(values)}
+    if not values:
+        out["reason"] = next(iter(mine.values()))["reason"] if mine else "no seed"
+        return out
+    summary = describe(list(values.values()), interval=tests)
+    out.update(mean=summary["mean"], ci95=summary["ci95"],
+               baseline_mean=statistics.fmean(base_values.values()) if base_values else None,
+               peak=sorted({m["peak"] for m in mine.values() if m["value"] is not None}))
+    ratios = {seed: {"value": values[seed] / base_values[seed]} for seed in values if seed in base_values}
+    out["ratio"] = summarize_ratios(ratios, tests)
+    return out
+
+
+def verdicts(results: dict[str, Any], baselines, baseline_label: Callable[..., str | None]) -> dict[str, Any]:
+    """The verdicts of every configuration against each of ``baselines`` (``baseline_label(baseline, runs,
+    groups)`` names the configuration it is paired with): the ``verdicts.json`` object (see the module)."""
+    groups = by_configuration(results["rows"])
+    tests = stats.available()
+    out: dict[str, Any] = {"format": FORMAT, "version": VERSION, "level": stats.LEVEL, "speedup_scale": "log",
+                           "curve": "running minimum, linearly interpolated between evaluations", "baselines": {}}
+    for baseline in baselines:
+        entries = []
+        for label, runs in groups.items():
+            base = baseline_label(baseline, runs, groups)
+            if base is None or base == label:
+                continue
+            mine = {r["seed"]: r for r in runs if r["status"] == "finished" and r.get("cost")}
+            theirs = {r["seed"]: r for r in groups[base] if r["status"] == "finished" and r.get("cost")}
+            pairs = {seed: (mine[seed], theirs[seed]) for seed in sorted(set(mine) & set(theirs))}
+            if not pairs:
+                continue
+            entries.append({
+                "configuration": label, "against": base, "seeds": list(pairs),
+                "loss": _loss({s: r["val_loss"] for s, r in mine.items()},
+                              {s: r["val_loss"] for s, r in theirs.items()}, tests),
+                "token_speedup": _speedup_measure(pairs, "tokens", tests),
+                "wall_clock_speedup": _speedup_measure(pairs, "seconds", tests),
+                "mfu": _mfu_measure(pairs, tests),
+            })
+        for measure, part in (("loss", None), ("token_speedup", None), ("wall_clock_speedup", None),
+                              ("mfu", "ratio")):
+            found = [(e[measure] if part is None else e[measure].get(part)) for e in entries]
+            tested = [m for m in found if m is not None and m.get("p") is not None]
+            for m, adjusted in zip(tested, holm([m["p"] for m in tested])):
+                m["p_holm"] = adjusted
+        if entries:
+            out["baselines"][baseline] = entries
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the report
+
+
+def _ratio_text(summary: dict[str, Any]) -> str:
+    """``1.21× [1.05, 1.39], Holm p 0.031`` or ``> 1.42× (…)``."""
+    if summary.get("beyond") == MIXED:
+        return "seeds beyond the baseline's curve on both sides (no summary)"
+    if summary.get("beyond") == BELOW:
+        return f"> {summary['bound']:.2f}× (below the baseline's best: it never reached this loss)"
+    if summary.get("beyond") == ABOVE:
+        return f"< {summary['bound']:.2f}× (above the baseline's first evaluation)"
+    if summary.get("geometric_mean") is None:
+        return "–"
+    text = f"{summary['geometric_mean']:.2f}×"
+    if summary.get("ci95"):
+        low, high = summary["ci95"]
+        text += f" [{low:.2f}, {high:.2f}]"
+    if summary.get("p_holm") is not None:
+        text += f", Holm p {p_value(summary['p_holm'])}"
+    return text
+
+
+def _percent(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.3g} %"
+
+
+def verdict_line(entry: dict[str, Any]) -> str:
+    """One line: loss difference, token speedup, wall-clock speedup (its device), MFU."""
+    loss = entry["loss"]
+    loss_text = "–" if loss["mean"] is None else f"{loss['mean']:+.4f}"
+    if loss.get("ci95"):
+        loss_text += f" [{loss['ci95'][0]:+.4f}, {loss['ci95'][1]:+.4f}]"
+    if loss.get("p_holm") is not None:
+        loss_text += f", Holm p {p_value(loss['p_holm'])}"
+    wall = entry["wall_clock_speedup"]
+    if wall["available"]:
+        wall_text = f"{_ratio_text(wall)} ({wall['device']})"
+    else:
+        wall_text = f"unavailable ({wall.get('reason')})"
+    mfu = entry["mfu"]
+    if mfu["available"]:
+        mfu_text = _percent(mfu["mean"])
+        if mfu.get("ci95"):
+            mfu_text += f" [{_percent(mfu['ci95'][0])}, {_percent(mfu['ci95'][1])}]"
+        mfu_text += f" against {_percent(mfu.get('baseline_mean'))}"
+        if mfu.get("ratio") and mfu["ratio"]["n"]:
+            mfu_text += f" (ratio {_ratio_text(mfu['ratio'])})"
+        mfu_text += f"; peak: {'; '.join(mfu['peak'])}"
+    else:
+        mfu_text = f"unavailable ({mfu.get('reason')})"
+    seeds = ", ".join(str(s) for s in entry["seeds"])
+    return (f"- **{entry['configuration']}** against `{entry['against']}` (seeds {seeds}): Δ validation loss "
+            f"{loss_text}; token speedup {_ratio_text(entry['token_speedup'])}; wall-clock speedup {wall_text}; "
+            f"MFU {mfu_text}.")
+
+
+def verdict_lines(found: dict[str, Any]) -> list[str]:
+    """The report's section (empty when no configuration has a verdict)."""
+    if not found["baselines"]:
+        return []
+    lines = ["## Verdicts at equal cost", "",
+             "Each configuration against its baseline, per seed (the same seed, the same data order): the "
+             "difference of final validation loss; the token speedup, the tokens the baseline needs to reach the "
+             "configuration's final validation loss over the configuration's tokens (the baseline's validation "
+             "curve as its running minimum, linearly interpolated between evaluations; `> x` where the "
+             "configuration's loss is below the baseline's best, `< x` where it is above the baseline's first "
+             "evaluation: a bound, never an extrapolation); the wall-clock speedup, the same in measured training "
+             "seconds (step times only, on the device named: a CPU figure on a CPU); MFU, the model's training "
+             "FLOPs per token (analytic, 3 × forward) × tokens/s over the device's peak. Speedups and the MFU "
+             "ratio over seeds: geometric mean [95 % interval] on the log scale, paired t-test of the logs; Holm: "
+             "adjusted over the configurations against one baseline, per measure. `verdicts.json` holds every "
+             "value and bound per seed.", ""]
+    if not stats.available():
+        lines += [stats.NO_STATISTICS, ""]
+    for baseline, entries in found["baselines"].items():
+        lines += [f"Against `{baseline}`:", ""] + [verdict_line(entry) for entry in entries] + [""]
+    return lines

@@ -1,0 +1,160 @@
+"""The verdicts at equal cost (s2hc.study.cost): the tokens and seconds a baseline needs to reach a configuration's
+loss, read from curves written by hand (inside them, on them, and beyond them on both sides), their summary over
+seeds on the log scale, MFU, the verdicts of hand-made rows, and results without them (older rows)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from scipy import stats as scipy_stats
+
+from s2hc.study import cost
+from s2hc.study.report import verdicts, write_report
+
+ROOT = Path(__file__).resolve().parent.parent
+#: A baseline's validation curve: (tokens, loss), with a rise at 300 tokens. Its running minimum is
+#: 5.0, 4.0, 4.0, 3.0.
+CURVE = [(100, 5.0), (200, 4.0), (300, 4.2), (400, 3.0)]
+
+
+@pytest.mark.parametrize("target, expected", [
+    (4.5, 150.0),  # halfway from (100, 5.0) to (200, 4.0)
+    (4.1, 190.0),  # the first crossing; the raw curve crosses 4.1 again between 300 and 400
+    (3.5, 350.0),  # from the running minimum's (300, 4.0): the raw curve's (300, 4.2) would give 358.3
+    (4.0, 200.0), (3.0, 400.0), (5.0, 100.0),  # on an evaluation
+])
+def test_the_tokens_to_reach_a_loss_inside_the_curve(target, expected):
+    assert cost.cost_to_reach(CURVE, target) == {"value": pytest.approx(expected)}
+    assert cost.speedup(CURVE, target, 200.0) == {"value": pytest.approx(expected / 200.0)}
+
+
+def test_beyond_the_curve_is_a_bound_never_an_extrapolation():
+    # below the baseline's best (3.0): it never got there, so it needs more than its 400 tokens
+    assert cost.cost_to_reach(CURVE, 2.5) == {"value": None, "beyond": "below", "bound": 400.0}
+    assert cost.speedup(CURVE, 2.5, 200.0) == {"value": None, "beyond": "below", "bound": 2.0}
+    # above its first evaluation (5.0): it was there before 100 tokens
+    assert cost.cost_to_reach(CURVE, 5.5) == {"value": None, "beyond": "above", "bound": 100.0}
+    assert cost.speedup(CURVE, 5.5, 400.0) == {"value": None, "beyond": "above", "bound": 0.25}
+    with pytest.raises(ValueError, match="empty curve"):
+        cost.cost_to_reach([], 1.0)
+
+
+def test_the_wall_clock_speedup_by_hand():
+    seconds = [(2.0, 5.0), (5.0, 4.0), (9.0, 3.0)]  # cumulative training seconds at each evaluation
+    assert cost.speedup(seconds, 3.5, 6.0) == {"value": pytest.approx(7.0 / 6.0)}  # 5 + 0.5 × 4 = 7 s
+    assert cost.speedup(seconds, 2.0, 6.0) == {"value": None, "beyond": "below", "bound": 1.5}
+    assert cost.speedup(seconds, 6.0, 4.0) == {"value": None, "beyond": "above", "bound": 0.5}
+
+
+def test_ratios_over_seeds_on_the_log_scale():
+    summary = cost.summarize_ratios({0: {"value": 2.0}, 1: {"value": 0.5}}, tests=True)
+    half = scipy_stats.t.ppf(0.975, 1) * math.log(2)  # std of ±ln 2 is ln 2 · √2, over √2
+    assert summary["geometric_mean"] == pytest.approx(1.0) and summary["p"] == pytest.approx(1.0)
+    assert summary["ci95"] == pytest.approx([math.exp(-half), math.exp(half)])
+    assert summary["beyond"] is None and summary["n"] == 2
+    assert cost.summarize_ratios({0: {"value": 2.0}}, tests=True)["ci95"] is None  # one seed: no interval
+    # a seed beyond the curve: a bound on the geometric mean, no interval or test
+    bound = cost.summarize_ratios({0: {"value": 2.0}, 1: {"value": None, "beyond": "below", "bound": 4.0}}, True)
+    assert bound["beyond"] == "below" and bound["bound"] == pytest.approx(math.sqrt(8))
+    assert bound["geometric_mean"] is None and bound["ci95"] is None and bound["p"] is None
+    mixed = cost.summarize_ratios({0: {"value": None, "beyond": "above", "bound": 0.5},
+                                   1: {"value": None, "beyond": "below", "bound": 4.0}}, True)
+    assert mixed["beyond"] == "mixed" and mixed["bound"] is None
+
+
+# ---------------------------------------------------------------------------------------------- rows by hand
+
+PLATFORM = {"step": 0, "cpu": "Test CPU", "device": "cpu", "threads": 2,
+            "matmul_peak": {"flops_per_s": 1e10, "dtype": "float32", "size": 512, "repeats": 7, "threads": 2}}
+
+
+def _row(label: str, family: str, seed: int, val: list[tuple[int, float]], seconds: list[float] | None,
+         tokens_per_s: float = 1000.0, flops: int | None = 1_000_000) -> dict:
+    return {
+        "label": label, "family": family, "options": {}, "n_streams": 1 if family == "residual" else 4,
+        "settings": {}, "seed": seed, "status": "finished", "val_loss": val[-1][1], "name": f"{label}-{seed}",
+        "curves": {"train": [], "val": [list(p) for p in val]},
+        "timing": {"tokens_per_s": tokens_per_s, "median_step_s": 0.1, "val_seconds": seconds},
+        "platform": [PLATFORM],
+        "cost": {"version": 1, "tokens_per_step": 100, "precision": "float32",
+                 "flops": None if flops is None else {"train_per_token": flops}},
+    }
+
+
+def _results(rows: list[dict]) -> dict:
+    return {"study": {"baselines": ["residual"], "train": {}, "configurations": [], "seeds": [0, 1]}, "rows": rows}
+
+
+def hand_results() -> dict:
+    """A residual baseline (steps 1 to 4, 100 tokens a step: CURVE) and two configurations over seeds 0 and 1:
+    ``fast`` reaches 4.5 and 3.5 in 2 steps (200 tokens), ``best`` goes below the baseline's best."""
+    base_seconds = [1.0, 2.0, 3.0, 4.0]
+    rows = []
+    for seed in (0, 1):
+        rows.append(_row("residual", "residual", seed, [(s, loss) for s, (_, loss) in zip((1, 2, 3, 4), CURVE)],
+                         base_seconds))
+        rows.append(_row("fast", "s2hc", seed, [(1, 5.2), (2, 4.5 if seed == 0 else 3.5)], [1.5, 3.0],
+                         tokens_per_s=500.0, flops=1_200_000))
+        rows.append(_row("best", "mhc", seed, [(2, 4.0), (4, 2.5 + 0.1 * seed)], None, flops=None))
+    return _results(rows)
+
+
+def test_the_verdicts_of_rows_by_hand():
+    found = verdicts(hand_results())
+    assert found["format"] == "s2hc-verdicts" and found["version"] == 1
+    fast, best = found["baselines"]["residual"]
+    assert (fast["configuration"], fast["against"], fast["seeds"]) == ("fast", "residual", [0, 1])
+    # tokens: the baseline needs 150 (seed 0, loss 4.5) and 350 (seed 1, loss 3.5) where `fast` spent 200
+    tokens = fast["token_speedup"]
+    assert tokens["per_seed"] == {0: {"value": pytest.approx(0.75)}, 1: {"value": pytest.approx(1.75)}}
+    assert tokens["geometric_mean"] == pytest.approx(math.sqrt(0.75 * 1.75)) and tokens["p_holm"] is not None
+    # seconds: the baseline's 1, 2, 3, 4 s at its evaluations: 1.5 s and 3.5 s, where `fast` trained 3 s
+    wall = fast["wall_clock_speedup"]
+    assert wall["per_seed"] == {0: {"value": pytest.approx(0.5)}, 1: {"value": pytest.approx(3.5 / 3)}}
+    assert wall["cpu"] and wall["device"] == "CPU: Test CPU" and wall["unit"] == "measured training seconds"
+    # MFU: train FLOPs per token × tokens/s over the measured peak (1e10)
+    mfu = fast["mfu"]
+    assert mfu["per_seed"] == {0: pytest.approx(0.06), 1: pytest.approx(0.06)}
+    assert mfu["baseline_mean"] == pytest.approx(0.1) and mfu["ratio"]["geometric_mean"] == pytest.approx(0.6)
+    assert mfu["peak"] == ["CPU, measured float32 512² matmul, 2 threads"]
+    assert fast["loss"]["per_seed"] == {0: pytest.approx(1.5), 1: pytest.approx(0.5)}
+    # `best`: below the baseline's best on both seeds (a bound, 400 / 400 tokens); no seconds, no FLOP count
+    assert best["token_speedup"]["beyond"] == "below" and best["token_speedup"]["bound"] == pytest.approx(1.0)
+    assert best["token_speedup"]["per_seed"][0] == {"value": None, "beyond": "below", "bound": 1.0}
+    assert not best["wall_clock_speedup"]["available"] and "hold no training seconds" in (
+        best["wall_clock_speedup"]["reason"])
+    assert not best["mfu"]["available"] and best["mfu"]["reason"] == "no FLOP count in the row"
+    json.dumps(found)  # plain JSON
+
+
+def test_the_report_says_the_verdicts_in_one_line_each():
+    report = "\n".join(cost.verdict_lines(verdicts(hand_results())))
+    assert "## Verdicts at equal cost" in report and "Against `residual`:" in report
+    fast = next(line for line in report.splitlines() if line.startswith("- **fast**"))
+    assert "Δ validation loss +1.0000 [" in fast and "token speedup 1.15× [" in fast
+    assert "wall-clock speedup 0.76× [" in fast and "(CPU: Test CPU)" in fast
+    assert "MFU 6 % [6 %, 6 %] against 10 % (ratio 0.60×" in fast and "peak: CPU, measured float32 512² matmul" in fast
+    best = next(line for line in report.splitlines() if line.startswith("- **best**"))
+    assert "token speedup > 1.00× (below the baseline's best: it never reached this loss)" in best
+    assert "wall-clock speedup unavailable (" in best and "MFU unavailable (no FLOP count in the row)" in best
+
+
+def test_results_without_the_cost_have_no_verdicts(tmp_path):
+    """A committed study's results.json predates the rows' cost: it still loads, its report has no verdicts (the
+    committed report is unchanged: tests/test_study.py), and no verdicts.json is written (a stale one goes)."""
+    shutil.copy(ROOT / "docs" / "study" / "results.json", tmp_path / "results.json")
+    (tmp_path / "verdicts.json").write_text("{}")
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert not cost.has_cost(results) and verdicts(results)["baselines"] == {}
+    report = write_report(tmp_path).read_text()
+    assert "Verdicts at equal cost" not in report and not (tmp_path / "verdicts.json").exists()
+    # rows with the cost but measured by a run that logged no training seconds: that measure alone is missing
+    rows = hand_results()["rows"]
+    for row in rows:
+        row["timing"]["val_seconds"] = None
+    entry = verdicts(_results(rows))["baselines"]["residual"][0]
+    assert entry["token_speedup"]["available"] and not entry["wall_clock_speedup"]["available"]
