@@ -133,7 +133,7 @@ def test_every_connection_form_is_counted_by_its_own_function_and_others_are_ref
 
 
 def test_attn_res_reads_grow_with_its_sources():
-    """Full at sublayer j reads j + 1 sources; Block of size 2 reads 1 + ⌈j / 2⌉ and adds to the partial sum at odd j."""
+    """Full at sublayer j reads j + 1 sources; Block of size 2 reads 1 + ⌈j / 2⌉, adding to the partial sum at odd j."""
     per_source = 7 * 16 + 7  # the dot and the weighted sum (2C each), the key's mean square and scale, the softmax
     full = [connection_flops("attn-res", 16, 1, sublayer=j, n_sublayers=8, variant="full") for j in range(8)]
     assert [c["elementwise"] for c in full] == [per_source * (j + 1) for j in range(8)]
