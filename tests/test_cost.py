@@ -158,3 +158,20 @@ def test_results_without_the_cost_have_no_verdicts(tmp_path):
         row["timing"]["val_seconds"] = None
     entry = verdicts(_results(rows))["baselines"]["residual"][0]
     assert entry["token_speedup"]["available"] and not entry["wall_clock_speedup"]["available"]
+
+
+def test_a_findings_page_reads_the_verdicts_the_report_gives():
+    """s2hc.study.findings' ``Study.verdict``: the report's verdict entry, its texts and numbers."""
+    from s2hc.study.findings import Study
+
+    study = Study("hand", hand_results())
+    fast = study.verdict("fast", "residual")
+    assert fast.token.startswith("1.15× [") and fast.token_value.f(2) == "1.15"
+    assert fast.wall.endswith("(CPU: Test CPU)") and fast.wall_value.f(2) == "0.76"
+    assert fast.mfu == "6 % [6 %, 6 %]" and fast.mfu_value.f(1) == "6.0"
+    assert fast.loss.startswith("+1.000 [") and fast.seeds == "2 seeds"
+    best = study.verdict("best", "residual")
+    assert best.token == "> 1.00× (below the baseline's best: it never reached this loss)"
+    assert best.wall.startswith("unavailable (") and best.mfu == "unavailable (no FLOP count in the row)"
+    with pytest.raises(KeyError, match="has no verdict of 'fast' against 'best'"):
+        study.verdict("fast", "best")

@@ -34,9 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from ..io import atomic_write_text
-from . import stats
+from . import cost, stats
 from .factorial import effects
 from .report import _baseline_label, _headline_value, _step_time_ratio, _stream_reduce
+from .report import verdicts as report_verdicts
 from .rows import by_configuration, finished_values, per_seed, smallest_deviation_sigma, stream_usage
 
 __all__ = ["PAGES", "Comparison", "Number", "Study", "check_template", "namespace", "render", "render_pages"]
@@ -160,6 +161,74 @@ class Comparison:
     def lower_on(self) -> int:
         """On how many seeds the difference is below 0."""
         return sum(self.per_seed[s] < 0 for s in self.seeds)
+
+
+@dataclass
+class Verdict:
+    """A configuration's verdict at equal cost against its baseline, as the study's report computes it
+    (:func:`s2hc.study.cost.verdicts`: speedups as geometric means over seeds with their intervals and Holm p over
+    the report's configurations, per measure and baseline)."""
+
+    entry: dict[str, Any]
+
+    @property
+    def token(self) -> str:
+        """The token speedup: ``1.21× [1.05, 1.39], Holm p 0.031``, or a bound beyond the baseline's curve."""
+        return _minus(cost._ratio_text(self.entry["token_speedup"]))
+
+    @property
+    def wall(self) -> str:
+        """The wall-clock speedup with the device it was measured on."""
+        wall = self.entry["wall_clock_speedup"]
+        if not wall["available"]:
+            return f"unavailable ({wall.get('reason')})"
+        return _minus(cost._ratio_text(wall)) + f" ({wall['device']})"
+
+    def _speedup(self, measure: str) -> Number:
+        summary = self.entry[measure]
+        value = summary.get("geometric_mean") if summary.get("geometric_mean") is not None else summary.get("bound")
+        if value is None:
+            raise ValueError(f"{self.entry['configuration']}: no {measure} summary ({summary.get('beyond')})")
+        return Number(value)
+
+    @property
+    def token_value(self) -> Number:
+        """The token speedup's geometric mean over seeds (or its bound), as a number."""
+        return self._speedup("token_speedup")
+
+    @property
+    def wall_value(self) -> Number:
+        return self._speedup("wall_clock_speedup")
+
+    @property
+    def mfu(self) -> str:
+        """MFU over seeds with its interval: ``1.9 % [1.7 %, 2.1 %]``."""
+        mfu = self.entry["mfu"]
+        if not mfu["available"]:
+            return f"unavailable ({mfu.get('reason')})"
+        text = cost._percent(mfu["mean"])
+        if mfu.get("ci95"):
+            text += f" [{cost._percent(mfu['ci95'][0])}, {cost._percent(mfu['ci95'][1])}]"
+        return text
+
+    @property
+    def mfu_value(self) -> Number:
+        return Number(100 * self.entry["mfu"]["mean"])
+
+    @property
+    def loss(self) -> str:
+        """The loss difference with its interval and Holm p (over the verdicts of this baseline)."""
+        loss = self.entry["loss"]
+        text = f"{loss['mean']:+.3f}"
+        if loss.get("ci95"):
+            text += f" [{loss['ci95'][0]:+.3f}, {loss['ci95'][1]:+.3f}]"
+        if loss.get("p_holm") is not None:
+            text += f", Holm p {_p(loss['p_holm'])}"
+        return _minus(text)
+
+    @property
+    def seeds(self) -> str:
+        return _seed_count(self.entry["seeds"])
 
 
 def _p(value: float | None) -> str:
@@ -323,6 +392,15 @@ class Study:
                 self.exploratory.append(comparison)
             comparison.holm = self.adjusted.get((label, against))
         return comparison
+
+    def verdict(self, label: str, against: str) -> Verdict:
+        """``label``'s verdict at equal cost against configuration ``against`` (one of the study's baselines)."""
+        for entries in report_verdicts(self.results)["baselines"].values():
+            for entry in entries:
+                if entry["configuration"] == label and entry["against"] == against:
+                    return Verdict(entry)
+        raise KeyError(f"study {self.name!r} has no verdict of {label!r} against {against!r} (its baselines: "
+                       f"{list(self.results['study'].get('baselines') or ())}; runs without cost records have none)")
 
     def _planned(self) -> dict[tuple[str, str], float]:
         """The report's paired tables: ``(label, baseline label) -> Holm p over that table``."""
