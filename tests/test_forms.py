@@ -174,6 +174,33 @@ def test_attn_res_without_its_output_query_reads_the_residual_stream():
     assert model.stream_head is None
 
 
+@pytest.mark.parametrize("sources", [1, 3, 9])
+def test_the_depth_read_is_liger_kernels_attn_res(sources):
+    """Against Liger-Kernel's AttnRes (``liger_kernel.ops.attn_res``: one Triton kernel fusing the key RMSNorm, the
+    query's dot, the softmax over sources and the weighted sum; run here under the Triton interpreter): the read
+    and the gradients of every source, the query and the key norm's weight."""
+    pytest.importorskip("triton")
+    attn_res = pytest.importorskip("liger_kernel.ops.attn_res")
+    torch.manual_seed(sources)
+    read = forms.attn_res.DepthAttention(16)
+    with torch.no_grad():
+        read.query.normal_()
+        read.key_norm_weight.normal_()
+    values = [torch.randn(2, 5, 16, requires_grad=True) for _ in range(sources)]
+    h = read(tuple(values))
+    upstream = torch.randn_like(h)
+    ours = torch.autograd.grad((h * upstream).sum(), [*values, read.query, read.key_norm_weight])
+    stacked = torch.stack([v.detach() for v in values]).requires_grad_()
+    query = read.query.detach().clone().requires_grad_()
+    gain = read.key_norm_weight.detach().clone().requires_grad_()
+    theirs_h = attn_res.LigerAttnResFunction.apply(stacked, query, gain, read.eps)
+    theirs = torch.autograd.grad((theirs_h * upstream).sum(), [stacked, query, gain])
+    assert_close_to_scale(h, theirs_h)
+    assert_close_to_scale(torch.stack(ours[:sources]), theirs[0])
+    assert_close_to_scale(ours[-2], theirs[1])
+    assert_close_to_scale(ours[-1], theirs[2])
+
+
 def test_attn_res_connection_gradients_are_exact():
     torch.manual_seed(0)
     connection = AttnResConnection(6, sublayer=3, block_size=2).double()
