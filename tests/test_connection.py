@@ -208,14 +208,39 @@ def test_bad_construction(kwargs, message):
     [
         ((2, 5, 4, 9), r"n_streams=4 and dim=8 .* got shape \(2, 5, 4, 9\)"),
         ((2, 5, 3, 8), r"n_streams=4 and dim=8 .* got shape \(2, 5, 3, 8\)"),
-        ((2, 5, 32), r"x must have shape \(batch, time, n_streams, dim\), got shape \(2, 5, 32\)"),
-        ((10, 4, 8), r"got shape \(10, 4, 8\)"),
+        ((2, 5, 32), r"n_streams=4 and dim=8 .* got shape \(2, 5, 32\)"),
+        ((32,), r"x must have shape \(batch, time, n_streams, dim\) \(or any leading dimensions .*\(32,\)"),
     ],
 )
 def test_bad_stream_shapes_are_refused_not_reshaped(shape, message):
     hc = HyperConnection(8, 4)
     with pytest.raises(ValueError, match=message):
         hc(torch.zeros(shape), Scale(8))
+
+
+@pytest.mark.parametrize("family", ["s2hc", "mhc", "hc", "residual"])
+@pytest.mark.parametrize("lead", [(10,), (2, 3, 5)])
+def test_streams_with_other_leading_dimensions(family, lead):
+    """``(..., n, C)`` computes what the same tokens laid out as ``(B, T, n, C)`` compute; the branch is given
+    ``(..., C)``, the caller's own layout."""
+    n = 1 if family == "residual" else 4
+    torch.manual_seed(0)
+    hc = HyperConnection(8, n, family=family, layer_index=1)
+    with torch.no_grad():
+        for p in hc.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    seen = []
+
+    def branch(h):
+        seen.append(tuple(h.shape))
+        return torch.tanh(h * 2)
+
+    x = torch.randn(*lead, n, 8)
+    out = hc(x, branch)
+    assert out.shape == x.shape and seen == [(*lead, 8)]
+    torch.testing.assert_close(out, hc(x.reshape(1, -1, n, 8), lambda h: torch.tanh(h * 2)).reshape(x.shape))
+    with pytest.raises(ValueError, match=rf"branch must return the shape it was given, \({lead[0]}, .*8\), got"):
+        hc(x, lambda h: h[..., :4])
 
 
 def test_branch_with_the_wrong_output_shape():

@@ -27,13 +27,20 @@ def check_stream_tensor(x: torch.Tensor, n_streams: int, dim: int) -> None:
             f"x must be a floating-point tensor (float32, bfloat16, float16 or float64: the connection computes "
             f"in x's dtype, its coefficients in at least float32), got dtype {x.dtype}"
         )
-    if x.dim() != 4:
-        raise ValueError(f"x must have shape (batch, time, n_streams, dim), got shape {tuple(x.shape)}")
+    if x.dim() < 3:
+        raise ValueError(f"x must have shape (batch, time, n_streams, dim) (or any leading dimensions before "
+                         f"n_streams, dim), got shape {tuple(x.shape)}")
     if x.shape[-2:] != (n_streams, dim):
         raise ValueError(
             f"x must have n_streams={n_streams} and dim={dim} in its last two dimensions, "
             f"got shape {tuple(x.shape)}"
         )
+
+
+def as_batch_time(x: torch.Tensor) -> torch.Tensor:
+    """Streams ``(..., n, C)`` with any leading dimensions as the ``(B, T, n, C)`` the compute paths take: 4-D
+    unchanged, otherwise every leading dimension flattened into T (``(1, prod(...), n, C)``, a view)."""
+    return x if x.dim() == 4 else x.reshape(1, -1, *x.shape[-2:])
 
 
 def call_branch(branch, h: torch.Tensor, args, kwargs) -> torch.Tensor:

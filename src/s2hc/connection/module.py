@@ -16,7 +16,7 @@ from ..checks import check_float, check_int, check_streams
 from ..extras import check_available
 from ..init_rng import Draw
 from ..mixers.base import coefficient_dtype, scale_parameter
-from .base import ComputePath, _stream_precision, call_branch, check_stream_tensor
+from .base import ComputePath, _stream_precision, as_batch_time, call_branch, check_stream_tensor
 from .init import check_gate_init, check_projection_init, gate_biases, initial_projection, projection_draw
 from .paths import KERNELS, select_path
 
@@ -41,8 +41,9 @@ class HyperConnection(nn.Module):
         n_streams: number of streams n (1 for ``family="residual"``), at most :data:`s2hc.checks.MAX_STREAMS`.
         family: ``"residual"`` (plain ``x + F(x)``) or a mixing family (:func:`s2hc.mixers.mixing_families`; the
             gated residual, ``"gated-residual"``, is :class:`s2hc.GatedResidual`).
-        layer_index: index of the wrapped sublayer; the read/write gates start favouring stream
-            ``layer_index mod n``.
+        layer_index: the index of the block the connection is in (both sublayers of a block, attention and MLP,
+            get the same one, as the s²HC authors' code and :class:`s2hc.models.Transformer` do); the read/write
+            gates start favouring stream ``layer_index mod n``.
         eps: epsilon of the RMSNorm over all n·C features.
         fused: a fast path (default) or, with False, the reference implementation; all compute the
             same function (see the module docstring).
@@ -69,6 +70,8 @@ class HyperConnection(nn.Module):
 
     ``forward(x, branch, *args, **kwargs)``: ``x`` ``(B, T, n, C)``, ``branch`` any callable
     ``(B, T, C) -> (B, T, C)`` called as ``branch(h, *args, **kwargs)``; returns ``(B, T, n, C)`` in x's dtype.
+    Other leading dimensions work too: ``x`` ``(..., n, C)`` (``(tokens, n, C)``, ``(B, H, W, n, C)``), the branch
+    given ``(..., C)`` and the result ``(..., n, C)``.
     ``x`` may be any floating dtype (float32, bfloat16, float16, float64), whatever the parameters' dtype: the
     connection follows x's dtype (its coefficients in at least float32), as under autocast, and ``h`` has x's
     dtype; a non-tensor or an integer ``x`` is refused with TypeError, a branch returning anything but a tensor too.
@@ -242,6 +245,13 @@ class HyperConnection(nn.Module):
         self._check_streams(x)
         if self.is_residual:
             return x + self._call_branch(branch, x.squeeze(-2), args, kwargs).unsqueeze(-2)
+        if x.dim() != 4:  # streams (..., n, C) with other leading dimensions: the branch sees (..., C)
+            lead = x.shape[:-2]
+
+            def flat_branch(h, *a, **k):  # checked at the caller's shape, so its errors name the caller's shape
+                return call_branch(branch, h.reshape(*lead, self.dim), a, k).reshape(h.shape)
+
+            return self.forward(as_batch_time(x), flat_branch, *args, **kwargs).reshape(x.shape)
         path = self.compute_path(x)
         with _stream_precision(x):
             if self.recompute and torch.is_grad_enabled():

@@ -255,7 +255,9 @@ def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnost
         if not diverged:
             result = diagnose_checkpoint(run_dir, data=config.data, tokens=diagnostics_tokens,
                                          out=run_dir / "diagnostics", device=device, loaded=(model, saved_config))
-            if not result.get("nothing_to_measure"):
+            if "depth_attention" in result:  # AttnRes: its depth softmax, not stream matrices
+                row["depth_attention"] = result["depth_attention"]
+            elif not result.get("nothing_to_measure"):
                 row["diagnostics"] = compact_diagnostics(result)
             row["rotations"] = rotation_probe(model.cpu().float(), config, _probe_batch(config))
     row["timing"] = _timing(payload, records, tokens_per_step)
