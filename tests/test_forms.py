@@ -4,6 +4,7 @@ reference, the wide residual, what each declares, and the models both build."""
 from __future__ import annotations
 
 import functools
+import json
 import math
 
 import pytest
@@ -407,3 +408,21 @@ def test_compiled_blocks_compute_what_eager_blocks_do(family, n, options):
     torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
     for a, b in zip(results[1][1], results[0][1]):  # inductor reorders float32 sums: to 1e-4 of each gradient's scale
         assert_close_to_scale(a, b, 1e-4)
+
+
+def test_a_comparison_of_the_new_forms_measures_and_reports_each(corpus_file, tmp_path):
+    """``s2hc compare`` with AttnRes and the wide residual: each run is measured (AttnRes's row keeps its depth
+    softmax, the wide residual's the stream matrices), counted (its FLOPs) and given a verdict against residual."""
+    from helpers import small_config
+
+    from s2hc.study import compare
+
+    base = small_config(corpus_file, tmp_path, max_steps=4, eval_every=2, checkpoint_every=0, log_every=1, seed=5)
+    report = compare(base, ["residual", "attn-res", "wide-residual"], seeds=1, out=tmp_path / "cmp").read_text()
+    rows = {row["family"]: row for row in json.loads((tmp_path / "cmp" / "results.json").read_text())["rows"]}
+    assert rows["attn-res"]["n_streams"] == 1 and rows["attn-res"]["diagnostics"] is None
+    reads = rows["attn-res"]["depth_attention"]["reads"]
+    assert [r["sources"] for r in reads] == [1, 2, 3, 4, 5]  # SMALL_MODEL: 2 layers, Full at this depth, the head
+    assert rows["wide-residual"]["diagnostics"]["n_streams"] == 4
+    assert all(row["cost"]["flops"]["train_per_token"] > 0 for row in rows.values())
+    assert "- **attn-res** against `residual`" in report and "- **wide-residual n=4** against `residual`" in report

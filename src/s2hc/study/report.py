@@ -350,7 +350,7 @@ def runs_table(results: dict[str, Any]) -> list[str]:
     for label, runs in by_configuration(results["rows"]).items():
         directories = ", ".join(f"`{RUNS}/{r['name']}/`" + ("" if r["status"] == "finished" else f" ({r['status']})")
                                 for r in runs)
-        measured = [r for r in runs if r.get("diagnostics")]
+        measured = [r for r in runs if r.get("diagnostics") or r.get("depth_attention")]
         if len(measured) == len(runs):
             reports = f"`diagnostics/{REPORT}` in each"
         elif measured:
