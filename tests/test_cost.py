@@ -136,6 +136,7 @@ def test_the_report_says_the_verdicts_in_one_line_each():
     assert "## Verdicts at equal cost" in report and "Against `residual`:" in report
     fast = next(line for line in report.splitlines() if line.startswith("- **fast**"))
     assert "Δ validation loss +1.0000 [" in fast and "token speedup 1.15× [" in fast
+    assert "step time 1.00× the baseline's, trained 3 s against 4 s" in fast
     assert "wall-clock speedup 0.76× [" in fast and "(CPU: Test CPU)" in fast
     assert "MFU 6 % [6 %, 6 %] against 10 % (ratio 0.60×" in fast and "peak: CPU, measured float32 512² matmul" in fast
     best = next(line for line in report.splitlines() if line.startswith("- **best**"))

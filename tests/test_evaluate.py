@@ -204,8 +204,10 @@ def test_nextline_examples_are_well_formed():
         assert handle.read().count("\n") == 128
 
 
-def test_simple_evaluate_runs_the_shipped_tasks_end_to_end(tiny, lm):
+def test_simple_evaluate_runs_the_shipped_tasks_end_to_end(tiny, lm, tmp_path, monkeypatch, capfd):
+    monkeypatch.chdir(tmp_path)  # outside a git repository: lm-eval's `git describe` says "fatal: ..." on stderr
     results = run_tasks(lm, "s2hc_offline", limit=8)
+    assert "fatal: not a git repository" not in capfd.readouterr().err
     nextline, ppl = results["results"]["s2hc_nextline"], results["results"]["s2hc_ppl"]
     assert 0.0 <= nextline["acc,none"] <= 1.0 and 0.0 <= nextline["acc_norm,none"] <= 1.0
     assert results["n-samples"]["s2hc_nextline"]["effective"] == 8

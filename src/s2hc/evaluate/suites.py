@@ -11,7 +11,10 @@ average of the eight in the last column).
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,6 +95,30 @@ def check_paper8_reachable() -> None:
             f"({', '.join(missing)}) are not in the local cache; run it once with network access, or use "
             f"--tasks {','.join(SHIPPED)}, which need no network"
         )
+
+
+@contextlib.contextmanager
+def _quiet_git_hash():
+    """lm-eval records the git commit of the working directory by running ``git describe`` with git's stderr
+    left open, so outside a repository every evaluation prints ``fatal: not a git repository``. The same record,
+    with git's complaint discarded, for the duration of the call."""
+    evaluator = importlib.import_module("lm_eval.evaluator")
+    original = getattr(evaluator, "get_git_commit_hash", None)
+
+    def quiet() -> str | None:
+        try:
+            done = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() or None
+
+    if original is not None:
+        evaluator.get_git_commit_hash = quiet
+    try:
+        yield
+    finally:
+        if original is not None:
+            evaluator.get_git_commit_hash = original
 
 
 def _is_network_error(error: BaseException) -> bool:
@@ -186,11 +213,12 @@ def run_tasks(
     merged = None
     for shots, group in plan.items():
         try:
-            results = lm_eval.simple_evaluate(
-                model=lm, tasks=group, num_fewshot=shots, limit=limit, task_manager=manager,
-                bootstrap_iters=bootstrap_iters, log_samples=log_samples, verbosity=verbosity,
-                random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-            )  # fmt: skip
+            with _quiet_git_hash():
+                results = lm_eval.simple_evaluate(
+                    model=lm, tasks=group, num_fewshot=shots, limit=limit, task_manager=manager,
+                    bootstrap_iters=bootstrap_iters, log_samples=log_samples, verbosity=verbosity,
+                    random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                )  # fmt: skip
         except Exception as error:  # noqa: BLE001 - only network failures are translated
             remote = [n for n in group if n not in SHIPPED]
             if remote and _is_network_error(error):

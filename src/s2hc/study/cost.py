@@ -225,6 +225,23 @@ def _mfu_measure(pairs: dict[int, tuple[dict, dict]], tests: bool) -> dict[str, 
     return out
 
 
+def _step_time_ratio(pairs: dict[int, tuple[dict, dict]]) -> float | None:
+    """The median over seeds of the configuration's median step time over the baseline's (same seed)."""
+    ratios = [row["timing"]["median_step_s"] / base["timing"]["median_step_s"] for row, base in pairs.values()
+              if (row.get("timing") or {}).get("median_step_s") and (base.get("timing") or {}).get("median_step_s")]
+    return statistics.median(ratios) if ratios else None
+
+
+def _train_seconds(pairs: dict[int, tuple[dict, dict]]) -> dict[str, float | None]:
+    """The mean over seeds of the training seconds each side spent in all (its last validation record's)."""
+    def mean(rows):
+        values = [(r.get("timing") or {}).get("val_seconds") for r in rows]
+        values = [v[-1] for v in values if v]
+        return statistics.fmean(values) if values else None
+    return {"configuration": mean([row for row, _ in pairs.values()]),
+            "baseline": mean([base for _, base in pairs.values()])}
+
+
 def verdicts(results: dict[str, Any], baselines, baseline_label: Callable[..., str | None]) -> dict[str, Any]:
     """The verdicts of every configuration against each of ``baselines`` (``baseline_label(baseline, runs,
     groups)`` names the configuration it is paired with): the ``verdicts.json`` object (see the module)."""
@@ -250,6 +267,8 @@ def verdicts(results: dict[str, Any], baselines, baseline_label: Callable[..., s
                 "token_speedup": _speedup_measure(pairs, "tokens", tests),
                 "wall_clock_speedup": _speedup_measure(pairs, "seconds", tests),
                 "mfu": _mfu_measure(pairs, tests),
+                "step_time_ratio": _step_time_ratio(pairs),
+                "train_seconds": _train_seconds(pairs),
             })
         for measure, part in (("loss", None), ("token_speedup", None), ("wall_clock_speedup", None),
                               ("mfu", "ratio")):
@@ -313,9 +332,15 @@ def verdict_line(entry: dict[str, Any]) -> str:
     else:
         mfu_text = f"unavailable ({mfu.get('reason')})"
     seeds = ", ".join(str(s) for s in entry["seeds"])
+    cost_text = ""
+    if entry.get("step_time_ratio") is not None:
+        cost_text += f"; step time {entry['step_time_ratio']:.2f}× the baseline's"
+    seconds = entry.get("train_seconds") or {}
+    if seconds.get("configuration") is not None and seconds.get("baseline") is not None:
+        cost_text += f", trained {seconds['configuration']:.0f} s against {seconds['baseline']:.0f} s"
     return (f"- **{entry['configuration']}** against `{entry['against']}` (seeds {seeds}): Δ validation loss "
-            f"{loss_text}; token speedup {_ratio_text(entry['token_speedup'])}; wall-clock speedup {wall_text}; "
-            f"MFU {mfu_text}.")
+            f"{loss_text}{cost_text}; token speedup {_ratio_text(entry['token_speedup'])}; wall-clock speedup "
+            f"{wall_text}; MFU {mfu_text}.")
 
 
 def verdict_lines(found: dict[str, Any]) -> list[str]:
@@ -324,7 +349,8 @@ def verdict_lines(found: dict[str, Any]) -> list[str]:
         return []
     lines = ["## Verdicts at equal cost", "",
              "Each configuration against its baseline, per seed (the same seed, the same data order): the "
-             "difference of final validation loss; the token speedup, the tokens the baseline needs to reach the "
+             "difference of final validation loss; its median step time over the baseline's and the training "
+             "seconds both spent (means over seeds, step times only); the token speedup, the tokens the baseline needs to reach the "
              "configuration's final validation loss over the configuration's tokens (the baseline's validation "
              "curve as its running minimum, linearly interpolated between evaluations; `> x` where the "
              "configuration's loss is below the baseline's best, `< x` where it is above the baseline's first "

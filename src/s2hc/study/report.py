@@ -378,11 +378,19 @@ def _setup_lines(results: dict[str, Any]) -> list[str]:
         f"data `{train.get('data', 'embedded')}`; settings: "
         + ", ".join(f"`{k}: {v}`" for k, v in sorted(train.items())) + ".",
         f"- Machine: {env.get('machine', '?')}; {env.get('jobs', 1)} run(s) at a time; s2hc {env.get('s2hc', '?')}"
-        f" (commit `{env.get('commit') or '?'}`), torch {env.get('torch', '?')}; wall time of the last call "
+        f" ({_commit_text(env)}), torch {env.get('torch', '?')}; wall time of the last call "
         f"{env.get('wall_s', 0) / 60:.0f} min.",
         "",
     ]
     return lines
+
+
+def _commit_text(env: dict[str, Any]) -> str:
+    """``commit `abc1234```, with ``and uncommitted changes`` when the sources differ from it; where s2hc did not run
+    from a git checkout (a pip install) the commit is unknown and said so."""
+    if not env.get("commit"):
+        return "commit unknown: s2hc did not run from a git checkout"
+    return f"commit `{env['commit']}`" + (" and uncommitted changes" if env.get("dirty") else "")
 
 
 def _paired_lines(results: dict[str, Any]) -> list[str]:
@@ -420,6 +428,8 @@ def _write_verdicts(results: dict[str, Any], out: Path) -> None:
 def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Path) -> str:
     """The text of ``report.md``."""
     lines = [f"# {results['study'].get('title', 's2hc study')}", ""] + _setup_lines(results)
+    # the verdict first: each configuration's loss, cost and speedups against its baseline (where rows carry them)
+    lines += cost.verdict_lines(verdicts(results)) if cost.has_cost(results) else []
     lines += ["## Loss per configuration", "",
               "Validation loss after the last step on the held-out split, and the train loss averaged over the last "
               "10 % of logged steps: mean ± standard deviation over seeds [95 % Student-t interval of the mean]. "
@@ -428,7 +438,6 @@ def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Pa
               "same seed (runs on a shared machine: a rough measure; `s2hc bench` is the careful one).", ""]
     lines += summary_table(results) + [""] + noise_lines(results)
     lines += _paired_lines(results)
-    lines += cost.verdict_lines(verdicts(results)) if cost.has_cost(results) else []
     lines += design_lines(results)
     lines += ["## Training stability", "",
               "Gradient norms before clipping (mean over seeds of each run's statistic over logged steps); the "

@@ -214,14 +214,18 @@ def print_commands(spec: StudySpec, out: Path) -> list[str]:
 
 
 def _environment(elapsed_s: float, jobs: int) -> dict[str, Any]:
-    commit = None
+    commit, dirty = None, False
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         source = Path(__file__).resolve().parent
         done = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, timeout=10)
         commit = done.stdout.strip() or None
+        if commit:  # a checkout whose s2hc sources differ from the commit: say so, the commit alone is not the code
+            changed = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no",
+                                      "--", "."], capture_output=True, text=True, timeout=10)
+            dirty = bool(changed.stdout.strip())
     return {
-        "s2hc": __version__, "commit": commit, "torch": torch.__version__, "python": platform.python_version(),
+        "s2hc": __version__, "commit": commit, **({"dirty": dirty} if commit else {}), "torch": torch.__version__, "python": platform.python_version(),
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores visible, "
                    + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"),
         "jobs": jobs, "wall_s": round(elapsed_s, 1),
