@@ -154,3 +154,21 @@ def test_the_verdicts_at_equal_cost_of_a_real_comparison(base, tmp_path):
     assert entry["wall_clock_speedup"]["cpu"] and entry["mfu"]["available"] and 0 < entry["mfu"]["mean"] < 1
     if study_stats.available():
         assert entry["loss"]["ci95"] is not None and entry["loss"]["p_holm"] is not None
+
+
+def test_curves_that_lie_on_top_of_each_other_both_stay_visible():
+    """Two configurations with the same curve: different line styles and markers, the one drawn first the wider,
+    so the one on top does not hide it."""
+    pytest.importorskip("matplotlib")
+    from s2hc.study.figures import _bands
+
+    plt = plots._pyplot()
+    fig, ax = plt.subplots()
+    curve = {"status": "finished", "curves": {"val": [[1, 5.0], [2, 4.0], [3, 3.5]]}}
+    _bands(ax, {"a": [curve], "b": [curve], "c": [curve]}, "val", "validation loss")
+    lines = ax.get_lines()
+    assert [tuple(line.get_ydata()) for line in lines] == [(5.0, 4.0, 3.5)] * 3
+    assert len({(line.get_linestyle(), line.get_marker()) for line in lines}) == 3
+    widths = [line.get_linewidth() for line in lines]
+    assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
+    plt.close(fig)

@@ -16,6 +16,19 @@ FIGURES = "figures"
 
 
 
+#: Line styles and markers cycled over configurations, and widths that shrink with the drawing order, so that two
+#: configurations whose curves lie on top of each other both stay visible (a thick line under a thin dashed one).
+_LINE_STYLES = ("-", "--", "-.", ":")
+_MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
+
+
+def _style(index: int, count: int) -> dict[str, Any]:
+    """The ``ax.plot`` keywords of configuration ``index`` of ``count``."""
+    return {"color": f"C{index % 10}", "linestyle": _LINE_STYLES[index % len(_LINE_STYLES)],
+            "linewidth": 1.0 + 1.6 * (count - 1 - index) / max(1, count - 1), "marker": _MARKERS[index % len(_MARKERS)],
+            "markersize": 3, "markevery": 0.1, "zorder": 2 + index}
+
+
 def _bands(ax, groups: dict[str, list[dict]], key: str, title: str) -> None:
     for index, (label, runs) in enumerate(groups.items()):
         curves = [dict(map(tuple, r["curves"][key])) for r in runs if r["status"] == "finished"]
@@ -25,10 +38,9 @@ def _bands(ax, groups: dict[str, list[dict]], key: str, title: str) -> None:
         means = [statistics.fmean(c[s] for c in curves) for s in steps]
         low = [min(c[s] for c in curves) for s in steps]
         high = [max(c[s] for c in curves) for s in steps]
-        color = f"C{index % 10}"
-        style = "-" if index < 10 else "--"
-        ax.plot(steps, means, color=color, linestyle=style, linewidth=1.3, label=label)
-        ax.fill_between(steps, low, high, color=color, alpha=0.15)
+        style = _style(index, len(groups))
+        ax.plot(steps, means, label=label, **style)
+        ax.fill_between(steps, low, high, color=style["color"], alpha=0.15)
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
@@ -134,7 +146,8 @@ def plot_trajectories(results: dict[str, Any], path: Path) -> Path:
     plt = plots._pyplot()
     fig, axes = plt.subplots(1, len(TRAJECTORY_PANELS), figsize=(5.2 * len(TRAJECTORY_PANELS), 4.2),
                              layout="constrained")
-    for index, (label, runs) in enumerate(by_configuration(results["rows"]).items()):
+    groups = by_configuration(results["rows"])
+    for index, (label, runs) in enumerate(groups.items()):
         series = [r["trajectory"] for r in runs if r["status"] == "finished" and r.get("trajectory")]
         if not series:
             continue
@@ -143,11 +156,10 @@ def plot_trajectories(results: dict[str, Any], path: Path) -> Path:
             steps = sorted(set.intersection(*(set(c) for c in curves)))
             if not steps:
                 continue
-            color, style = f"C{index % 10}", "-" if index < 10 else "--"
-            ax.plot(steps, [statistics.fmean(c[s] for c in curves) for s in steps], color=color, linestyle=style,
-                    linewidth=1.3, label=label)
+            style = _style(index, len(groups))
+            ax.plot(steps, [statistics.fmean(c[s] for c in curves) for s in steps], label=label, **style)
             ax.fill_between(steps, [min(c[s] for c in curves) for s in steps],
-                            [max(c[s] for c in curves) for s in steps], color=color, alpha=0.15)
+                            [max(c[s] for c in curves) for s in steps], color=style["color"], alpha=0.15)
     for ax, (_, title) in zip(axes, TRAJECTORY_PANELS):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
