@@ -426,3 +426,19 @@ def test_a_comparison_of_the_new_forms_measures_and_reports_each(corpus_file, tm
     assert rows["wide-residual"]["diagnostics"]["n_streams"] == 4
     assert all(row["cost"]["flops"]["train_per_token"] > 0 for row in rows.values())
     assert "- **attn-res** against `residual`" in report and "- **wide-residual n=4** against `residual`" in report
+
+
+def test_streams_without_a_family_suggest_one():
+    with pytest.raises(ValueError, match=r"n_streams must be 1 for family='residual', got 4: several streams need a "
+                                         r"multi-stream family \(family='s2hc'"):
+        get_preset("tiny", n_streams=4)
+
+
+def test_a_set_value_without_its_space_gets_a_hint():
+    from s2hc.config import parse_assignment
+
+    assert parse_assignment("model_overrides={dim: 32}") == ("model_overrides", {"dim": 32})
+    with pytest.raises(ValueError, match=r"reads as a key 'dim:32' without a value; YAML needs a space after the "
+                                         r"colon \(dim: 32\), e.g. model_overrides=\{dim: 32, n_layers: 2\}"):
+        parse_assignment("model_overrides={dim:32, n_layers: 2}")
+    assert parse_assignment("rotation=a:b") == ("rotation", "a:b")  # a plain string with a colon is kept

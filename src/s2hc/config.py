@@ -429,6 +429,24 @@ def shipped_configs() -> dict[str, str]:
     return {p.name.removesuffix(".yaml"): p.read_text(encoding="utf-8") for p in files}
 
 
+def config_path(text: str | Path) -> Path:
+    """The YAML file a command's config argument names (``s2hc train --config``, ``s2hc study CONFIG``): ``text``
+    when such a path exists, or ``text.yaml`` (an edited copy, ``s2hc configs NAME > NAME.yaml``), so a file of
+    that name in the working directory comes first; else the shipped config of that name (``demo-tiny`` or
+    ``demo-tiny.yaml``, as :func:`shipped_configs` and ``s2hc configs`` name them); ValueError in one line naming
+    the shipped ones when it is neither."""
+    path = Path(text).expanduser()
+    for candidate in (path, path.with_name(path.name + ".yaml")):
+        if candidate.exists():
+            return candidate
+    name = str(text).removesuffix(".yaml")
+    shipped = shipped_configs()
+    if name in shipped:
+        return Path(str(resources.files(__package__).joinpath("configs").joinpath(f"{name}.yaml")))
+    raise ValueError(f"config file {str(text)!r} does not exist and is not the name of a shipped config (shipped: "
+                     f"{', '.join(shipped)}; `s2hc configs` says what each is for)")
+
+
 def load_yaml_config(path: str | Path) -> dict[str, Any]:
     """The mapping in a YAML config file; ValueError naming the file when it is missing, a directory, not UTF-8,
     not YAML (one line: the parser's problem, line and column, not its multi-line excerpt) or not a mapping."""
@@ -466,9 +484,30 @@ def parse_assignment(text: str, argument: str = "--set") -> tuple[str, Any]:
     if not sep or not key.strip():
         raise ValueError(f"{argument} expects KEY=VALUE, got {text!r}")
     try:
-        return key.strip(), yaml.safe_load(value)
+        parsed = yaml.safe_load(value)
     except yaml.YAMLError:
         raise ValueError(f"{argument}: the value of {key.strip()!r} is not valid YAML: {value!r}") from None
+    glued = _glued_key(parsed)
+    if glued is not None:  # {dim:32} is YAML for {"dim:32": None}: a mapping without its space
+        name, _, rest = glued.partition(":")
+        raise ValueError(f"{argument}: the value of {key.strip()!r} reads as a key {glued!r} without a value; YAML "
+                         f"needs a space after the colon ({name}: {rest}), e.g. {key.strip()}="
+                         f"{value.replace(glued, f'{name}: {rest}')}")
+    return key.strip(), parsed
+
+
+def _glued_key(value: Any) -> str | None:
+    """A mapping key like ``"dim:32"`` with no value, anywhere in ``value``: what ``{dim:32}`` parses to."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if item is None and isinstance(key, str) and ":" in key and not key.startswith(":"):
+                return key
+            found = _glued_key(item)
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        return next((found for item in value if (found := _glued_key(item)) is not None), None)
+    return None
 
 
 def option_fields() -> list[dataclasses.Field]:
