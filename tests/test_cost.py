@@ -176,3 +176,15 @@ def test_a_findings_page_reads_the_verdicts_the_report_gives():
     assert best.wall.startswith("unavailable (") and best.mfu == "unavailable (no FLOP count in the row)"
     with pytest.raises(KeyError, match="has no verdict of 'fast' against 'best'"):
         study.verdict("fast", "best")
+
+
+def test_a_findings_page_tabulates_the_verdicts():
+    from s2hc.study.findings import Study
+
+    table = Study("hand", hand_results()).verdict_table("residual").splitlines()
+    assert table[0].startswith("| configuration | Δ validation loss") and len(table) == 4
+    assert table[2].startswith("| fast | +1.000 [") and "| 1.00× | 1.15× [" in table[2]
+    assert table[2].endswith("| 6 % [6 %, 6 %] |")
+    assert table[3].startswith("| best |") and "> 1.00× (below the baseline's best" in table[3]
+    with pytest.raises(KeyError, match="no verdicts against 'fast'"):
+        Study("hand", hand_results()).verdict_table("fast")

@@ -446,6 +446,23 @@ class Study:
             rows.append(row)
         return "\n".join(rows)
 
+    def verdict_table(self, against: str) -> str:
+        """Every configuration's verdict at equal cost against configuration ``against``, as a Markdown table:
+        Δ validation loss, step time, token speedup, wall-clock speedup (its device) and MFU (:meth:`verdict`)."""
+        rows = ["| configuration | Δ validation loss [95 % CI], Holm p | step time | token speedup [95 % CI], Holm p | "
+                "wall-clock speedup [95 % CI], Holm p | MFU [95 % CI] |", "|---|---:|---:|---:|---:|---:|"]
+        baseline = next((entries for entries in report_verdicts(self.results)["baselines"].values()
+                         if entries and entries[0]["against"] == against), None)
+        if baseline is None:
+            raise KeyError(f"study {self.name!r} has no verdicts against {against!r}")
+        for entry in baseline:
+            verdict = Verdict(entry)
+            step = entry.get("step_time_ratio")
+            wall = verdict.wall.rsplit(" (", 1)[0] if entry["wall_clock_speedup"]["available"] else verdict.wall
+            rows.append(f"| {entry['configuration']} | {verdict.loss} | {'–' if step is None else f'{step:.2f}×'} | "
+                        f"{verdict.token} | {wall} | {verdict.mfu} |")
+        return "\n".join(rows)
+
 
 # ---- the same runs trained twice -------------------------------------------------------------------------------
 
