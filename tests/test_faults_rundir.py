@@ -199,8 +199,9 @@ def test_a_non_finite_optimizer_state_is_never_saved(config, monkeypatch):
 
     real = state.get_state_dict
 
-    def poisoned(model, optimizer):
-        model_state, optimizer_state = real(model, optimizer)
+    def poisoned(model, optimizers):  # the checkpointer passes its optimizers as a tuple (AdamW, or Muon and AdamW)
+        model_state, optimizer_state = real(model, optimizers)
+        (optimizer,) = optimizers
         if optimizer.state[next(iter(optimizer.state))]["step"] >= 4:
             name = next(iter(optimizer_state["state"]))
             optimizer_state["state"][name]["exp_avg_sq"] = optimizer_state["state"][name]["exp_avg_sq"] * math.inf

@@ -118,7 +118,7 @@ def test_bad_gated_modules_are_refused_in_one_line():
         build_connection(8, 2, family="gated-residual", gate_init="residual")
     with pytest.raises(ValueError, match=r"^x must have n_streams=2 and dim=8"):
         s2hc.GatedResidual(8, 2, rank=2)(torch.zeros(1, 1, 3, 8), nn.Identity())
-    with pytest.raises(ValueError, match=r"^the gated residual has one way to compute: connection options "
+    with pytest.raises(ValueError, match=r"^family 'gated-residual' has one way to compute: connection options "
                                          r"\['recompute'\] do not apply to it$"):
         set_connection_options(gated_model(), recompute=True)
 

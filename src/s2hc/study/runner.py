@@ -225,7 +225,8 @@ def _environment(elapsed_s: float, jobs: int) -> dict[str, Any]:
                                       "--", "."], capture_output=True, text=True, timeout=10)
             dirty = bool(changed.stdout.strip())
     return {
-        "s2hc": __version__, "commit": commit, **({"dirty": dirty} if commit else {}), "torch": torch.__version__, "python": platform.python_version(),
+        "s2hc": __version__, "commit": commit, **({"dirty": dirty} if commit else {}), "torch": torch.__version__,
+        "python": platform.python_version(),
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores visible, "
                    + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"),
         "jobs": jobs, "wall_s": round(elapsed_s, 1),
