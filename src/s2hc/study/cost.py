@@ -348,18 +348,17 @@ def verdict_lines(found: dict[str, Any]) -> list[str]:
     if not found["baselines"]:
         return []
     lines = ["## Verdicts at equal cost", "",
-             "Each configuration against its baseline, per seed (the same seed, the same data order): the "
-             "difference of final validation loss; its median step time over the baseline's and the training "
-             "seconds both spent (means over seeds, step times only); the token speedup, the tokens the baseline "
-             "needs to reach the configuration's final validation loss over the configuration's tokens (the "
-             "baseline's validation curve as its running minimum, linearly interpolated between evaluations; `> x` where the "
-             "configuration's loss is below the baseline's best, `< x` where it is above the baseline's first "
-             "evaluation: a bound, never an extrapolation); the wall-clock speedup, the same in measured training "
-             "seconds (step times only, on the device named: a CPU figure on a CPU); MFU, the model's training "
-             "FLOPs per token (analytic, 3 × forward) × tokens/s over the device's peak. Speedups and the MFU "
-             "ratio over seeds: geometric mean [95 % interval] on the log scale, paired t-test of the logs; Holm: "
-             "adjusted over the configurations against one baseline, per measure. `verdicts.json` holds every "
-             "value and bound per seed.", ""]
+             "Each configuration against its baseline, per seed (the same seed, the same data order): the difference "
+             "of final validation loss; its median step time over the baseline's and the training seconds both spent "
+             "(means over seeds, step times only); the token speedup, the tokens the baseline needs to reach the "
+             "configuration's final validation loss over the configuration's tokens (the baseline's validation curve "
+             "as its running minimum, linearly interpolated between evaluations; `> x` where the configuration's loss "
+             "is below the baseline's best, `< x` where it is above the baseline's first evaluation: a bound, never an"
+             " extrapolation); the wall-clock speedup, the same in measured training seconds (step times only, on the "
+             "device named: a CPU figure on a CPU); MFU, the model's training FLOPs per token (analytic, 3 × forward) "
+             "× tokens/s over the device's peak. Speedups and the MFU ratio over seeds: geometric mean [95 % interval]"
+             " on the log scale, paired t-test of the logs; Holm: adjusted over the configurations against one "
+             "baseline, per measure. `verdicts.json` holds every value and bound per seed.", ""]
     if not stats.available():
         lines += [stats.NO_STATISTICS, ""]
     for baseline, entries in found["baselines"].items():
