@@ -284,3 +284,22 @@ def test_a_bench_cut_short_leaves_its_finished_repetitions(tmp_path, monkeypatch
     assert [e["repetition"] for e in events[3:]] == [1, 2] and set(events[4]["step_s"]) == {"residual", "mhc"}
     captured = capsys.readouterr()
     assert captured.out == "" and "repetition 2/2:" in captured.err and "interrupted" in captured.err
+
+
+def test_the_memory_measure_leaves_no_profiler_lines_and_keeps_the_rest():
+    """kineto writes ``USDT:... profiler_start`` / ``profiler_stop`` to the process's stderr at every profile; the
+    bench's stderr keeps everything but those lines."""
+    import subprocess
+    import sys
+
+    code = ("import os, torch\n"
+            "from s2hc.bench.measure import peak_step_bytes\n"
+            "def step():\n"
+            "    os.write(2, b'a line of the step itself\\n')\n"
+            "    return torch.ones(1000) * 2\n"
+            "print(peak_step_bytes(step) > 0)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert "a line of the step itself" in done.stderr
+    assert "profiler_start" not in done.stderr and "ActivityProfiler" not in done.stderr

@@ -28,7 +28,12 @@ so a run cut short still leaves its finished repetitions (``s2hc bench --jsonl``
 
 from __future__ import annotations
 
+import contextlib
+import os
+import re
 import statistics
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -234,6 +239,33 @@ def live_tensor_bytes(*objects: Any) -> int:
     return total
 
 
+#: What the profiler's native library (kineto) writes to the process's stderr at every start and stop, whatever
+#: its log level: ``USDT:... SyncActivityProfilerHandler.cpp:52] profiler_start`` and ``STAGE:... Completed Stage``.
+_PROFILER_LINE = re.compile(r"^(USDT|STAGE):\S+ \S+ \d+:\d+ \S*ActivityProfiler\S*\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def _without_profiler_lines():
+    """Run the block with the process's stderr (file descriptor 2, where C++ writes) captured, then write back
+    every line but the profiler's own: the bench's output stays the bench's."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode(errors="replace").splitlines(keepends=True)
+                    if not _PROFILER_LINE.match(line)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
 def peak_step_bytes(step: Callable[[], Any], *baseline: Any, device: torch.device | str = "cpu") -> int:
     """Peak tensor memory in bytes of one call of ``step``: the bytes live before it (``baseline`` objects:
     modules, optimizers, tensors) plus the most that the step itself added at any moment.
@@ -255,7 +287,7 @@ def peak_step_bytes(step: Callable[[], Any], *baseline: Any, device: torch.devic
         return before + torch.cuda.max_memory_allocated(device) - allocated
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _without_profiler_lines(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
     events.sort(key=lambda e: e.start_ns())
