@@ -121,7 +121,22 @@ def test_resume_refuses_another_global_batch(data, single_run, tmp_path):
     assert run_s2hc(args(data, out, batch_size=4, max_steps=2)).returncode == 0
     result = run_s2hc(args(data, out, batch_size=4, extra=["--resume"]), nproc=2)
     assert result.returncode != 0
-    assert "keep batch_size x processes = 4" in result.stderr
+    assert "keep batch_size x processes = 4 and the same grad_accum (with batch_size=4: resume with --nproc 1)" in (
+        result.stderr)
+
+
+def test_resume_alone_launches_the_processes_the_run_was_trained_with(data, tmp_path):
+    """`--resume` without `--nproc` of a 2-process FSDP run: launched with 2 processes again (one process would be
+    refused: half the global batch)."""
+    out = tmp_path / "run"
+    start = run_s2hc(args(data, out, batch_size=2, max_steps=2, extra=["--parallel", "fsdp"]), nproc=2)
+    assert start.returncode == 0, start.stderr[-3000:]
+    resumed = run_s2hc(["train", "--out", str(out), "--resume", "--max-steps", "3"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (f"s2hc train: resuming {out} with --nproc 2, the 2 processes it was trained with (give --nproc to choose "
+            "another count)") in resumed.stderr
+    checkpoint = load_checkpoint(out, with_model=False)
+    assert (checkpoint.step, checkpoint.world_size, checkpoint.config["parallel"]) == (3, 2, "fsdp")
 
 
 def test_a_rank_that_dies_fails_the_job_and_the_checkpoint_still_loads(data, tmp_path):

@@ -20,6 +20,34 @@ def test_a_seq_len_above_the_models_max_seq_len_is_refused_before_the_run_direct
         small_config(corpus_file, tmp_path, seq_len=64, model_overrides={"max_seq_len": 32})
 
 
+def test_a_seq_len_above_the_presets_max_seq_len_is_refused_naming_both_and_how_to_raise_it(tmp_path, capsys):
+    """``--seq-len 100000`` used to raise the model's max_seq_len to match (and grow to 12 GB at the first step)."""
+    out = tmp_path / "run"
+    assert main(["train", "--preset", "tiny", "--seq-len", "100000", "--out", str(out)]) == 2
+    assert one_line(capsys) == (
+        "s2hc train: error: seq_len=100000 is more than the model's max_seq_len=256 (preset 'tiny'); lower seq_len, "
+        'or raise max_seq_len: --set "model_overrides={max_seq_len: 100000}"')
+    assert not out.exists()
+    # what it says works, and keeps the other overrides
+    assert main(["train", "--preset", "tiny", "--seq-len", "300", "--set", "model_overrides={dim: 32}",
+                 "--out", str(out)]) == 2
+    hint = one_line(capsys).rpartition("--set ")[2]
+    assert hint == '"model_overrides={dim: 32, max_seq_len: 300}"'
+    from s2hc.config import TrainConfig
+
+    assert TrainConfig(seq_len=300, model_overrides={"dim": 32, "max_seq_len": 300}).model_config().max_seq_len == 300
+
+
+def test_a_run_trained_when_seq_len_raised_max_seq_len_still_reads_as_its_model():
+    from s2hc.config import TrainConfig, completed_settings
+
+    stored = {**TrainConfig().to_dict(), "seq_len": 512}  # the tiny preset's max_seq_len is 256
+    settings = completed_settings(stored)
+    assert settings["model_overrides"] == {"max_seq_len": 512}
+    assert TrainConfig.from_dict(settings).model_config().max_seq_len == 512
+    assert completed_settings(TrainConfig().to_dict())["model_overrides"] == {}  # within the preset: as it was
+
+
 def refuse(self, *args, **kwargs):
     """A model's forward that raises what a setting only the first forward pass sees would."""
     raise ValueError("refused by the first forward pass")

@@ -124,7 +124,7 @@ def test_kill_9_of_a_study_takes_its_run_with_it_and_the_study_called_again_goes
                err=err)
     run = lock_holder(run_dir)
     leftovers.append(run)
-    wait_until(lambda: _catches(run, signal.SIGTERM), "the new run to train", process=second, err=err)
+    wait_until(lambda: logged_steps(run_dir) > 5, "the new run to train", process=second, err=err)
     second.send_signal(signal.SIGTERM)  # passed on: the run saves a checkpoint, stops and releases its lock
     assert second.wait(timeout=60) == 128 + signal.SIGTERM, err.read_text()
     assert "start residual-seed0 (resuming from step 5)" in err.read_text()
@@ -239,7 +239,7 @@ def test_stopping_children_sends_sigterm_then_sigkill_after_the_grace_period(tmp
 
 
 def _catches(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler for ``signum`` (the training loop installs one for SIGTERM)."""
+    """Whether process ``pid`` has a handler for ``signum`` (a run installs one for SIGTERM as it starts)."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
@@ -260,8 +260,10 @@ def test_a_second_signal_stops_a_long_step_at_once(corpus_file, cache, tmp_path,
                "1000000", "--eval-every", "0", "--no-progress", "--out", config.out]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err.open("w"))
     leftovers.append(process.pid)
-    wait_until(lambda: _catches(process.pid, signal.SIGTERM), "the training loop to start", process=process,
-               err=err)
+    metrics = Path(config.out) / "metrics.jsonl"
+    wait_until(lambda: metrics.is_file() and '"platform"' in metrics.read_text(), "the run to be set up",
+               process=process, err=err)
+    time.sleep(1.5)  # past the console into the first step, which takes minutes (a signal before it stops at once)
     process.send_signal(signum)
     wait_until(lambda: "stopping after this step" in err.read_text(), "the first signal to be acknowledged",
                timeout=30, process=process, err=err)
@@ -274,6 +276,88 @@ def test_a_second_signal_stops_a_long_step_at_once(corpus_file, cache, tmp_path,
     assert "Traceback" not in err.read_text() and "stopping now" in err.read_text()
     run = Path(config.out)
     assert not (run / LOCK).exists() and not list(run.glob(".*.tmp"))
+
+
+# ---------------------------------------------------------- a signal before the loop stops the run at once
+
+
+def test_sigterm_while_the_data_is_tokenised_stops_the_run_at_once_and_leaves_no_run(tmp_path, leftovers):
+    """One SIGTERM stops a run wherever it is: here tokenising 10 MB of text (tens of seconds on 2 cores)."""
+    from s2hc.data.corpus import load_corpus
+    from s2hc.rundir import holds_run
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(load_corpus("train")))
+    run, err = tmp_path / "run", tmp_path / "train.err"
+    command = [sys.executable, "-m", "s2hc", "train", "--preset", "tiny", "--data", str(text), "--cache-dir",
+               str(tmp_path / "cache"), "--max-steps", "5", "--no-progress", "--out", str(run)]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err.open("w"))
+    leftovers.append(process.pid)
+    wait_until(lambda: (run / LOCK).exists(), "the run directory to be opened", process=process, err=err)
+    time.sleep(0.3)  # into the tokenisation
+    started = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM, err.read_text()
+    assert time.monotonic() - started < 30
+    said = err.read_text()
+    assert said.strip().splitlines()[-1] == (
+        "s2hc train: stopped by signal 15 before the first step; nothing was saved: run the same command again")
+    assert "Traceback" not in said
+    assert not holds_run(run) and not (run / LOCK).exists()  # the same command is not refused
+
+
+def _signal_in(monkeypatch, where: str, signum: int = signal.SIGTERM) -> None:
+    """A real ``signum`` to this process when the run enters ``s2hc.train.loop.<where>`` (a ``_Run`` method or a
+    function of the module)."""
+    from s2hc.train import loop
+
+    owner, name = (loop._Run, where.removeprefix("_Run.")) if where.startswith("_Run.") else (loop, where)
+    real = getattr(owner, name)
+
+    def signalled(*args, **kwargs):
+        signal.raise_signal(signum)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, signalled)
+
+
+@pytest.mark.parametrize("where", ["_Run._build_model", "_platform"])  # the model built; config.yaml written
+def test_sigterm_before_the_first_step_stops_a_new_run_at_once_and_leaves_no_run(corpus_file, cache, tmp_path,
+                                                                                 monkeypatch, where):
+    from s2hc.rundir import holds_run
+    from s2hc.train import Interrupted
+
+    config = small_config(corpus_file, tmp_path, cache_dir=str(cache), max_steps=2)
+    with monkeypatch.context() as patch:
+        _signal_in(patch, where)
+        with pytest.raises(Interrupted, match="stopped by signal 15 before the first step; nothing was saved") as info:
+            train(config)
+    assert info.value.signum == signal.SIGTERM
+    run = Path(config.out)
+    assert not holds_run(run) and not (run / LOCK).exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler is the run's alone
+    assert train(config).step == 2  # the same command again: not refused
+
+
+def test_sigterm_while_a_resume_restores_the_model_keeps_the_run_as_it_was(corpus_file, cache, tmp_path,
+                                                                          monkeypatch):
+    from s2hc.rundir import load_checkpoint, read_metrics
+    from s2hc.train import Interrupted
+
+    config = small_config(corpus_file, tmp_path, cache_dir=str(cache), max_steps=2, log_every=1)
+    train(config)
+    run = Path(config.out)
+    before = (run / "metrics.jsonl").read_text(), (run / "checkpoint.pt").read_bytes()
+    with monkeypatch.context() as patch:
+        _signal_in(patch, "_Run._build_model")
+        with pytest.raises(Interrupted, match=r"before training went on; the run is as it was: resume with "
+                                              rf"`s2hc train --out {run} --resume`"):
+            train(config.replace(max_steps=4), resume=True)
+    assert ((run / "metrics.jsonl").read_text(), (run / "checkpoint.pt").read_bytes()) == before
+    assert not (run / LOCK).exists()
+    assert train(config.replace(max_steps=4), resume=True).step == 4
+    assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2, 3, 4]
+    assert load_checkpoint(run, with_model=False).step == 4
 
 
 # ------------------------------------------------------------- only s2hc's own temporary files are removed

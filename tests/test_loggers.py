@@ -269,6 +269,28 @@ def test_a_warmup_as_long_as_the_run_is_warned_of(corpus_file, tmp_path, capsys)
     assert TrainConfig(max_steps=101, warmup_steps=100).schedule_warnings() == []
 
 
+def test_the_default_warmup_is_a_tenth_of_the_schedule_so_the_first_commands_and_the_demo_warn_of_nothing():
+    import shlex
+
+    from s2hc.cli import build_parser
+    from s2hc.cli.train import training_config
+    from s2hc.config import load_yaml_config
+
+    assert [TrainConfig(max_steps=n).warmup for n in (3, 20, 50, 1000, 5000)] == [0, 2, 5, 100, 100]
+    root = Path(__file__).resolve().parents[1]
+    commands = [line.partition("#")[0] for line in (root / "README.md").read_text().splitlines()
+                if line.startswith("s2hc train --preset tiny")]
+    assert len(commands) >= 2  # the quick start's first run; the loggers' example
+    for command in commands:
+        args = build_parser().parse_args(shlex.split(command)[1:])
+        config = training_config(args, family=args.family, n_streams=args.streams, out=args.out)
+        assert config.schedule_warnings() == [], command
+    demo = load_yaml_config(root / "configs" / "demo-tiny.yaml")
+    assert TrainConfig.from_dict(demo).warmup == 30  # `make demo`: 300 steps, the 30 warmup steps it always had
+    for steps in (20, 3):  # `make demo DEMO_STEPS=20` (README), CI's DEMO_STEPS=3
+        assert TrainConfig.from_dict({**demo, "max_steps": steps, "eval_every": steps}).schedule_warnings() == []
+
+
 def test_a_comparison_may_add_loggers_later_and_logs_each_run_under_its_directory(corpus_file, tmp_path, capsys):
     pytest.importorskip("tensorboard", reason="the tensorboard extra")
     base = small_config(corpus_file, tmp_path, max_steps=2, eval_every=2, log_every=1, seed=5).to_dict()

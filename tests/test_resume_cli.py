@@ -9,7 +9,7 @@ from helpers import at_logged_step, ctrl_c, small_config
 
 from s2hc.cli import main
 from s2hc.rundir import load_checkpoint, read_metrics
-from s2hc.train import resume_config, train
+from s2hc.train import Interrupted, resume_config, train
 
 
 def _losses(run_dir) -> dict[int, float]:
@@ -102,3 +102,103 @@ def test_a_run_configured_before_a_field_existed_reads_as_what_it_computed(tmp_p
     assert run_settings(tmp_path)["streaming"] == "never" == BEFORE_FIELD["streaming"]
     assert completed_settings({"max_steps": 7})["max_steps"] == 7
     assert completed_settings({"max_steps": 7})["lr"] == TrainConfig().lr  # other new fields: their defaults
+
+
+# ------------------------------------------------------------------- the schedule of a resume to more steps
+
+
+def _lrs(run_dir) -> dict[int, float]:
+    return {r["step"]: r["lr"] for r in read_metrics(run_dir) if "lr" in r}
+
+
+def _rate(config, step: int, span: int) -> float:
+    """The learning rate of the 1-based ``step`` on a cosine schedule of ``span`` steps."""
+    from s2hc.train import learning_rate
+
+    return learning_rate(step - 1, peak=config.lr, warmup_steps=config.warmup, max_steps=span,
+                         min_ratio=config.min_lr_ratio)
+
+
+@pytest.fixture
+def short_run(corpus_file, tmp_path):
+    """A 4-step run (one warmup step, then the cosine down to the floor 1e-4 at step 4), as a config file."""
+    config = small_config(corpus_file, tmp_path, max_steps=4, lr=1e-3, log_every=1, checkpoint_every=2, eval_every=0)
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in config.to_dict().items() if k != "out"}))
+    return config, path
+
+
+def test_extending_a_finished_run_holds_the_floor_lr_and_says_so(short_run, capsys):
+    config, path = short_run
+    out = config.out
+    assert main(["train", "--config", str(path), "--out", out]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", out, "--resume", "--max-steps", "8"]) == 0
+    err = capsys.readouterr().err
+    assert ("s2hc: extending " + out + " from 4 to 8 steps: the cosine schedule ended at step 4; steps 5-8 continue at "
+            "its floor lr 1.0e-04 (set --schedule-steps 8 to restart the schedule over the new length)") in err
+    lrs, floor = _lrs(out), config.min_lr_ratio * config.lr
+    assert [lrs[step] for step in range(1, 5)] == [_rate(config, step, 4) for step in range(1, 5)]  # as trained
+    assert [lrs[step] for step in range(5, 9)] == [floor] * 4  # no jump: the floor the schedule reached, held
+    assert _rate(config, 5, 8) > 3 * floor  # what recomputing the cosine over 8 steps would have jumped to
+    assert load_checkpoint(out, with_model=False).config["schedule_steps"] == 4  # recorded: later resumes keep it
+    # a later resume to more steps keeps it too, and says which steps it adds
+    assert main(["train", "--out", out, "--resume", "--max-steps", "9"]) == 0
+    assert "steps 9-9 continue at its floor lr 1.0e-04" in capsys.readouterr().err and _lrs(out)[9] == floor
+
+
+def test_extending_a_running_schedule_finishes_it_then_holds_the_floor(short_run, monkeypatch, capsys):
+    config, _ = short_run
+    with monkeypatch.context() as patch:
+        at_logged_step(patch, 2, ctrl_c)
+        with pytest.raises(Interrupted, match="stopped by signal 2 after step 2"):
+            train(config)
+    train(config.replace(max_steps=6), resume=True)  # the Python form keeps the schedule as the CLI does
+    assert "the cosine schedule ends at step 4; steps 5-6 continue at its floor lr 1.0e-04" in capsys.readouterr().err
+    assert list(_lrs(config.out).values()) == [_rate(config, step, 4) for step in range(1, 7)]
+
+
+def test_schedule_steps_asks_for_another_schedule_and_the_resume_names_the_change(short_run, capsys):
+    config, path = short_run
+    out = config.out
+    assert main(["train", "--config", str(path), "--out", out, "--max-steps", "2"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--out", out, "--resume", "--max-steps", "8", "--schedule-steps", "8"]) == 0
+    stretched = config.replace(max_steps=8)
+    assert (f"s2hc: {out}: the cosine schedule spans 8 steps, no longer 2: step 3 runs at lr "
+            f"{_rate(stretched, 3, 8):.1e} (the old schedule's {_rate(config, 3, 2):.1e})") in capsys.readouterr().err
+    assert [_lrs(out)[step] for step in range(3, 9)] == [_rate(stretched, step, 8) for step in range(3, 9)]
+
+
+def test_a_resume_keeps_the_runs_warmup_and_a_run_configured_before_the_default_changed_keeps_its_own(
+        corpus_file, tmp_path):
+    from s2hc.config import TrainConfig, completed_settings, schedule_of
+
+    # a run configured when the default warmup was 100 steps recorded it: it resumes with 100, not a tenth
+    old = {**TrainConfig().to_dict(), "warmup_steps": 100, "max_steps": 300}
+    del old["schedule_steps"]  # written before schedule_steps existed: its schedule spans its max_steps
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    assert resume_config(tmp_path, max_steps=600).warmup_steps == 100
+    assert schedule_of(completed_settings(old)) == (300, 100)
+    # settings that leave the warmup unset (a config file, a study's run config) resume with the run's warmup
+    config = small_config(corpus_file, tmp_path, max_steps=2, warmup_steps=2)
+    train(config)
+    train(config.replace(max_steps=3, warmup_steps=None), resume=True)
+    assert load_checkpoint(config.out, with_model=False).config["warmup_steps"] == 2
+
+
+def test_the_readme_and_training_md_quote_what_extending_the_readme_run_prints():
+    """README's `--resume --max-steps 2000` of its 1000-step run: the line it prints, as both documents quote it."""
+    from pathlib import Path
+
+    from s2hc.config import TrainConfig
+    from s2hc.train.loop import _kept_schedule, _schedule_notice
+
+    before = TrainConfig(max_steps=1000, out="runs/s2hc").to_dict()
+    config = _kept_schedule(before, TrainConfig(max_steps=2000, out="runs/s2hc"), 1000)
+    assert (config.schedule_steps, config.warmup) == (1000, 100)
+    line = _schedule_notice(before, config, 1000)
+    assert line.startswith("extending runs/s2hc from 1000 to 2000 steps")
+    root = Path(__file__).resolve().parents[1]
+    for name in ("README.md", "docs/training.md"):
+        assert f"`{line}`" in " ".join((root / name).read_text().split()), name

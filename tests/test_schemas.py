@@ -43,8 +43,9 @@ def test_every_field_declares_its_group_and_roles():
 
 def test_the_computed_lists_say_what_each_field_is():
     # what the run's computation does not depend on: may change on --resume
-    assert set(resumable_fields()) == {"max_steps", "eval_every", "checkpoint_every", "log_every", "progress", "out",
-                                       "compile", "device", "parallel", "diagnostics_every", "connection", "logger",
+    assert set(resumable_fields()) == {"max_steps", "schedule_steps", "eval_every", "checkpoint_every", "log_every",
+                                       "progress", "out", "compile", "device", "parallel", "diagnostics_every",
+                                       "connection", "logger",
                                        "logger_dir", "logger_group", "keep_checkpoints", "keep_best",
                                        "activation_checkpointing"}
     assert family_fields() == ("family", "n_streams", "family_options")

@@ -5,11 +5,15 @@
 >>> x = s2hc.expand_streams(torch.randn(2, 8, 64), 4)        # (B, T, n, C)
 >>> hc(x, torch.nn.Linear(64, 64)).shape
 torch.Size([2, 8, 4, 64])
+
+The names below are imported on first use (PEP 562), so that ``import s2hc`` alone, and with it the ``s2hc``
+command's start (``s2hc --version``, ``s2hc --help``), does not import torch.
 """
 
-from . import mixers
-from .connection import GatedHead, GatedResidual, HyperConnection, HyperHead, expand_streams, reduce_streams
-from .connection.forms import families
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
@@ -17,3 +21,28 @@ __all__ = [
     "GatedHead", "GatedResidual", "HyperConnection", "HyperHead", "expand_streams", "families", "mixers",
     "reduce_streams", "__version__",
 ]
+
+if TYPE_CHECKING:  # what the names are, for type checkers and readers; at run time __getattr__ imports them
+    from . import mixers
+    from .connection import GatedHead, GatedResidual, HyperConnection, HyperHead, expand_streams, reduce_streams
+    from .connection.forms import families
+
+
+def __getattr__(name: str):
+    """The public names, imported (and kept in the module) the first time one is asked for."""
+    if name == "mixers":  # a submodule: `from . import mixers` here would ask this function again
+        value = importlib.import_module(".mixers", __name__)
+    elif name == "families":
+        from .connection.forms import families as value
+    elif name in __all__ and name != "__version__":
+        from . import connection
+
+        value = getattr(connection, name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

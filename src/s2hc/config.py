@@ -12,6 +12,7 @@ declares (:func:`check_family_options`); ValueError naming the key, the value an
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 from dataclasses import dataclass, field, fields
@@ -55,6 +56,9 @@ MAX_SEEDS = 1000
 #: AdamW moves every weight by about lr per step: above 1 a step is larger than the weights themselves
 #: (and lr / (1 - beta1) overflows float32 inside the optimizer near 1e38).
 MAX_LR = 1.0
+#: The default warmup (``warmup_steps`` unset): a tenth of the schedule, at most this many steps, so that a short run
+#: warms up for a tenth of itself and a long one for as long as s2hc's fixed default did (100 steps).
+MAX_DEFAULT_WARMUP = 100
 FLOAT_RANGES: dict[str, dict[str, Any]] = {
     "lr": dict(positive=True, maximum=MAX_LR),
     "min_lr_ratio": dict(minimum=0.0, maximum=1.0),
@@ -146,9 +150,13 @@ class TrainConfig:
         "1 GiB), 'always' or 'never' (all before step 1)", DATA)
     # the schedule: AdamW (or Muon with AdamW), cosine with linear warmup and a floor
     max_steps: int = _setting(1000, "optimizer steps", SCHEDULE, resumable=True)
+    schedule_steps: int | None = _setting(
+        None, "steps the cosine schedule spans: it reaches its floor there and holds it after (None: max_steps; a "
+        "resume that changes max_steps keeps the run's, so the learning rate never jumps)", SCHEDULE, resumable=True)
     lr: float = _setting(6e-4, "peak learning rate", SCHEDULE)
     min_lr_ratio: float = _setting(0.1, "floor of the cosine schedule, as a fraction of lr", SCHEDULE)
-    warmup_steps: int = _setting(100, "linear warmup steps", SCHEDULE)
+    warmup_steps: int | None = _setting(
+        None, f"linear warmup steps (None: a tenth of the schedule, at most {MAX_DEFAULT_WARMUP})", SCHEDULE)
     weight_decay: float = _setting(
         0.1, "weight decay (AdamW's, and Muon's for its matrices), of the parameters weight_decay_on names", SCHEDULE)
     weight_decay_on: str = _setting(
@@ -231,8 +239,23 @@ class TrainConfig:
         self.family_options = check_family_options(self.family, self.n_streams, self.family_options)
         model = self.model_config()  # the preset, model_overrides and the family's options, as the model sees them
         if self.seq_len > model.max_seq_len:  # else refused only by the first forward pass
+            raised = yaml.safe_dump({**self.model_overrides, "max_seq_len": self.seq_len}, default_flow_style=True,
+                                    width=float("inf")).strip()
             raise ValueError(f"seq_len={self.seq_len} is more than the model's max_seq_len={model.max_seq_len} "
-                             f"(preset {self.preset!r}); lower seq_len or raise model_overrides.max_seq_len")
+                             f"(preset {self.preset!r}); lower seq_len, or raise max_seq_len: "
+                             f"--set \"model_overrides={raised}\"")
+
+    @property
+    def schedule_span(self) -> int:
+        """The steps the cosine schedule spans (``schedule_steps``, else ``max_steps``): the learning rate decays to
+        ``min_lr_ratio × lr`` at this step and stays there."""
+        return _schedule(self.max_steps, self.schedule_steps, self.warmup_steps)[0]
+
+    @property
+    def warmup(self) -> int:
+        """The linear warmup steps: ``warmup_steps``, else a tenth of :attr:`schedule_span`, at most
+        :data:`MAX_DEFAULT_WARMUP`."""
+        return _schedule(self.max_steps, self.schedule_steps, self.warmup_steps)[1]
 
     def _check_field(self, name: str, kind: str) -> None:
         value = getattr(self, name)
@@ -290,8 +313,9 @@ class TrainConfig:
 
     def schedule_warnings(self) -> list[str]:
         """What in the schedule is probably not meant (one line each): a warmup as long as the run, whose learning
-        rate then rises throughout and never decays (nor, when longer, reaches ``lr``)."""
-        if self.warmup_steps < self.max_steps:
+        rate then rises throughout and never decays (nor, when longer, reaches ``lr``). The default warmup (a
+        tenth of the schedule) never is."""
+        if self.warmup_steps is None or self.warmup_steps < self.max_steps:
             return []
         if self.warmup_steps == self.max_steps:
             effect = f"reaches lr={self.lr:g} only at its last step and never decays"
@@ -325,7 +349,6 @@ class TrainConfig:
         """The ``ModelConfig`` this run trains: the preset, its overrides, and the residual family."""
         overrides = dict(self.model_overrides)
         overrides.update(family=self.family, n_streams=self.n_streams, family_options=dict(self.family_options))
-        overrides.setdefault("max_seq_len", max(self.seq_len, get_preset(self.preset).max_seq_len))
         return get_preset(self.preset, **overrides)
 
     def token_options(self) -> dict[str, Any]:
@@ -353,8 +376,30 @@ BEFORE_FIELD = {"streaming": "never", "init_rng": "sequential", "optimizer": "ad
 
 def completed_settings(stored: dict[str, Any]) -> dict[str, Any]:
     """A run's stored settings (its ``config.yaml``, a checkpoint's config) with every field added since read as
-    that s2hc computed it: :data:`BEFORE_FIELD`'s value, else the field's default."""
-    return {**TrainConfig().to_dict(), **BEFORE_FIELD, **stored}
+    that s2hc computed it: :data:`BEFORE_FIELD`'s value, else the field's default (``schedule_steps`` unset: the
+    schedule spans the run's ``max_steps``, as it did). A run whose ``seq_len`` was above its preset's
+    ``max_seq_len`` with no ``model_overrides.max_seq_len`` was trained when s2hc raised the model's
+    ``max_seq_len`` to ``seq_len`` (it now refuses such a config): it reads with that override, so it still
+    loads and resumes as the model it trained."""
+    settings = {**TrainConfig().to_dict(), **BEFORE_FIELD, **stored}
+    overrides = settings.get("model_overrides")
+    if isinstance(overrides, dict) and "max_seq_len" not in overrides and isinstance(settings.get("seq_len"), int):
+        with contextlib.suppress(ValueError, TypeError):  # an unknown preset: TrainConfig names it
+            if settings["seq_len"] > get_preset(settings["preset"]).max_seq_len:
+                settings["model_overrides"] = {**overrides, "max_seq_len": settings["seq_len"]}
+    return settings
+
+
+def schedule_of(settings: dict[str, Any]) -> tuple[int, int]:
+    """``(steps the cosine schedule spans, warmup steps)`` of a run's settings (a TrainConfig's dict, completed):
+    ``schedule_steps`` else ``max_steps``; ``warmup_steps`` else a tenth of that span, at most
+    :data:`MAX_DEFAULT_WARMUP`."""
+    return _schedule(settings["max_steps"], settings.get("schedule_steps"), settings.get("warmup_steps"))
+
+
+def _schedule(max_steps: int, schedule_steps: int | None, warmup_steps: int | None) -> tuple[int, int]:
+    span = max_steps if schedule_steps is None else schedule_steps
+    return span, min(MAX_DEFAULT_WARMUP, span // 10) if warmup_steps is None else warmup_steps
 
 
 def _option_kinds(family: str) -> dict[str, set[str]]:

@@ -12,9 +12,17 @@
   bench     step time, peak memory and coefficient-path cost per family             (:mod:`.bench`)
   configs   list the shipped YAML configs, or print one to copy                     (:mod:`.configs`)
 
-Each module has ``register(subparsers)``, which adds its parsers with ``func`` (``args -> exit status``) and
-``subparser`` set as defaults. To add a subcommand, write such a module and list it in :data:`COMMANDS`.
-Nothing else in s2hc imports this package.
+Each module has ``SUMMARY`` (the name and one-line help of each subcommand it adds, in order) and
+``register(subparsers)``, which adds its parsers with ``func`` (``args -> exit status``) and ``subparser`` set as
+defaults. To add a subcommand, write such a module and list it in :data:`COMMANDS`. Nothing else in s2hc imports
+this package.
+
+Start time: ``s2hc --version`` and ``s2hc --help`` import no torch, and a subcommand imports only what it uses.
+The modules import the library inside ``register`` (what the options need: ``s2hc train``'s flags come from
+:class:`~s2hc.config.TrainConfig`) and inside the command's function (the work), never at their top, and
+:func:`main` builds in full only the parser of the subcommand named on the command line; the others are stubs
+made from ``SUMMARY``, which is all the top-level usage and ``--help`` show
+(``tests/test_cli_start.py``; ``benchmarks/cli_start.py`` measures it).
 
 Errors: :func:`main` is the one funnel (wording and status: :mod:`.errors`). A user's mistake never ends in a
 traceback: a ``ValueError`` from a command (a bad value, a damaged file, an unwritable path) becomes one line
@@ -65,7 +73,10 @@ class _Parser(argparse.ArgumentParser):
 _ABOUT_OPTIONS = ("unrecognized arguments", "the following arguments are required", "ambiguous option")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of ``s2hc`` with every subcommand's parser built in full; with ``only`` (a subcommand's name),
+    that one's alone, the others stubs that name them and their help line (:func:`main`: a command starts without
+    building, and importing for, the options of the others)."""
     parser = _Parser(
         prog="s2hc", description="Multi-stream residual connections (hyper-connections): s²HC and its relatives."
     )
@@ -73,15 +84,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        command.register(subparsers)
+        if only is None or only in command.SUMMARY:
+            command.register(subparsers)
+        else:
+            for name, text in command.SUMMARY.items():
+                subparsers.add_parser(name, help=text)
     return parser
+
+
+def _subcommand(argv: Sequence[str]) -> str:
+    """The subcommand ``argv`` names: its first word that is not an option (the top level takes no values)."""
+    return next((word for word in argv if not word.startswith("-")), "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``s2hc`` with ``argv`` (default ``sys.argv[1:]``); returns the exit status (2 for bad input, 1 for a
     run that failed on a full disk or out of memory)."""
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=_subcommand(argv))
     command = "s2hc"
     try:
         args = parser.parse_args(argv)

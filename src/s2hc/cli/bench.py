@@ -12,24 +12,22 @@ import argparse
 import json
 import sys
 
-import torch
-
-from ..bench import measure
-from ..bench.measure import PEER
-from ..connection import forms
-from ..connection.forms import families
-from ..devices import AUTOCAST_NAMES, DEVICE_NAMES, resolve_device
 from ..extras import MissingExtra, check_available
-from ..mixers import REFERENCE_FAMILY
-from ..models import get_preset
-from ..params import format_table, param_table
 from .common import positive_int
+
+# torch and the library are imported inside the functions (s2hc.cli's start time).
+
+SUMMARY = {"bench": "step time, peak memory and coefficient-path cost per family, as ratios to residual"}
 
 
 def register(subparsers) -> None:
+    from ..bench.measure import PEER
+    from ..connection.forms import families
+    from ..devices import AUTOCAST_NAMES, DEVICE_NAMES
+
     parser = subparsers.add_parser(
         "bench",
-        help="step time, peak memory and coefficient-path cost per family, as ratios to residual",
+        help=SUMMARY["bench"],
         description=(
             "Time training steps (forward, cross-entropy, backward, AdamW) of a preset with each family, "
             "interleaved with residual in every repetition, and report ratios (median and spread), tokens/s "
@@ -90,6 +88,15 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..bench import measure
+    from ..connection import forms
+    from ..devices import resolve_device
+    from ..mixers import REFERENCE_FAMILY
+    from ..models import get_preset
+    from ..params import format_table, param_table
+
     try:
         variants = [measure.parse_variant(t, args.streams) for t in args.families.split(",") if t.strip()]
         overrides = {} if args.layers is None else {"n_layers": args.layers}

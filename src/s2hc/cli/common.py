@@ -13,7 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-from ..connection.forms import check_family, families
 from ..io import check_output_dir
 
 
@@ -51,6 +50,8 @@ def nonnegative_float(text: str) -> float:
 def parse_families(text: str | None, argument: str = "--families", extra: tuple[str, ...] = ()) -> list[str]:
     """``"mhc, s2hc"`` -> ``["mhc", "s2hc"]`` (None: every family); ValueError naming ``argument`` for an
     unknown name or an empty list. ``extra`` names accepted besides the families (the bench's peer)."""
+    from ..connection.forms import check_family, families  # torch: on use (see s2hc.cli's start time)
+
     if text is None:
         return families()
     names = list(dict.fromkeys(name.strip() for name in text.split(",") if name.strip()))

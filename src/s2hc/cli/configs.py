@@ -1,7 +1,8 @@
 """``s2hc configs [NAME]``: the YAML configs shipped in the package, listed, or one printed to copy and edit.
 
-A clone has them in ``configs/``; a pip install has them only inside the package, so the documented commands
-(``s2hc study configs/study-smoke.yaml ...``) start with ``s2hc configs study-smoke > study-smoke.yaml``.
+A clone has them in ``configs/``; a pip install has them only inside the package, where every command that takes
+a config file finds them by name (``s2hc study study-smoke``, ``s2hc train --config demo-tiny``:
+:func:`s2hc.config.config_path`); ``s2hc configs study-smoke > study-smoke.yaml`` writes one out to edit.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ import argparse
 import sys
 import textwrap
 
-import yaml
+# s2hc.config (torch) and yaml are imported by run (s2hc.cli's start time).
 
-from ..config import shipped_configs
+SUMMARY = {"configs": "list the shipped YAML configs, or print one"}
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "configs", help="list the shipped YAML configs, or print one",
+        "configs", help=SUMMARY["configs"],
         description="Without NAME, list the YAML configs shipped with s2hc (those of the repository's configs/) "
         "and what each is for; with NAME, print that config, e.g. `s2hc configs study-smoke > study-smoke.yaml`, "
         "then `s2hc study study-smoke.yaml --out runs/study-smoke`.",
@@ -40,11 +41,15 @@ def _purpose(text: str, width: int = 90) -> str:
 
 def _command(text: str) -> str:
     """The command that reads a config: a study grid has a ``train`` mapping; the others are TrainConfigs."""
+    import yaml
+
     values = yaml.safe_load(text)
     return "study" if isinstance(values, dict) and "train" in values else "train"
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..config import shipped_configs
+
     configs = shipped_configs()
     if args.name is not None:
         name = args.name.removesuffix(".yaml")
@@ -55,6 +60,6 @@ def run(args: argparse.Namespace) -> int:
     width = max(map(len, configs))
     for name, text in configs.items():
         print(f"{name:<{width}}  {_command(text):<5}  {_purpose(text)}")
-    print("\nprint one with `s2hc configs NAME > NAME.yaml`; `train` ones go to `s2hc train --config` or "
-          "`s2hc compare --config`, `study` ones to `s2hc study`")
+    print("\nprint one with `s2hc configs NAME > NAME.yaml` to edit it, or name it as it is: `train` ones to "
+          "`s2hc train --config NAME` or `s2hc compare --config NAME`, `study` ones to `s2hc study NAME`")
     return 0

@@ -12,15 +12,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..checks import check_streams
-from ..data.sources import required_packages
-from ..diagnostics.report import REPORT_NAME, default_out, diagnose_checkpoint, diagnose_synthetic, nothing_message
-from ..diagnostics.synthetic import DEFAULT_SWEEP
 from ..extras import check_available
 from ..io import check_output_dir
-from ..rundir import resolve_checkpoint
-from ..rundir.layout import DIAGNOSTICS, kept_name
 from .common import add_step_option, nonnegative_float, output_directory, parse_families, positive_int, resolve_step
+
+# The library (torch, the diagnostics, the run directory) is imported inside the functions (s2hc.cli's start time).
+
+SUMMARY = {"diagnose": "measure what the residual matrices do (a checkpoint, or --synthetic)"}
 
 DEFAULT_SYNTHETIC_OUT = "runs/diagnose-synthetic"
 DEFAULT_STATIC_OUT = "runs/diagnose-static"
@@ -33,9 +31,11 @@ def _scales(text: str) -> list[float]:
 
 
 def register(subparsers) -> None:
+    from ..diagnostics.synthetic import DEFAULT_SWEEP
+
     parser = subparsers.add_parser(
         "diagnose",
-        help="measure what the residual matrices do (a checkpoint, or --synthetic)",
+        help=SUMMARY["diagnose"],
         description=(
             "Measure the residual matrices of a trained model on real tokens (CHECKPOINT: a run directory or a "
             "checkpoint file); with --static the input-independent matrices (the biases alone, d = 0) of a "
@@ -106,6 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _static(args: argparse.Namespace) -> int:
     check_available(("transformers", "safetensors"), "--static")  # s2hc.hf (the DeepSeek-V4 converters) needs both
+    from ..diagnostics.report import REPORT_NAME
     from ..hf.static import diagnose_static, write_static
 
     name = Path(args.checkpoint).expanduser().resolve()
@@ -143,6 +144,11 @@ def _static(args: argparse.Namespace) -> int:
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
+    from ..data.sources import required_packages
+    from ..diagnostics.report import REPORT_NAME, default_out, diagnose_checkpoint, nothing_message
+    from ..rundir import resolve_checkpoint
+    from ..rundir.layout import DIAGNOSTICS, kept_name
+
     check_available(required_packages(args.data or "embedded"), f"--data {args.data}")
     try:
         run_dir, step = args.checkpoint, args.step
@@ -197,6 +203,10 @@ def _mixing_line(head: dict) -> str:
 
 
 def _synthetic(args: argparse.Namespace) -> int:
+    from ..checks import check_streams
+    from ..diagnostics.report import REPORT_NAME, diagnose_synthetic
+    from ..diagnostics.synthetic import DEFAULT_SWEEP
+
     try:
         families = parse_families(args.families or "mhc,mhc-lite,kromhc,s2hc,hc")
         if args.streams is not None:

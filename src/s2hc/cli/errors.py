@@ -11,8 +11,6 @@ from __future__ import annotations
 import errno
 import sys
 
-import torch
-
 from ..extras import as_missing_extra
 from ..io import OS_HINTS
 
@@ -53,7 +51,8 @@ def describe_os_error(error: OSError) -> str:
 
 def out_of_memory(error: RuntimeError) -> bool:
     """Whether ``error`` is an allocation that failed (CUDA or CPU): the machine's limit, not a bug."""
-    return isinstance(error, torch.OutOfMemoryError) or "can't allocate memory" in str(error)
+    torch = sys.modules.get("torch")  # not imported: no torch error (and `s2hc --help` starts without torch)
+    return (torch is not None and isinstance(error, torch.OutOfMemoryError)) or "can't allocate memory" in str(error)
 
 
 def _first_line(error: BaseException) -> str:

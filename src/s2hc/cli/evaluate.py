@@ -13,15 +13,6 @@ import math
 import sys
 from pathlib import Path
 
-import torch
-
-from ..connection import forms
-from ..data.shards import stored_cache_dir
-from ..data.sources import required_packages
-from ..devices import DTYPES
-from ..evaluate.generation import generate_tokens
-from ..evaluate.loading import load_for_eval
-from ..evaluate.perplexity import perplexity, run_tokens
 from ..extras import check_available
 from ..io import atomic_write_text
 from .common import (
@@ -33,6 +24,20 @@ from .common import (
     positive_int,
     resolve_step,
 )
+
+# torch and the library are imported inside the functions (s2hc.cli's start time).
+
+SUMMARY = {
+    "eval": "perplexity and lm-evaluation-harness benchmarks of a checkpoint",
+    "generate": "sample continuations of a prompt from a checkpoint",
+}
+
+
+def load_for_eval(*args, **kwargs):
+    """:func:`s2hc.evaluate.loading.load_for_eval`, imported on the first call."""
+    from ..evaluate.loading import load_for_eval
+
+    return load_for_eval(*args, **kwargs)
 
 
 def _limit(text: str) -> float | int:
@@ -47,6 +52,8 @@ def _limit(text: str) -> float | int:
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    from ..devices import DTYPES
+
     parser.add_argument(
         "checkpoint", metavar="CHECKPOINT", help="run directory (its latest checkpoint, or --step's) or checkpoint file"
     )
@@ -68,7 +75,7 @@ def register(subparsers) -> None:
 
 def _add_eval_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "eval", help="perplexity and lm-evaluation-harness benchmarks of a checkpoint",
+        "eval", help=SUMMARY["eval"],
         description="Evaluate a checkpoint: --perplexity on a token source (default: the embedded corpus's "
         "held-out split), and/or --tasks through lm-evaluation-harness (lm-eval tasks, groups and tags; the "
         "offline tasks s2hc_nextline, s2hc_ppl, s2hc_offline shipped with s2hc; 'paper8', the s2HC paper's "
@@ -104,11 +111,15 @@ def _add_eval_parser(subparsers) -> None:
 
 
 def _row_label(model) -> str:
+    from ..connection import forms
+
     c = model.config
     return c.family if forms.get(c.family).max_streams == 1 else f"{c.family} (n={c.n_streams})"
 
 
 def run_eval(args: argparse.Namespace) -> int:
+    from ..data.sources import required_packages
+
     parser = args.subparser
     if args.tasks is not None:  # what the options need is checked before the model is loaded
         check_available(("lm_eval",), "--tasks")
@@ -129,6 +140,9 @@ def run_eval(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace, model, tokenizer, train_config, out: Path | None) -> int:
+    from ..data.shards import stored_cache_dir
+    from ..evaluate.perplexity import perplexity, run_tokens
+
     parser = args.subparser
     do_perplexity = args.perplexity or args.tasks is None
     if do_perplexity:
@@ -192,7 +206,7 @@ def _evaluate(args: argparse.Namespace, model, tokenizer, train_config, out: Pat
 
 def _add_generate_parser(subparsers) -> None:
     parser = subparsers.add_parser(
-        "generate", help="sample continuations of a prompt from a checkpoint",
+        "generate", help=SUMMARY["generate"],
         description="Continue each --prompt with the checkpoint's model (KV-cached decoding); prints the prompt "
         "and its continuation. Temperature 0 decodes greedily.",
     )
@@ -211,6 +225,10 @@ def _add_generate_parser(subparsers) -> None:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..evaluate.generation import generate_tokens
+
     parser = args.subparser
     try:
         resolve_step(args)

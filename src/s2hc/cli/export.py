@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from ..devices import DTYPES
 from ..extras import check_available
 from .common import add_step_option, deprecated, resolve_step
 
+SUMMARY = {"export": "write a checkpoint as a Hugging Face transformers model directory"}
+
 
 def register(subparsers) -> None:
+    from ..devices import DTYPES  # torch: imported when this command's parser is built (s2hc.cli's start time)
+
     parser = subparsers.add_parser(
-        "export", help="write a checkpoint as a Hugging Face transformers model directory",
+        "export", help=SUMMARY["export"],
         description="Write --out DIR from CHECKPOINT: config.json, model.safetensors, the tokenizer and two loader "
         "modules, so that AutoModelForCausalLM.from_pretrained(DIR) (after `import s2hc.hf`, or with "
         "trust_remote_code=True) and AutoTokenizer.from_pretrained(DIR) load it; generate() uses a KV cache. "

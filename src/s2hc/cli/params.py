@@ -5,17 +5,20 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..bench.measure import parse_variant
-from ..checks import check_streams
-from ..connection.forms import check_family, families
-from ..params import format_table, param_table
 from .common import parse_families, positive_int
+
+# The library is imported inside the functions (s2hc.cli's start time).
+
+SUMMARY = {"params": "parameter counts of the hyper-connections of a model shape"}
 
 
 def parse_variants(text: str | None) -> list[tuple[str, dict]]:
     """``"mhc,gated-residual:rank=16"`` -> ``[("mhc", {}), ("gated-residual", {"rank": 16})]`` (None: every family),
     read as ``s2hc bench --families`` reads them (:func:`s2hc.bench.measure.parse_variant`); ValueError naming
     ``--families`` for an unknown family (the bench's peer included) or an option without ``=``."""
+    from ..bench.measure import parse_variant
+    from ..connection.forms import check_family, families
+
     if text is None:
         return [(name, {}) for name in families()]
     variants = [parse_variant(entry, n_streams=1) for entry in text.split(",") if entry.strip()]
@@ -27,9 +30,11 @@ def parse_variants(text: str | None) -> list[tuple[str, dict]]:
 
 
 def register(subparsers) -> None:
+    from ..connection.forms import families
+
     parser = subparsers.add_parser(
         "params",
-        help="parameter counts of the hyper-connections of a model shape",
+        help=SUMMARY["params"],
         description=(
             "Count the parameters of the hyper-connections of a model with LAYERS layers of width DIM and "
             "N streams, one connection per wrapped sublayer, for each family. The modules are built "
@@ -57,6 +62,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..checks import check_streams
+    from ..params import format_table, param_table
+
     try:
         check_streams("argument --streams", args.streams)
         rows = param_table(

@@ -10,19 +10,25 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..study import StudyFailed, StudyInterrupted, load_spec, print_commands, run_study, write_report
 from .common import positive_int
+
+# s2hc.study is imported by run (s2hc.cli's start time).
+
+SUMMARY = {"study": "train a grid of families × streams × seeds and report with statistics"}
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
-        "study", help="train a grid of families × streams × seeds and report with statistics",
-        description="Train every configuration of the grid in CONFIG (see configs/study-*.yaml) for every seed, "
+        "study", help=SUMMARY["study"],
+        description="Train every configuration of the grid in CONFIG (a YAML file, or the name of a shipped one: "
+        "`s2hc study study-smoke --out runs/study-smoke`; `s2hc configs` lists them) for every seed, "
         "each as an ordinary run directory under DIR/runs/, then write DIR/results.json and DIR/report.md "
         "(means, 95 % intervals, paired tests against the baselines, the trained matrices, figures). Calling it "
         "again finishes an interrupted study; a finished one is left as it is.",
     )
-    parser.add_argument("config", nargs="?", metavar="CONFIG", help="the study's YAML grid (not with --report-only)")
+    parser.add_argument("config", nargs="?", metavar="CONFIG",
+                        help="the study's YAML grid, or a shipped one's name such as study-smoke (a file of that name "
+                        "here comes first); not with --report-only")
     parser.add_argument("--out", required=True, metavar="DIR", help="the study's directory")
     parser.add_argument("--jobs", type=positive_int, default=1,
                         help="runs at a time (one GPU each where there are GPUs; on a CPU, the cores shared); "
@@ -41,6 +47,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..config import config_path
+    from ..study import StudyFailed, StudyInterrupted, load_spec, print_commands, run_study, write_report
+
     if args.report_only:
         if args.config or args.set or args.print_commands or args.logger:
             args.subparser.error("--report-only reads DIR/results.json alone: drop CONFIG, --set, --logger and "
@@ -49,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.config:
         args.subparser.error("CONFIG is required (the study's YAML grid), unless --report-only")
-    spec = load_spec(args.config, [*args.set, *([f"logger={args.logger}"] if args.logger is not None else [])])
+    overrides = [*args.set, *([f"logger={args.logger}"] if args.logger is not None else [])]
+    spec = load_spec(config_path(args.config), overrides)
     if args.print_commands:
         commands = print_commands(spec, args.out)
         print("\n".join(commands) if commands else "# every run is finished")

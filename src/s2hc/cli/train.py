@@ -7,7 +7,11 @@ A setting comes from, lowest first: TrainConfig's default, ``--config FILE.yaml`
 own flag (``--max-steps`` for ``max_steps``), then what the command fixes (``--family``, ``--streams``, ``--out``).
 Exit status: 0 on success, 2 for bad input, 1 for a run that stopped (a non-finite value, a checkpoint that
 could not be written; the last good checkpoint is kept), 128 + N after signal N (the run saved a checkpoint
-first).
+first, or had not started its loop).
+
+``s2hc train --out RUN --resume`` launches the run as it was trained: a run of several processes (its checkpoint
+records how many) is resumed by as many again, through torchrun as ``--nproc`` does, unless ``--nproc`` is given
+(:func:`resumed_processes`).
 """
 
 from __future__ import annotations
@@ -15,22 +19,32 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from ..config import TrainConfig, load_yaml_config, option_fields, parse_assignment
-from ..connection.forms import families
-from ..study import StudyFailed, StudyInterrupted, compare
-from ..train import Interrupted, TrainingError, train
-from ..train.distributed import launch, launched_by_torchrun
-from ..train.init_from import inherit_model_settings, resumed_settings
 from .common import parse_families, positive_int
+
+# The library is imported inside the functions (s2hc.cli's start time): the flags need s2hc.config, the work
+# s2hc.train and s2hc.study.
+
+SUMMARY = {
+    "train": "pretrain a language model with one residual family",
+    "compare": "train the same model with several residual families and write a report",
+}
+
+if TYPE_CHECKING:
+    from ..config import TrainConfig
 
 _TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}
 
 
 def add_training_options(parser: argparse.ArgumentParser) -> None:
     """``--config``, one flag per :func:`~s2hc.config.option_fields` field, ``--family-option`` and ``--set``."""
+    from ..config import TrainConfig, option_fields
+
     defaults = TrainConfig()
-    parser.add_argument("--config", metavar="FILE.yaml", help="YAML file of TrainConfig keys (see configs/)")
+    parser.add_argument("--config", metavar="FILE.yaml|NAME",
+                        help="YAML file of TrainConfig keys, or the name of a shipped one (`s2hc configs` lists them, "
+                        "e.g. demo-tiny); a file of that name here comes first")
     for f in option_fields():
         flag, default, text = "--" + f.name.replace("_", "-"), getattr(defaults, f.name), f.metadata["help"]
         if f.type == "bool" and default:  # on by default: a --no-... flag turns it off
@@ -51,7 +65,10 @@ def training_config(args: argparse.Namespace, resume: bool = False, **fixed) -> 
     """TrainConfig from defaults < --init-from's model settings < --config file < --set < explicit flags < ``fixed``
     (None values skipped). With ``resume``, the run's own settings (in its ``out``) take the place of the defaults
     and of --init-from's: what is given is a change to them."""
-    values = load_yaml_config(args.config) if args.config else {}
+    from ..config import TrainConfig, config_path, load_yaml_config, option_fields, parse_assignment
+    from ..train.init_from import inherit_model_settings, resumed_settings
+
+    values = load_yaml_config(config_path(args.config)) if args.config else {}
     values.update(parse_assignment(text) for text in args.set)
     for f in option_fields():
         if getattr(args, f.name) is not None:
@@ -67,8 +84,10 @@ def training_config(args: argparse.Namespace, resume: bool = False, **fixed) -> 
 
 
 def register(subparsers) -> None:
+    from ..connection.forms import families
+
     parser = subparsers.add_parser(
-        "train", help="pretrain a language model with one residual family",
+        "train", help=SUMMARY["train"],
         description="Pretrain a decoder-only language model whose sublayers are wrapped by one residual family. "
         "Writes OUT/metrics.jsonl, OUT/config.yaml and OUT/checkpoint.pt; --resume continues exactly.",
     )
@@ -89,7 +108,7 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run_train, subparser=parser)
 
     parser = subparsers.add_parser(
-        "compare", help="train the same model with several residual families and write a report",
+        "compare", help=SUMMARY["compare"],
         description="Train the same model on the same data, seed and token budget once per family (and seed), "
         "then write OUT/report.md with final losses, tokens/s, parameters and overhead against residual, the "
         "trained matrices and loss curves. A study with one axis (see `s2hc study`): each run is an ordinary "
@@ -109,6 +128,8 @@ def register(subparsers) -> None:
 
 
 def _run_training(args: argparse.Namespace, run) -> int:
+    from ..train import Interrupted, TrainingError
+
     try:
         return run()
     except ValueError as error:
@@ -121,7 +142,43 @@ def _run_training(args: argparse.Namespace, run) -> int:
         return 128 + error.signum
 
 
+def resumed_processes(config: TrainConfig) -> tuple[int, int]:
+    """``(processes that resume the run in config.out, processes that trained it)`` when no ``--nproc`` is given
+    (``config``: the resumed settings): a run trained by several processes gets as many as keep its global batch at
+    the batch size it resumes with (at its own batch size, its own count); 1 for a run trained by one process, one
+    without a checkpoint yet, or a batch size that fits no count (the run then refuses it, naming the ``--nproc``
+    to give)."""
+    from pathlib import Path
+
+    from ..config import completed_settings
+    from ..rundir import checkpoint_paths, peek_checkpoint
+
+    out = Path(config.out).expanduser()
+    if not checkpoint_paths(out):
+        return 1, 1
+    saved = peek_checkpoint(out)
+    sequences = completed_settings(saved.config)["batch_size"] * saved.world_size
+    if saved.world_size == 1 or sequences % config.batch_size:
+        return 1, saved.world_size
+    return sequences // config.batch_size, saved.world_size
+
+
 def run_train(args: argparse.Namespace) -> int:
+    from ..train import train
+    from ..train.distributed import launch, launched_by_torchrun
+
+    if args.nproc is None and args.resume and not launched_by_torchrun():
+        try:
+            config = training_config(args, resume=True, family=args.family, n_streams=args.streams, out=args.out)
+            nproc, trained = resumed_processes(config)
+        except ValueError as error:
+            args.subparser.error(str(error))
+        if nproc > 1:
+            why = (f"the {nproc} processes it was trained with" if nproc == trained else
+                   f"which keep the global batch of its {trained} processes at batch_size={config.batch_size}")
+            print(f"s2hc train: resuming {config.out} with --nproc {nproc}, {why} (give --nproc to choose another "
+                  "count)", file=sys.stderr, flush=True)
+            return launch(nproc, args.argv)
     if args.nproc is not None:
         if launched_by_torchrun():
             args.subparser.error("--nproc was given inside a torchrun launch; drop it or launch s2hc directly")
@@ -141,6 +198,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from ..study import StudyFailed, StudyInterrupted, compare
+    from ..train.distributed import launched_by_torchrun
+
     if launched_by_torchrun():
         args.subparser.error("s2hc compare starts each run as its own `s2hc train`: launch it directly, not under "
                              "torchrun (for several processes per run, use `s2hc study` with nproc: N)")

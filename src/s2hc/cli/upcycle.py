@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 
-from ..config import parse_assignment
-from ..models.widen import DEFAULT_SPREAD, upcyclable_families
-from ..upcycle import upcycle
 from .common import positive_int
+
+# The library is imported inside the functions (s2hc.cli's start time).
+
+SUMMARY = {"upcycle": "turn a pretrained residual model into a hyper-connection model with the same function"}
 
 
 def _spread(text: str) -> float:
@@ -23,8 +24,10 @@ def _spread(text: str) -> float:
 
 
 def register(subparsers) -> None:
+    from ..models.widen import DEFAULT_SPREAD, upcyclable_families
+
     parser = subparsers.add_parser(
-        "upcycle", help="turn a pretrained residual model into a hyper-connection model with the same function",
+        "upcycle", help=SUMMARY["upcycle"],
         description="Write RUN_DIR, a run directory at step 0 whose model computes what SOURCE computes (a Hugging "
         "Face Qwen3, Qwen2.5, Gemma3 or GPT-2 directory, or a residual s2hc run): the streams start as copies, "
         "the read is uniform, the writes sum to n without being uniform (so the streams separate and the mixing "
@@ -47,6 +50,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..config import parse_assignment
+    from ..upcycle import upcycle
+
     options = dict(parse_assignment(text, "--family-option") for text in args.family_option)
     path = upcycle(args.source, args.family, args.streams, args.out, family_options=options, spread=args.spread,
                    tokenizer=args.tokenizer, overwrite=args.overwrite)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -114,7 +115,8 @@ def prepare_tokens(
 ) -> np.memmap:
     """The token ids of one split of ``source`` as a read-only 1-D ``np.memmap`` (``uint16`` or ``uint32``).
 
-    Tokenises on the first call (``eot`` before every document, a tqdm progress bar unless ``progress=False``)
+    Tokenises on the first call (``eot`` before every document; unless ``progress=False``, a tqdm progress bar
+    where stderr is a terminal, else a plain line before and one after, which a log file keeps as they are)
     into ``cache_dir/<key>/<split>.bin``; later calls with the same source, options and tokenizer map that file
     without tokenising. ``tokenizer``: a :class:`~s2hc.data.tokenizer.Tokenizer` or a spec for
     :func:`~s2hc.data.tokenizer.get_tokenizer`. ``cache_dir``: default :func:`default_cache_dir`.
@@ -154,9 +156,12 @@ def prepare_tokens(
     try:
         from tqdm.auto import tqdm
 
+        bar_shown = progress and sys.stderr.isatty()  # a log file would keep every '\r' redraw of a bar
+        if progress and not bar_shown:
+            print(f"tokenising {split} of {os.fspath(source)} into {directory}", file=sys.stderr, flush=True)
         with (
             os.fdopen(fd, "wb", buffering=0) as f,  # unbuffered: every failed write surfaces at its call
-            tqdm(total=total, unit="doc", desc=f"tokenising {split}", disable=not progress, dynamic_ncols=True) as bar,
+            tqdm(total=total, unit="doc", desc=f"tokenising {split}", disable=not bar_shown, dynamic_ncols=True) as bar,
         ):
             for batch in _batches(docs):
                 for ids in tok.encode_batch(batch):
@@ -185,6 +190,9 @@ def prepare_tokens(
             )
         written(os.chmod, tmp, 0o644)
         written(os.replace, tmp, shard)
+        if progress and not bar_shown:
+            print(f"tokenised {split}: {n_docs:,} documents, {n_tokens:,} tokens in {time.perf_counter() - t0:.1f} s",
+                  file=sys.stderr, flush=True)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

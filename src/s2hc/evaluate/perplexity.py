@@ -83,7 +83,8 @@ def perplexity(
     was_training = model.training
     model.eval()
     total, count, windows = 0.0, 0, 0
-    bar = tqdm(total=n_used, disable=not progress, desc="perplexity", unit="seq")
+    # disable=None: no bar where stderr is no terminal (a log file would keep every '\r' redraw of it)
+    bar = tqdm(total=n_used, disable=None if progress else True, desc="perplexity", unit="seq")
     try:
         for x, y in batches:
             logits = model(x.to(device))

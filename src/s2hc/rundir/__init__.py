@@ -19,6 +19,7 @@ from .checkpoint import (
     load_model,
     model_from_checkpoint,
     parse_step,
+    peek_checkpoint,
     resolve_checkpoint,
     saved_step,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "model_from_checkpoint",
     "open_run_directory",
     "parse_step",
+    "peek_checkpoint",
     "read_config",
     "read_metrics",
     "resolve_checkpoint",

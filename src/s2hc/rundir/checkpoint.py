@@ -760,6 +760,15 @@ def model_from_checkpoint(checkpoint: Checkpoint):
     return model, TrainConfig.from_dict(completed_settings(checkpoint.config))  # an older run's, as it computed
 
 
+def peek_checkpoint(path: str | Path) -> Checkpoint:
+    """The header of a checkpoint (a run directory's newest, as :func:`resolve_checkpoint` finds it): its step,
+    configs, history and the processes that trained it, unverified and without its tensors. For a look before a
+    run starts (how many processes a resume launches); a resume itself reads it verified."""
+    checkpoint = _peek(resolve_checkpoint(path))
+    checkpoint.model = checkpoint.optimizer = None
+    return checkpoint
+
+
 def saved_step(run_dir: str | Path) -> int | None:
     """The step of a run directory's newest checkpoint, or None when there is none."""
     if not checkpoint_paths(run_dir):

@@ -30,7 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ..config import TrainConfig, completed_settings, resumable_fields
+from ..config import TrainConfig, completed_settings, resumable_fields, schedule_of
 from ..connection import set_connection_options
 from ..data.loader import StreamBatches, TokenBatches, eval_batches
 from ..data.shards import prepare_tokens
@@ -55,6 +55,7 @@ from ..rundir import (
 )
 from ..rundir.guard import clear_run, notice
 from . import distributed
+from .banner import start_lines
 from .checkpointer import Checkpointer
 from .init_from import load_initial_weights
 from .optim import learning_rate, make_optimizer, optimizer_record, other_optimizer_refused, weight_decay_record
@@ -92,31 +93,60 @@ def _say(line: str) -> None:
         os.write(2, f"s2hc: {line}\n".encode())
 
 
-@contextlib.contextmanager
-def stop_on_signals():
-    """SIGINT/SIGTERM: the first asks for a stop after the current step (a flag the loop checks between steps, which
-    then saves a checkpoint), and says so; a second one stops at once (KeyboardInterrupt): a step may take hours
-    (a large ``grad_accum``), and the run resumes from its last checkpoint, which nothing leaves half-written
-    (saves are atomic)."""
-    received: list[int] = []
+class _StopNow(BaseException):
+    """A signal before the loop started, raised by the handler wherever the run then is (opening its directory,
+    reading or tokenising its data, building or restoring its model); :func:`train` turns it into
+    :class:`Interrupted`. A BaseException, so that no ``except Exception`` on the way takes it for its own error."""
 
-    def handler(signum, frame):
-        if received:
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _Signals:
+    """SIGINT/SIGTERM during :func:`train` (:func:`stop_on_signals`): ``received`` the signals so far, ``looping``
+    whether the loop has started (set by it)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self.looping = False
+
+    def handle(self, signum, frame) -> None:
+        if self.received:
             _say("stopping now; resume with --resume from the last checkpoint")
             raise KeyboardInterrupt(f"signal {signum} again")
-        received.append(signum)
+        self.received.append(signum)
+        if not self.looping:
+            raise _StopNow(signum)
         again = "press Ctrl-C" if signum == signal.SIGINT else f"send signal {signum}"
         _say(f"signal {signum}: stopping after this step (a checkpoint is saved); {again} again to stop now")
 
+
+@contextlib.contextmanager
+def stop_on_signals():
+    """SIGINT/SIGTERM from the start of a run to its end. Before the loop starts the first one stops the run at once
+    (:class:`_StopNow`, then :class:`Interrupted`), wherever it is: a new run has trained nothing (its directory is
+    left without a run, :func:`train`), a resumed one keeps its checkpoint untouched. In the loop the first asks for
+    a stop after the current step (a flag the loop checks between steps, which then saves a checkpoint), and says
+    so; a second one stops at once (KeyboardInterrupt): a step may take hours (a large ``grad_accum``), and the run
+    resumes from its last checkpoint, which nothing leaves half-written (saves are atomic)."""
+    signals = _Signals()
     previous = {}
     for signum in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(ValueError):  # not the main thread: leave signals alone
-            previous[signum] = signal.signal(signum, handler)
+            previous[signum] = signal.signal(signum, signals.handle)
     try:
-        yield received
+        yield signals
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
+
+
+def _stopped_before_training(config: TrainConfig, resume: bool, signum: int) -> str:
+    if resume:
+        return (f"stopped by signal {signum} before training went on; the run is as it was: resume with "
+                f"`s2hc train --out {config.out} --resume`")
+    return f"stopped by signal {signum} before the first step; nothing was saved: run the same command again"
 
 
 def _check_resumable(before: dict, before_world_size: int, config: TrainConfig, world_size: int) -> None:
@@ -126,8 +156,10 @@ def _check_resumable(before: dict, before_world_size: int, config: TrainConfig, 
     processes``) even when the process count changed."""
     # A field added since the run was configured reads as what s2hc did before it existed (config.completed_settings;
     # weight_decay_on="matrices" did so for every family but mhc's and hc's (n, n) matrices: docs/training.md).
-    before = completed_settings(before)
-    changed = {k for k, v in config.to_dict().items() if before.get(k) != v} - set(resumable_fields())
+    before, after = completed_settings(before), config.to_dict()
+    for settings in (before, after):  # the warmup as computed: unset, it is a tenth of the schedule
+        settings["warmup_steps"] = schedule_of(settings)[1]
+    changed = {k for k, v in after.items() if before.get(k) != v} - set(resumable_fields())
     if "streaming" in changed and should_stream(before["streaming"], config.data) == should_stream(
             config.streaming, config.data):
         changed.discard("streaming")  # 'auto' where it reads the data as the run did ('never' for local data)
@@ -135,19 +167,65 @@ def _check_resumable(before: dict, before_world_size: int, config: TrainConfig, 
     if changed == {"optimizer"}:  # AdamW's moments are no Muon momentum, nor the other way round
         raise ValueError(other_optimizer_refused(config.out, before["optimizer"], config.optimizer))
     if changed:
-        details = ", ".join(f"{k}: {before.get(k)!r} -> {getattr(config, k)!r}" for k in sorted(changed))
+        details = ", ".join(f"{k}: {before.get(k)!r} -> {after[k]!r}" for k in sorted(changed))
         raise ValueError(
             f"the run in {config.out!r} was trained with a different configuration ({details}); "
             f"resume with the same settings, or choose another --out"
         )
     old = before["batch_size"] * before["grad_accum"] * before_world_size
     new = config.batch_size * config.grad_accum * world_size
-    if old != new or before["batch_size"] * before_world_size != config.batch_size * world_size:
+    sequences = before["batch_size"] * before_world_size
+    if old != new or sequences != config.batch_size * world_size:
+        fits = before["grad_accum"] == config.grad_accum and sequences % config.batch_size == 0
+        hint = f" (with batch_size={config.batch_size}: resume with --nproc {sequences // config.batch_size})"
         raise ValueError(
             f"the checkpoint in {config.out!r} was trained with {before['batch_size']} sequences x "
             f"{before['grad_accum']} micro-steps x {before_world_size} processes per step; keep "
-            f"batch_size x processes = {before['batch_size'] * before_world_size} and the same grad_accum"
+            f"batch_size x processes = {sequences} and the same grad_accum" + (hint if fits else "")
         )
+
+
+def _kept_schedule(before: dict, config: TrainConfig, step: int | None) -> TrainConfig:
+    """``config`` as it resumes the run configured as ``before`` (its stored settings), from its checkpoint of
+    ``step`` (None: it has none yet, and starts again from step 0): ``warmup_steps`` left unset is the run's
+    warmup, and, from a checkpoint, ``schedule_steps`` left unset is the run's schedule span. So a resume to more
+    steps (or fewer) keeps the cosine schedule the run was following, and its learning rate never jumps: past the
+    schedule's end the run holds its floor (:func:`_schedule_notice` says so). A ``schedule_steps`` given (or
+    recorded by an earlier resume) is kept as it is."""
+    span, warmup = schedule_of(completed_settings(before))
+    if step is not None and config.schedule_steps is None and config.schedule_span != span:
+        config = config.replace(schedule_steps=span)
+    if config.warmup_steps is None and config.warmup != warmup:
+        config = config.replace(warmup_steps=warmup)
+    return config
+
+
+def _schedule_notice(before: dict, config: TrainConfig, step: int) -> str | None:
+    """The line that says what a resume from ``step`` does to the learning rate where it changes ``max_steps`` or
+    the schedule of the run configured as ``before``; None when it changes neither, or trains no step."""
+    before = completed_settings(before)
+    old_span, old_warmup = schedule_of(before)
+    old_max, new_max, span = before["max_steps"], config.max_steps, config.schedule_span
+    if step >= new_max:
+        return None
+
+    def rate(at: int, span: int, warmup: int) -> float:  # the 0-based step ``at``'s
+        return learning_rate(at, peak=config.lr, warmup_steps=warmup, max_steps=span, min_ratio=config.min_lr_ratio)
+
+    floor = config.min_lr_ratio * config.lr
+    if span != old_span:  # schedule_steps given: the rate follows the new schedule from the next step
+        return (f"{config.out}: the cosine schedule spans {span} steps, no longer {old_span}: step {step + 1} runs at "
+                f"lr {rate(step, span, config.warmup):.1e} (the old schedule's {rate(step, old_span, old_warmup):.1e})")
+    if new_max > old_max and new_max > span:
+        return (f"extending {config.out} from {old_max} to {new_max} steps: the cosine schedule "
+                f"{'ended' if step >= span else 'ends'} at step {span}; steps {max(old_max, span) + 1}-{new_max} "
+                f"continue at its floor lr {floor:.1e} (set --schedule-steps {new_max} to restart the schedule over "
+                "the new length)")
+    if new_max < old_max and span > new_max:
+        return (f"shortening {config.out} from {old_max} to {new_max} steps: the cosine schedule still spans {span} "
+                f"steps, so the run ends at lr {rate(new_max - 1, span, config.warmup):.1e}, above its floor "
+                f"{floor:.1e} (set --schedule-steps {new_max} to decay over the new length)")
+    return None
 
 
 @torch.no_grad()
@@ -179,10 +257,23 @@ def train(config: TrainConfig, resume: bool = False, overwrite: bool = False) ->
     or ``out/checkpoint.dcp/`` when sharded) every ``checkpoint_every`` steps and at the end. Raises ValueError
     for bad input (and a run directory refused as above, or in use by another process), :class:`TrainingError`
     for a non-finite loss, gradient, weights or validation loss or a checkpoint that cannot be written (the last
-    good checkpoint is kept), :class:`Interrupted` after saving on SIGINT/SIGTERM, KeyboardInterrupt (at once,
+    good checkpoint is kept), :class:`Interrupted` after saving on SIGINT/SIGTERM (at once before the loop starts:
+    a new run then leaves no run behind, a resumed one its checkpoint as it was), KeyboardInterrupt (at once,
     nothing saved) on a second one; :class:`s2hc.extras.MissingExtra` first, before anything is written, when the
     run needs an optional package that is not installed.
+
+    A resume keeps the run's cosine schedule when it changes ``max_steps`` (:func:`_kept_schedule`): past the
+    schedule's end the run holds its floor, and says so, unless ``schedule_steps`` asks for another schedule.
     """
+    with stop_on_signals() as signals:  # from here: a signal before the loop stops the run at once
+        try:
+            return _train_run(config, resume, overwrite, signals)
+        except _StopNow as stop:
+            raise Interrupted(_stopped_before_training(config, resume, stop.signum), stop.signum) from None
+
+
+def _train_run(config: TrainConfig, resume: bool, overwrite: bool, signals: _Signals) -> RunResult:
+    """:func:`train` with its signals handled."""
     config.check_extras()  # before anything is written: a missing package must not leave a run to refuse
     ctx = distributed.setup(config.device, config.parallel)
     if ctx.is_main:
@@ -190,10 +281,12 @@ def train(config: TrainConfig, resume: bool = False, overwrite: bool = False) ->
             notice(f"warning: {line}")
     try:
         with contextlib.ExitStack() as run_directory:
-            saved = _open_run(config, resume, overwrite, ctx, run_directory)
+            saved, config = _open_run(config, resume, overwrite, ctx, run_directory)
             try:
-                return _train(config, saved, ctx)
-            except ValueError:  # settings that fail only once the model meets data (a seq_len above max_seq_len)
+                return _train(config, saved, ctx, signals)
+            # settings that fail only once the model meets data (a corpus too small), or a signal before the loop:
+            # a new run without a checkpoint is removed again
+            except (ValueError, _StopNow):
                 if ctx.is_main and not resume:
                     _forget_unsaved_run(Path(config.out).expanduser())
                 raise
@@ -231,28 +324,38 @@ def _on_main(ctx: distributed.Context, work):
 
 
 def _open_run(config: TrainConfig, resume: bool, overwrite: bool, ctx: distributed.Context,
-              stack: contextlib.ExitStack) -> Checkpoint | None:
-    """Open (rank 0: check, lock, clean) the run directory; the header of the checkpoint to resume, or None."""
+              stack: contextlib.ExitStack) -> tuple[Checkpoint | None, TrainConfig]:
+    """Open (rank 0: check, lock, clean) the run directory; the header of the checkpoint to resume (or None) and the
+    config to train: ``config``, on a resume keeping the run's schedule (:func:`_kept_schedule`)."""
     out = Path(config.out).expanduser()
 
-    def open_on_main() -> Checkpoint | None:
+    def open_on_main() -> tuple[Checkpoint | None, TrainConfig]:
         stack.enter_context(open_run_directory(config.out, resume=resume, overwrite=overwrite, log=notice))
         if not resume:
-            return None
+            return None, config
         if checkpoint_paths(out):
             saved = load_checkpoint(out, with_model=False)  # verified: a damaged checkpoint stops here
-            _check_resumable(saved.config, saved.world_size, config, ctx.world_size)
-            return saved
-        previous = read_config(out)
+            kept = _kept_schedule(saved.config, config, saved.step)
+            _check_resumable(saved.config, saved.world_size, kept, ctx.world_size)
+            line = _schedule_notice(saved.config, kept, saved.step)
+            if line is not None:
+                notice(line)
+            return saved, kept
+        previous, kept = read_config(out), config
         if previous is not None:
-            _check_resumable(previous, ctx.world_size, config, ctx.world_size)
+            kept = _kept_schedule(previous, config, None)
+            _check_resumable(previous, ctx.world_size, kept, ctx.world_size)
         notice(f"{config.out!r} holds no checkpoint yet: its run starts again from step 0")
-        return None
+        return None, kept
 
-    saved = _on_main(ctx, open_on_main)
+    saved, kept = _on_main(ctx, open_on_main) or (None, None)
+    if ctx.distributed:  # rank 0's config (the schedule it kept) for every rank
+        box = [kept.to_dict() if ctx.is_main else None]
+        dist.broadcast_object_list(box, src=0)
+        kept = TrainConfig.from_dict(box[0])
     if not ctx.is_main and resume and checkpoint_paths(out):
         saved = load_checkpoint(out, with_model=False, verify=False)  # rank 0 verified it
-    return saved
+    return saved, kept
 
 
 def _local_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -279,15 +382,17 @@ def _non_finite_weights(model: torch.nn.Module, values: StepValues) -> str:
     return ", ".join(bad[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
 
 
-def _train(config: TrainConfig, saved: Checkpoint | None, ctx: distributed.Context) -> RunResult:
+def _train(config: TrainConfig, saved: Checkpoint | None, ctx: distributed.Context, signals: _Signals) -> RunResult:
     """The run after its directory is open: set up, measure an ``init_from`` source, then step until
     ``max_steps`` (or a signal), checkpointing as configured."""
     run = _Run(config, saved, ctx)
     resume = f"s2hc train --out {config.out} --resume"
     try:
-        with stop_on_signals() as received, contextlib.closing(_Console(run, ctx.is_main)) as console:
+        with contextlib.closing(_Console(run, ctx.is_main)) as console:
             run.measure_source()
             run.model.train()
+            received = signals.received
+            signals.looping = True  # from here a signal stops the run after its step, which is saved
             while run.step < config.max_steps:
                 run.optimizer_step()
                 console.stepped()
@@ -310,13 +415,20 @@ def _train(config: TrainConfig, saved: Checkpoint | None, ctx: distributed.Conte
 
 
 class _Console:
-    """What a run shows on stderr (rank 0 only): a progress bar (its postfix the last loss, tokens/s and
-    validation loss) when ``progress`` is on and stderr is a terminal; otherwise, for batch jobs and log files, one
-    line per ``log_every`` steps and one per evaluation."""
+    """What a run shows on stderr (rank 0 only): first the banner (:func:`.banner.start_lines`: the parameters,
+    device, precision, tokens per step, optimizer, run directory, and "compiling…" with ``compile``), then a
+    progress bar (its postfix the last loss, tokens/s and validation loss) when ``progress`` is on and stderr is a
+    terminal; otherwise, for batch jobs and log files, plain lines (no carriage return, no escape code): one per
+    ``log_every`` steps and one per evaluation."""
 
     def __init__(self, run: _Run, is_main: bool):
         config = run.config
         self.run = run
+        if is_main:  # before the bar, which draws itself when made
+            for line in start_lines(config, step=run.step, params=run.params, connection_params=run.hc_params,
+                                    device=run.device, amp_dtype=run.amp_dtype, tokens_per_step=run.tokens_per_step,
+                                    world_size=run.ctx.world_size, out=run.out):
+                print(line, file=sys.stderr, flush=True)
         terminal = sys.stderr.isatty()
         self.lines = is_main and not (config.progress and terminal)
         self.bar = tqdm(total=config.max_steps, initial=run.step, disable=not is_main or self.lines,
@@ -424,8 +536,8 @@ class _Run:
         until :meth:`read_steps` checks them (the update runs whatever they are)."""
         config = self.config
         self.pending.start()
-        self.lr = learning_rate(self.step, peak=config.lr, warmup_steps=config.warmup_steps,
-                                max_steps=config.max_steps, min_ratio=config.min_lr_ratio)
+        self.lr = learning_rate(self.step, peak=config.lr, warmup_steps=config.warmup,
+                                max_steps=config.schedule_span, min_ratio=config.min_lr_ratio)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         train_loss = self._accumulate_gradients()

@@ -355,7 +355,8 @@ def _patterns(targets: dict, keep: Callable[[object], bool]) -> list[str]:
 
 def learning_rate(step: int, *, peak: float, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
     """The rate for optimizer step ``step`` (0-based): linear warmup to ``peak`` over ``warmup_steps``, then a
-    cosine decay to ``min_ratio × peak`` at ``max_steps``, and that floor afterwards."""
+    cosine decay to ``min_ratio × peak`` at ``max_steps`` (the steps the schedule spans: a run's
+    ``TrainConfig.schedule_span``, which a resume to more steps keeps), and that floor afterwards."""
     floor = min_ratio * peak
     if step < warmup_steps:
         return peak * (step + 1) / warmup_steps
