@@ -34,7 +34,7 @@ from .devices import AUTOCAST_NAMES, DEVICE_NAME
 from .extras import check_available
 from .init_rng import DEFAULT_INIT_RNG, check_init_rng
 from .loggers import logger_packages, parse_loggers
-from .models import get_preset
+from .models import PRESETS, get_preset
 from .params import check_countable
 
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
@@ -115,7 +115,7 @@ class TrainConfig:
     """
 
     # the model
-    preset: str = _setting("tiny", "model preset (s2hc.models.PRESETS)", MODEL)
+    preset: str = _setting("tiny", f"model preset, one of {', '.join(PRESETS)}", MODEL)
     tokenizer: str = _setting("s2hc-bpe-4k", "'s2hc-bpe-4k', 'gpt2', a tokenizer.json path or a Hub name", MODEL)
     model_overrides: dict = _setting({}, "other ModelConfig fields, e.g. {dim: 64}", MODEL, flag=False)
     # the residual family

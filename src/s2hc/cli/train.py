@@ -37,25 +37,38 @@ if TYPE_CHECKING:
 _TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}
 
 
+#: The help's sections, one per group of TrainConfig fields (s2hc.config.GROUPS), in that order.
+GROUP_TITLES = {
+    "model": "the model (a preset and what --set model_overrides changes)",
+    "family": "the residual family (--family, --streams, --family-option)",
+    "data": "the data and the tokenizer",
+    "schedule": "the optimiser and its schedule",
+    "run": "the run: evaluation, checkpoints, devices, logging",
+}
+
+
 def add_training_options(parser: argparse.ArgumentParser) -> None:
-    """``--config``, one flag per :func:`~s2hc.config.option_fields` field, ``--family-option`` and ``--set``."""
-    from ..config import TrainConfig, option_fields
+    """``--config``, one flag per :func:`~s2hc.config.option_fields` field in a section per group of fields
+    (:data:`GROUP_TITLES`), ``--family-option`` and ``--set``."""
+    from ..config import GROUPS, TrainConfig, option_fields
 
     defaults = TrainConfig()
+    sections = {group: parser.add_argument_group(GROUP_TITLES[group]) for group in GROUPS}
     parser.add_argument("--config", metavar="FILE.yaml|NAME",
                         help="YAML file of TrainConfig keys, or the name of a shipped one (`s2hc configs` lists them, "
                         "e.g. demo-tiny); a file of that name here comes first")
     for f in option_fields():
         flag, default, text = "--" + f.name.replace("_", "-"), getattr(defaults, f.name), f.metadata["help"]
+        section = sections[f.metadata["group"]]
         if f.type == "bool" and default:  # on by default: a --no-... flag turns it off
-            parser.add_argument(f"--no-{f.name.replace('_', '-')}", dest=f.name, action="store_const", const=False,
-                                default=None, help=f"no {text}")
+            section.add_argument(f"--no-{f.name.replace('_', '-')}", dest=f.name, action="store_const", const=False,
+                                 default=None, help=f"no {text}")
         elif f.type == "bool":
-            parser.add_argument(flag, action="store_const", const=True, default=None, help=text)
+            section.add_argument(flag, action="store_const", const=True, default=None, help=text)
         else:
-            parser.add_argument(flag, dest=f.name, type=_TYPES[f.type], default=None,
-                                help=f"{text} (default {default!r})")
-    parser.add_argument("--family-option", action="append", default=[], metavar="KEY=VALUE",
+            section.add_argument(flag, dest=f.name, type=_TYPES[f.type], default=None,
+                                 help=f"{text} (default {default!r})")
+    sections["family"].add_argument("--family-option", action="append", default=[], metavar="KEY=VALUE",
                         help="option of the family, e.g. iterations=10 or rotation=expm (repeatable)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="any other TrainConfig key, value parsed as YAML, e.g. model_overrides={dim: 64}")
