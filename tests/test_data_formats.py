@@ -202,6 +202,24 @@ def test_validation_data_and_fraction_change_the_validation_tokens(corpus_file, 
     assert len(cache_entries(default)) == 3  # three keys
 
 
+def test_validation_data_with_another_text_field(corpus_file, docs, tok, tmp_path):
+    """A separate validation source whose text is in another field: ``validation_text_field`` reads it; the
+    training data keeps ``text_field``, and runs without the setting keep their token cache's key."""
+    data = write_jsonl(tmp_path / "d.jsonl", docs, field="content")
+    separate = write_jsonl(tmp_path / "v.jsonl", docs[:9], field="body")
+    config = small_config(corpus_file, tmp_path, data=str(data), text_field="content",
+                          validation_data=str(separate), validation_text_field="body")
+    np.testing.assert_array_equal(val_tokens(config, tok), reference(tok, docs[:9]))
+    assert train_documents(config) == docs
+    same_field = small_config(corpus_file, tmp_path, data=str(data), text_field="content", validation_data=str(data))
+    assert "val_text_field" not in same_field.token_options()  # so the keys of runs before the setting are kept
+    with pytest.raises(ValueError, match=r"v\.jsonl:1: no field text_field='content' \(found \['body', 'id'\]\)"):
+        val_tokens(config.replace(validation_text_field=None), tok)
+    with pytest.raises(ValueError, match=r"^validation_text_field='body' names the text field of validation_data, "
+                                         r"which is not given"):
+        small_config(corpus_file, tmp_path, data=str(data), text_field="content", validation_text_field="body")
+
+
 def test_max_documents_and_max_tokens_cap_what_is_tokenised(corpus_file, docs, tok, tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", docs)
     config = small_config(corpus_file, tmp_path, data=str(data))

@@ -136,6 +136,8 @@ class TrainConfig:
                                DATA)
     validation_data: str | None = _setting(
         None, "a separate validation source, as data (None: validation_fraction of data is held out)", DATA)
+    validation_text_field: str | None = _setting(
+        None, "the field of validation_data that holds the text (None: text_field)", DATA)
     validation_fraction: float = _setting(
         0.05, "share of the documents of data held out for validation (without validation_data)", DATA)
     max_documents: int | None = _setting(None, "read at most this many documents of each split (None: all)", DATA)
@@ -234,6 +236,10 @@ class TrainConfig:
         if not DEVICE_NAME.fullmatch(self.device):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
         self._check_connection()
+        if self.validation_text_field is not None and self.validation_data is None:
+            raise ValueError(f"validation_text_field={self.validation_text_field!r} names the text field of "
+                             "validation_data, which is not given; without it validation is held out of data and "
+                             "read with text_field")
         self.logger = ",".join(parse_loggers(self.logger)) or None
         self._check_model_overrides()
         self.family_options = check_family_options(self.family, self.n_streams, self.family_options)
@@ -355,11 +361,14 @@ class TrainConfig:
         """The keyword arguments of :func:`s2hc.data.shards.prepare_tokens` for this run's data (besides ``source``,
         ``tokenizer``, ``cache_dir`` and ``split``): every caller that tokenises the run's data passes them, so the
         run's training and validation splits are the same everywhere (training, ``eval``, ``diagnose``, a
-        study's rows). ``validation_data`` -> ``val_source``, ``validation_fraction`` -> ``val_fraction``,
+        study's rows). ``validation_data`` -> ``val_source``, ``validation_text_field`` -> ``val_text_field``
+        (only when set, so the token caches of runs without it keep their keys), ``validation_fraction`` ->
+        ``val_fraction``,
         ``data_split`` -> ``hf_split``; the others keep their names. All of them enter the token cache's key."""
         return {
             "text_field": self.text_field,
             "val_source": self.validation_data,
+            **({"val_text_field": self.validation_text_field} if self.validation_text_field is not None else {}),
             "val_fraction": self.validation_fraction,
             "max_documents": self.max_documents,
             "hf_split": self.data_split,

@@ -537,12 +537,14 @@ def iter_documents(
     max_chars: int | None = None,
     hf_split: str = "train",
     data_files: str | Sequence[str] | None = None,
+    val_text_field: str | None = None,
 ) -> Iterator[str]:
     """Yield the documents (non-empty str) of ``split`` (``"train"`` or ``"val"``) of ``source``; see the module
     docstring for the sources and how the validation split is held out.
 
     ``text_field``: the JSON field / Parquet column / dataset field holding the text. ``val_source``: a separate
-    validation source (then ``source`` is all training data). ``val_fraction``: the share held out otherwise,
+    validation source (then ``source`` is all training data), whose text is in its field ``val_text_field``
+    (default ``text_field``; only with ``val_source``). ``val_fraction``: the share held out otherwise,
     in (0, 0.5]. ``max_documents`` / ``max_chars``: caps on what is yielded. ``hf_split``: the split of a
     Hugging Face dataset to stream, or of a ``save_to_disk`` DatasetDict (of ``val_source`` too).
     ``data_files``: the files of an ``hf:`` ``source`` (a path, glob or list, or a comma-separated string),
@@ -570,6 +572,9 @@ def iter_documents(
     _check_source(source, hf_split, files)
     if val_source is not None:
         _check_source(val_source, hf_split, None)
+    elif val_text_field is not None:
+        raise ValueError(f"val_text_field={val_text_field!r} names the text of a separate validation source; "
+                         "without val_source the validation split is held out of source, read with text_field")
     if val_source is None:
         docs = _split_source(source, split, text_field=text_field, val_fraction=val_fraction, hf_split=hf_split,
                              data_files=files)
@@ -577,7 +582,7 @@ def iter_documents(
         if EMBEDDED in (source, val_source):
             raise ValueError("source 'embedded' has its own validation split; do not combine it with val_source")
         docs = (_iter_records(source, text_field, hf_split, files) if split == "train"
-                else _iter_records(val_source, text_field, hf_split))
+                else _iter_records(val_source, val_text_field or text_field, hf_split))
     return _capped(docs, max_documents, max_chars)
 
 
@@ -615,6 +620,7 @@ def source_identity(
     max_chars: int | None = None,
     hf_split: str = "train",
     data_files: str | Sequence[str] | None = None,
+    val_text_field: str | None = None,
 ) -> dict[str, Any]:
     """A JSON-serialisable description of everything that decides the documents ``iter_documents`` yields, for
     cache keys: local files by resolved path, size and modification time (an edited file changes it; a
@@ -650,6 +656,8 @@ def source_identity(
     }
     if val_source is not None:
         ident["val_source"] = one(val_source)
+        if val_text_field is not None and val_text_field != text_field:  # left out otherwise: the keys of before
+            ident["val_text_field"] = val_text_field
     elif not (isinstance(source, str) and source == EMBEDDED):
         ident["val_fraction"] = val_fraction
     return ident
