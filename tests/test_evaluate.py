@@ -204,6 +204,20 @@ def test_nextline_examples_are_well_formed():
         assert handle.read().count("\n") == 128
 
 
+def test_a_hub_task_without_a_network_fails_in_one_line_without_retries(lm, monkeypatch, capfd):
+    """lm-eval's task data from the Hub while the Hub cannot be reached: the one-sentence HubUnavailable, and none of
+    the client's five ``Retrying in`` lines (s2hc.hub puts the libraries offline for the call)."""
+    from s2hc import hub
+    from s2hc.evaluate.suites import HubUnavailable
+
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=hub.PROBE_TIMEOUT_S: False)
+    for name in hub.OFFLINE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(HubUnavailable, match="could not get its data from the Hugging Face Hub"):
+        run_tasks(lm, "hellaswag", limit=2)
+    assert "Retrying in" not in capfd.readouterr().err
+
+
 def test_simple_evaluate_runs_the_shipped_tasks_end_to_end(tiny, lm, tmp_path, monkeypatch, capfd):
     monkeypatch.chdir(tmp_path)  # outside a git repository: lm-eval's `git describe` says "fatal: ..." on stderr
     results = run_tasks(lm, "s2hc_offline", limit=8)

@@ -33,6 +33,7 @@ slice of a huge streamed dataset. Everything but a ``.txt`` or ``.json`` file is
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import hashlib
@@ -44,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from ..extras import require
+from ..hub import offline_if_unreachable
 from .corpus import corpus_fingerprint, load_corpus
 
 EMBEDDED = "embedded"
@@ -444,6 +446,9 @@ def _iter_hf(source: str, text_field: str, hf_split: str, data_files: list[str] 
     name, config = parse_hf(source)
     _check_hf(source, hf_split, data_files)
     options = {} if data_files is None else {"data_files": {hf_split: data_files}}  # the files are that split
+    offline = contextlib.ExitStack()
+    if data_files is None:  # a Hub dataset: without a network, the cache at once rather than five retries
+        offline.enter_context(offline_if_unreachable())
     try:
         ds = datasets.load_dataset(name, config, split=hf_split, streaming=True, **options)
         # a streaming dataset fetches lazily: failures can surface on the first record as well
@@ -464,6 +469,8 @@ def _iter_hf(source: str, text_field: str, hf_split: str, data_files: list[str] 
         raise
     except Exception as e:
         raise _hf_error(source, e, hf_split, data_files) from e
+    finally:
+        offline.close()
 
 
 def _iter_entry(path: Path, text_field: str, hf_split: str) -> Iterator[str]:

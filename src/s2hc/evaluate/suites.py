@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..extras import require
+from ..hub import offline_if_unreachable, offline_variable
 from ..reports import fixed, table
 from .offline import GROUPS, TASKS, tasks_dir
 
@@ -55,15 +56,6 @@ class HubUnavailable(RuntimeError):
 
 class UnknownTask(ValueError):
     """A task name that is neither an lm-eval task, group or tag, nor one of s2hc's."""
-
-
-def offline_variable() -> str | None:
-    """The environment variable that puts the Hugging Face libraries offline (``HF_HUB_OFFLINE``,
-    ``HF_DATASETS_OFFLINE``), or None."""
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
-        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
-            return name
-    return None
 
 
 def _hub_cache() -> Path:
@@ -213,7 +205,8 @@ def run_tasks(
     merged = None
     for shots, group in plan.items():
         try:
-            with _quiet_git_hash():
+            remote = any(n not in SHIPPED for n in group)
+            with _quiet_git_hash(), offline_if_unreachable() if remote else contextlib.nullcontext():
                 results = lm_eval.simple_evaluate(
                     model=lm, tasks=group, num_fewshot=shots, limit=limit, task_manager=manager,
                     bootstrap_iters=bootstrap_iters, log_samples=log_samples, verbosity=verbosity,
