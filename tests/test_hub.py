@@ -19,7 +19,7 @@ def test_an_unreachable_hub_puts_the_libraries_offline_for_the_block_and_restore
     with hub.offline_if_unreachable() as offline:
         assert offline and constants.HF_HUB_OFFLINE is True
         assert all(os.environ[name] == "1" for name in hub.OFFLINE_VARIABLES)
-    assert constants.HF_HUB_OFFLINE == before and not any(name in os.environ for name in hub.OFFLINE_VARIABLES)
+    assert before == constants.HF_HUB_OFFLINE and not any(name in os.environ for name in hub.OFFLINE_VARIABLES)
 
 
 def test_a_reachable_hub_or_an_offline_setting_changes_nothing(monkeypatch):
