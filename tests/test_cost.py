@@ -182,9 +182,11 @@ def test_a_findings_page_tabulates_the_verdicts():
     from s2hc.study.findings import Study
 
     table = Study("hand", hand_results()).verdict_table("residual").splitlines()
-    assert table[0].startswith("| configuration | Δ validation loss") and len(table) == 4
+    assert table[0].startswith("| configuration | Δ validation loss") and len(table) == 6
     assert table[2].startswith("| fast | +1.000 [") and "| 1.00× | 1.15× [" in table[2]
     assert table[2].endswith("| 6 % [6 %, 6 %] |")
-    assert table[3].startswith("| best |") and "> 1.00× (below the baseline's best" in table[3]
+    assert table[3].startswith("| best |") and "| > 1.00× | unavailable |" in table[3]
+    assert table[5] == ("`>` a bound: the baseline never reached the configuration's final loss in its run. Wall "
+                        "clock measured on CPU: Test CPU.")
     with pytest.raises(KeyError, match="no verdicts against 'fast'"):
         Study("hand", hand_results()).verdict_table("fast")

@@ -381,7 +381,7 @@ def test_the_first_and_last_connections_rotation_gradients_are_rounding_noise():
 
 
 @pytest.mark.parametrize("committed", ["study", "start", "recipe", "depth", "gated", "gated-lss", "upcycling",
-                                       "upcycling/scratch", "crn", "floor"])
+                                       "upcycling/scratch", "crn", "floor", "cost"])
 def test_the_committed_reports_are_what_their_results_give(committed, tmp_path):
     """docs/ holds studies' results.json and report.md: the report must be what `--report-only` builds from the
     results with the code as it is (so the numbers quoted in docs/ trace back to data, and the code still reads

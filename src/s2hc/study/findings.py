@@ -184,6 +184,22 @@ class Verdict:
             return f"unavailable ({wall.get('reason')})"
         return _minus(cost._ratio_text(wall)) + f" ({wall['device']})"
 
+    @staticmethod
+    def _short(summary: dict[str, Any]) -> str:
+        """A speedup in a table's cell: ``0.73× [0.67, 0.80], Holm p 0.013``, or a bound ``> 1.00×`` (``< x``)."""
+        if summary.get("beyond") in (cost.BELOW, cost.ABOVE) and summary.get("bound") is not None:
+            return f"{'>' if summary['beyond'] == cost.BELOW else '<'} {summary['bound']:.2f}×"
+        return _minus(cost._ratio_text(summary))
+
+    @property
+    def token_short(self) -> str:
+        return self._short(self.entry["token_speedup"])
+
+    @property
+    def wall_short(self) -> str:
+        wall = self.entry["wall_clock_speedup"]
+        return self._short(wall) if wall["available"] else "unavailable"
+
     def _speedup(self, measure: str) -> Number:
         summary = self.entry[measure]
         value = summary.get("geometric_mean") if summary.get("geometric_mean") is not None else summary.get("bound")
@@ -451,6 +467,7 @@ class Study:
         Δ validation loss, step time, token speedup, wall-clock speedup (its device) and MFU (:meth:`verdict`)."""
         rows = ["| configuration | Δ validation loss [95 % CI], Holm p | step time | token speedup [95 % CI], Holm p | "
                 "wall-clock speedup [95 % CI], Holm p | MFU [95 % CI] |", "|---|---:|---:|---:|---:|---:|"]
+        devices: list[str] = []
         baseline = next((entries for entries in report_verdicts(self.results)["baselines"].values()
                          if entries and entries[0]["against"] == against), None)
         if baseline is None:
@@ -458,10 +475,14 @@ class Study:
         for entry in baseline:
             verdict = Verdict(entry)
             step = entry.get("step_time_ratio")
-            wall = verdict.wall.rsplit(" (", 1)[0] if entry["wall_clock_speedup"]["available"] else verdict.wall
             rows.append(f"| {entry['configuration']} | {verdict.loss} | {'–' if step is None else f'{step:.2f}×'} | "
-                        f"{verdict.token} | {wall} | {verdict.mfu} |")
-        return "\n".join(rows)
+                        f"{verdict.token_short} | {verdict.wall_short} | {verdict.mfu} |")
+            if entry["wall_clock_speedup"].get("device") not in (None, *devices):
+                devices.append(entry["wall_clock_speedup"]["device"])
+        notes = ["`>` a bound: the baseline never reached the configuration's final loss in its run."]
+        if devices:
+            notes.append(f"Wall clock measured on {'; '.join(devices)}.")
+        return "\n".join(rows + ["", " ".join(notes)])
 
 
 # ---- the same runs trained twice -------------------------------------------------------------------------------
