@@ -171,3 +171,18 @@ def poison_loss_at(monkeypatch, call: int) -> dict:
 
     monkeypatch.setattr(loop.F, "cross_entropy", poisoned)
     return calls
+
+
+def cli_args(config) -> list[str]:
+    """The ``s2hc train`` arguments of a small ``TrainConfig`` (:func:`small_config`'s fields), for CLI tests."""
+    import json
+
+    return [
+        "--preset", config.preset, "--family", config.family, "--streams", str(config.n_streams),
+        "--set", "model_overrides=" + json.dumps(config.model_overrides),
+        "--data", config.data, "--cache-dir", config.cache_dir, "--seq-len", str(config.seq_len),
+        "--batch-size", str(config.batch_size), "--max-steps", str(config.max_steps),
+        "--warmup-steps", str(config.warmup_steps), "--lr", str(config.lr), "--eval-every", str(config.eval_every),
+        "--set", f"eval_batches={config.eval_batches}", "--checkpoint-every", str(config.checkpoint_every),
+        "--log-every", "1", "--no-progress", "--out", config.out,
+    ]  # fmt: skip

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import SMALL_MODEL, crash_after_checkpoint
+from helpers import SMALL_MODEL, cli_args, crash_after_checkpoint
 
 import s2hc
 from s2hc.cli import main
@@ -193,18 +193,6 @@ def small(corpus_file, tmp_path) -> TrainConfig:
         max_steps=8, warmup_steps=2, lr=1e-2, eval_every=4, eval_batches=2, checkpoint_every=2,
         log_every=1, progress=False, out=str(tmp_path / "run"), optimizer="muon",
     )
-
-
-def cli_args(config: TrainConfig) -> list[str]:
-    return [
-        "--preset", config.preset, "--family", config.family, "--streams", str(config.n_streams),
-        "--set", "model_overrides=" + json.dumps(config.model_overrides),
-        "--data", config.data, "--cache-dir", config.cache_dir, "--seq-len", str(config.seq_len),
-        "--batch-size", str(config.batch_size), "--max-steps", str(config.max_steps),
-        "--warmup-steps", str(config.warmup_steps), "--lr", str(config.lr), "--eval-every", str(config.eval_every),
-        "--set", f"eval_batches={config.eval_batches}", "--checkpoint-every", str(config.checkpoint_every),
-        "--log-every", "1", "--no-progress", "--out", config.out,
-    ]
 
 
 def losses(run_dir) -> list[tuple[int, float]]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL_MODEL, crash_after_checkpoint, poison_loss_at, tiny_checkpoint
+from helpers import SMALL_MODEL, cli_args, crash_after_checkpoint, poison_loss_at, tiny_checkpoint
 
 from s2hc.cli import main
 from s2hc.rundir import load_checkpoint, load_model, read_metrics
@@ -108,25 +107,13 @@ def test_resume_in_process_equals_uninterrupted(small, tmp_path):
     assert losses(interrupted.out) == losses(small.out)
 
 
-def _cli_args(config: TrainConfig) -> list[str]:
-    return [
-        "--preset", config.preset, "--family", config.family, "--streams", str(config.n_streams),
-        "--set", "model_overrides=" + json.dumps(config.model_overrides),
-        "--data", config.data, "--cache-dir", config.cache_dir, "--seq-len", str(config.seq_len),
-        "--batch-size", str(config.batch_size), "--max-steps", str(config.max_steps),
-        "--warmup-steps", str(config.warmup_steps), "--lr", str(config.lr), "--eval-every", str(config.eval_every),
-        "--set", f"eval_batches={config.eval_batches}", "--checkpoint-every", str(config.checkpoint_every),
-        "--log-every", "1", "--no-progress", "--out", config.out,
-    ]
-
-
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM])
 def test_killed_run_resumes_to_the_same_loss_curve(small, tmp_path, signum):
     """A real signal mid-run; `--resume` then gives the uninterrupted run's loss curve, step for step."""
     config = small.replace(max_steps=40, checkpoint_every=3, out=str(tmp_path / "killed"))
     reference = config.replace(out=str(tmp_path / "reference"))
     train(reference)  # also fills the token cache, so the subprocess starts training at once
-    command = [sys.executable, "-m", "s2hc", "train", *_cli_args(config)]
+    command = [sys.executable, "-m", "s2hc", "train", *cli_args(config)]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = Path(config.out) / "metrics.jsonl"
     deadline = time.time() + 120
@@ -143,7 +130,7 @@ def test_killed_run_resumes_to_the_same_loss_curve(small, tmp_path, signum):
         assert process.returncode == -signal.SIGKILL
     stopped_at = load_checkpoint(config.out).step
     assert 1 <= stopped_at < 40
-    assert main(["train", *_cli_args(config), "--resume"]) == 0
+    assert main(["train", *cli_args(config), "--resume"]) == 0
     assert losses(config.out) == losses(reference.out)
     assert load_checkpoint(config.out).step == 40
 
@@ -196,14 +183,14 @@ def test_connection_options_reach_every_connection(small, monkeypatch):
 def test_too_small_corpus_for_the_sequence_length(small, tmp_path, capsys):
     tiny = tmp_path / "tiny.txt"
     tiny.write_text("To be, or not to be.")
-    assert main(["train", *_cli_args(small.replace(data=str(tiny), seq_len=256))]) == 2
+    assert main(["train", *cli_args(small.replace(data=str(tiny), seq_len=256))]) == 2
     assert "256" in capsys.readouterr().err
 
 
 def test_resume_with_another_model_shape_is_refused(small, capsys):
     train(small.replace(max_steps=2))
     other = small.replace(model_overrides={**SMALL_MODEL, "dim": 64}, max_steps=4)
-    assert main(["train", *_cli_args(other), "--resume"]) == 2
+    assert main(["train", *cli_args(other), "--resume"]) == 2
     err = capsys.readouterr().err
     assert "different configuration" in err and "model_overrides" in err
 

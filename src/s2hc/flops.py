@@ -137,18 +137,8 @@ def _mhc_lite_map(n: int, **options: Any) -> tuple[int, Count]:
     return math.factorial(n), _permutation_mixture(n)
 
 
-def _prime_factors(n: int) -> list[int]:
-    factors, p = [], 2
-    while p * p <= n:
-        while n % p == 0:
-            factors.append(p)
-            n //= p
-        p += 1
-    return factors + ([n] if n > 1 else [])
-
-
 def _kromhc_map(n: int, **options: Any) -> tuple[int, Count]:
-    factors = _prime_factors(n)
+    factors = KromHCMixer.permutation_sizes(n)  # one mixture per prime factor of n, as the class declares
     counts, size = [_permutation_mixture(p) for p in factors], factors[0] if factors else 1
     for p in factors[1:]:  # the Kronecker products: an outer product (elementwise), size² · p² entries
         counts.append(_count(0, (size * p) ** 2))

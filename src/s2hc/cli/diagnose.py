@@ -117,13 +117,6 @@ def _static(args: argparse.Namespace) -> int:
             write_static(result, out)
     except ValueError as error:
         return _fail(str(error))
-    if "depth_attention" in result:  # AttnRes: its depth softmax
-        reads = result["depth_attention"]["reads"]
-        spread = ", ".join(f"{r['effective_sources']:.2f}/{r['sources']}" for r in reads)
-        print(f"{result['family']}, {len(reads)} depth reads, {result['depth_attention']['tokens']} tokens: effective "
-              f"sources (of the count) {spread}")
-        print(f"Report: {out / REPORT_NAME}")
-        return 0
     head = result["headline"]
     print(
         f"{result['family']} (n = {result['n_streams']}, {result['layout']} layout), {result['depth']} connections, "
