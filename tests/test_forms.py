@@ -442,3 +442,18 @@ def test_a_set_value_without_its_space_gets_a_hint():
                                          r"colon \(dim: 32\), e.g. model_overrides=\{dim: 32, n_layers: 2\}"):
         parse_assignment("model_overrides={dim:32, n_layers: 2}")
     assert parse_assignment("rotation=a:b") == ("rotation", "a:b")  # a plain string with a colon is kept
+
+
+def test_params_gives_the_connection_flops_the_model_count_has(capsys):
+    """``s2hc params`` counts each family's connection FLOPs per token as the model's FLOP count does."""
+    from s2hc.cli import main
+    from s2hc.flops import model_flops
+
+    assert main(["params", "--families", "attn-res,wide-residual,s2hc", "--layers", "3", "--dim", "16",
+                 "--json"]) == 0
+    rows = {row["family"]: row for row in json.loads(capsys.readouterr().out)}
+    for family, n in (("attn-res", 1), ("wide-residual", 4), ("s2hc", 4)):
+        config = get_preset("tiny", family=family, n_streams=n, **{**TINY, "n_layers": 3})
+        part = model_flops(config, 8)["parts"]["connections"]
+        assert rows[family]["flops_per_token"] == part["matmul"] + part["elementwise"], family
+    assert rows["wide-residual"]["flops_per_token"] == 6 * (4 * 4 * 16 * 16 + 4 * 16)  # read, write, add

@@ -196,7 +196,7 @@ def _hyper_connection(family: str, dim: int, n: int, sublayer: int, n_sublayers:
     over C and projected by ``C × (2 + n)``."""
     K, constraint = _constraint_map(family, n, **options)
     width = n * dim
-    if forms.get(family).projection_width(n, **options) is None:  # HC's per-stream projection
+    if mixers.get(family).projects_per_stream(**options):  # HC's per-stream projection
         projection = _count(2 * n * dim * (2 + n), 4 * width)
     else:
         projection = _count(2 * width * (2 * n + K), 4 * width)  # RMSNorm over nC (square, sum, scale, weight)

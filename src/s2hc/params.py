@@ -30,6 +30,7 @@ from . import mixers
 from .checks import MAX_LAYERS, check_int, check_streams
 from .connection import build_connection, forms
 from .connection.forms import check_family, families
+from .flops import connection_flops
 from .mixers import REFERENCE_FAMILY
 from .mixers.mhc_lite import MAX_COUNTED_PERMUTATION_SIZE, permutation_limit_error
 from .reports import count, human, ratio, table
@@ -113,7 +114,16 @@ def _count(
         "dim": dim,
         "sublayers_per_layer": sublayers_per_layer,
         "sublayers": sublayers,
+        # forward FLOPs per token of all the connections together (s2hc.flops: products and the rest)
+        "flops_per_token": _flops(family, dim, n_streams, sublayers, **options),
     }
+
+
+def _flops(family: str, dim: int, n_streams: int, sublayers: int, **family_options: Any) -> int:
+    """Forward FLOPs per token of ``sublayers`` connections of ``family`` (:func:`s2hc.flops.connection_flops`)."""
+    counts = [connection_flops(family, dim, n_streams, sublayer=j, n_sublayers=sublayers, **family_options)
+              for j in range(sublayers)]
+    return sum(c["matmul"] + c["elementwise"] for c in counts)
 
 
 def count_connection_params(
@@ -196,5 +206,8 @@ def format_table(rows: list[dict]) -> str:
         per = row["per_sublayer"]
         per_text = f"{human(per)} ({per:,})" if isinstance(per, int) else f"{human(per)} ({per:,.1f})"
         total = f"{human(row['hc_params'])} ({row['hc_params']:,})"
-        cells.append([row.get("label", row["family"]), count(row["K"]), per_text, total, ratio(row["vs_mhc"])])
-    return "\n".join(lines + table(["family", "K", "per sublayer", "total", "vs mHC"], cells))
+        flops = row.get("flops_per_token")
+        cells.append([row.get("label", row["family"]), count(row["K"]), per_text, total, ratio(row["vs_mhc"]),
+                      "–" if flops is None else human(flops)])
+    return "\n".join(lines + table(["family", "K", "per sublayer", "total", "vs mHC", "FLOPs / token (forward)"],
+                                    cells))

@@ -67,6 +67,12 @@ class Mixer(nn.Module):
         return {}
 
     @classmethod
+    def projects_per_stream(cls, **family_options: object) -> bool:
+        """Whether the connection with these options projects each stream on its own, C × (2 + n) per stream, rather
+        than all n·C features at once (only HC's ``projection="per-stream"``); answered without building."""
+        return False
+
+    @classmethod
     def upcycle_refusal(cls) -> str | None:
         """Why a residual model upcycled into this family (:mod:`s2hc.models.widen`) would not keep its function,
         or None when it would; the reason completes the sentence "cannot start from a residual model with the

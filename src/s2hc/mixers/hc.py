@@ -47,6 +47,10 @@ class HCMixer(Mixer):
         self.alpha = scale_parameter(alpha)
         self.bias = nn.Parameter(torch.eye(n_streams))
 
+    @classmethod
+    def projects_per_stream(cls, **family_options: object) -> bool:
+        return family_options.get("projection", "per-stream") == "per-stream"
+
     @property
     def per_stream(self) -> bool:
         """Whether the connection projects each stream on its own (read by :class:`s2hc.HyperConnection`)."""
