@@ -227,3 +227,44 @@ def test_lm_eval_hf_model_scores_the_export_as_the_s2hc_adapter_does(tiny, expor
     )
     until = [Instance("generate_until", {}, ("ROMEO.", {"until": ["\n\n"], "max_gen_toks": 8}), 0)]
     assert hf.generate_until(until, disable_tqdm=True) == ours.generate_until(until)
+
+
+@pytest.mark.parametrize("preset, cls", [("tiny", "LlamaForCausalLM"), ("qwen3-0.6b", "Qwen3ForCausalLM"),
+                                         ("llama3.2-1b", "LlamaForCausalLM")])
+def test_a_residual_model_exports_to_transformers_own_class(preset, cls, tmp_path):
+    """``to_native``: a residual model as transformers' Llama or Qwen3 class, the same logits (RoPE scaling,
+    untied heads and QK-norm included), saved and loaded without s2hc's modules."""
+    from s2hc.hf.export import to_native
+
+    shapes = dict(dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, ffn_dim=64, max_seq_len=64)
+    model = random_model("residual", 1, preset=preset, **shapes)
+    hf = to_native(model, get_tokenizer())
+    assert type(hf).__name__ == cls
+    hf.save_pretrained(tmp_path)
+    assert not (tmp_path / "modeling_s2hc.py").exists()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, 4096, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids), rtol=1e-4, atol=1e-4)
+
+
+def test_native_export_of_a_run_and_what_it_refuses(tiny, corpus_file, tmp_path, capsys):
+    """``s2hc export --native``: refused for a model with streams (in one line, naming the other export); a residual
+    run exports and loads as transformers' own class."""
+    assert main(["export", str(tiny), "--out", str(tmp_path / "n"), "--native"]) == 2
+    assert "a native transformers class holds the residual model only, got family 's2hc'" in capsys.readouterr().err
+    from s2hc.train import train
+
+    run = helpers.small_config(corpus_file, tmp_path, family="residual", n_streams=1, max_steps=2)
+    train(run)
+    assert main(["export", run.out, "--out", str(tmp_path / "native"), "--native"]) == 0
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "native").eval()
+    model, _ = load_model(run.out)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model.eval()(ids), rtol=1e-4, atol=1e-4)
+    assert type(loaded).__name__ == "LlamaForCausalLM"
+    from s2hc.hf.export import to_native
+
+    with pytest.raises(ValueError, match="no native transformers class computes this model"):
+        to_native(random_model("residual", 1, preset="gemma3-1b", n_heads=2, n_kv_heads=1, head_dim=16))

@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     parser.add_argument("out_dir", nargs="?", metavar="OUT_DIR", help="deprecated spelling of --out DIR")
     parser.add_argument("--dtype", default=None, choices=list(DTYPES),
                         help="weights' dtype (default: as saved, float32)")
+    parser.add_argument("--native", action="store_true",
+                        help="a residual run as transformers' own class for its architecture (LlamaForCausalLM, "
+                        "Qwen3ForCausalLM), which loads without s2hc")
     parser.set_defaults(func=run, subparser=parser)
 
 
@@ -48,10 +51,13 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         resolve_step(args)  # --step N|best: that checkpoint of the run directory
-        out = export(args.checkpoint, args.out, dtype=args.dtype)
+        out = export(args.checkpoint, args.out, dtype=args.dtype, native=args.native)
     except ValueError as error:
         parser.error(str(error))
     print(f"exported {args.checkpoint} to {out}")
+    if args.native:
+        print(f"load it with: AutoModelForCausalLM.from_pretrained({str(out)!r}) (transformers' own class)")
+        return 0
     print(f"load it with: import s2hc.hf; AutoModelForCausalLM.from_pretrained({str(out)!r}) "
           "(or trust_remote_code=True without the import)")
     return 0

@@ -94,6 +94,30 @@ def load_hf_state_dict(model: Transformer, hf_state_dict: Mapping[str, torch.Ten
     return model
 
 
+def native_config(config: ModelConfig) -> dict[str, Any]:
+    """The Hugging Face config (its keys, ``model_type`` first) of a residual model ``config`` as a native
+    transformers class: the first architecture that writes one (:attr:`Architecture.config_to_hf`) and reads it
+    back as exactly ``config``'s model, so that the class computes what s2hc computes. ValueError naming the
+    architectures tried for a model no native class holds (a family with streams, or a feature none writes)."""
+    if forms.get(config.family) is not forms.RESIDUAL:
+        raise ValueError(f"a native transformers class holds the residual model only, got family {config.family!r}; "
+                         "export it without --native (as S2HCForCausalLM)")
+    tried = []
+    for architecture in architectures.ARCHITECTURES:
+        if architecture.config_to_hf is None:
+            continue
+        tried.append(architecture.name)
+        hf_config = architecture.config_to_hf(config)
+        try:
+            back = ModelConfig(**{**config.to_dict(), **architecture.config_from_hf(hf_config)})
+        except ValueError:
+            continue
+        if back == config and architecture.weights.fits(config):
+            return hf_config
+    raise ValueError(f"no native transformers class computes this model (tried {tried}: each reads its config back "
+                     "as another model); export it without --native (as S2HCForCausalLM)")
+
+
 @torch.no_grad()
 def to_hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
     """The weights of a residual ``model`` under the names of its Hugging Face text ``*ForCausalLM`` (the inverse of

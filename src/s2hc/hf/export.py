@@ -85,7 +85,32 @@ def is_export_file(name: str) -> bool:
     return EXPORT_FILES.fullmatch(name) is not None
 
 
-def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str | None = None) -> Path:
+def to_native(model, tokenizer=None):
+    """A residual s2hc ``Transformer`` as the native transformers ``*ForCausalLM`` that computes the same logits
+    (Llama's or Qwen3's class, :func:`s2hc.hf.convert.native_config`), its weights copied; the tokenizer's end of
+    text as its special tokens. ValueError for a model no native class holds."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from .convert import native_config, to_hf_state_dict
+
+    settings = native_config(model.config)
+    special = {}
+    if tokenizer is not None:
+        special = dict(eos_token_id=tokenizer.eot_id, bos_token_id=tokenizer.eot_id, pad_token_id=tokenizer.eot_id)
+    hf_model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**settings, **special))
+    hf_model.config.architectures = [type(hf_model).__name__]
+    missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(model), strict=False)
+    missing = [name for name in missing if "rotary_emb" not in name]
+    if missing or unexpected:  # pragma: no cover - native_config chose a class of this layout
+        raise ValueError(f"the weights do not fit {type(hf_model).__name__}: missing {missing}, unexpected "
+                         f"{unexpected}")
+    if special:
+        hf_model.generation_config.update(**special)
+    return hf_model.eval()
+
+
+def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: str | None = None,
+           native: bool = False) -> Path:
     """Write ``out_dir`` from an s2hc checkpoint (a run directory or a checkpoint file) so that
     ``AutoModelForCausalLM.from_pretrained(out_dir)`` (after ``import s2hc.hf``, or with
     ``trust_remote_code=True``) and ``AutoTokenizer.from_pretrained(out_dir)`` load it.
@@ -101,9 +126,11 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
     swapped in whole (:func:`s2hc.rundir.staging.replace_directory`), so an earlier export stays as it was
     until the new one is whole, and a kill or a full disk never leaves one model's config with another's
     weights. An existing ``out_dir`` may hold only an export's files (:data:`EXPORT_FILES`).
+    ``native``: a residual run as transformers' own class for its architecture (``LlamaForCausalLM``,
+    ``Qwen3ForCausalLM``: :func:`to_native`), which loads without s2hc; no loader modules then.
     ValueError in one sentence for a missing or foreign checkpoint, a checkpoint with non-finite weights, an
     ``out_dir`` holding other files, or one that cannot be written (a file, under a file, read-only, no
-    permission; see :func:`s2hc.io.check_output_dir`).
+    permission; see :func:`s2hc.io.check_output_dir`), and with ``native`` for a model no native class holds.
     A write that fails (a full disk) raises OSError naming the file.
     """
     torch_dtype = resolve_dtype(dtype)
@@ -112,10 +139,11 @@ def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, dtype: 
     check_finite_weights(model, checkpoint)
     payload = load_checkpoint(checkpoint, with_model=False)
     tokenizer = get_tokenizer(train_config.tokenizer)
-    hf_model = from_s2hc(model, tokenizer)
+    hf_model = to_native(model, tokenizer) if native else from_s2hc(model, tokenizer)
     if torch_dtype is not None:
         hf_model = hf_model.to(torch_dtype)
-    hf_model.config.auto_map = dict(AUTO_MAP)  # save_pretrained writes it, and the stubs, too
+    if not native:
+        hf_model.config.auto_map = dict(AUTO_MAP)  # save_pretrained writes it, and the stubs, too
     provenance = {"step": payload.step, "train_config": train_config.to_dict(), "tokenizer": tokenizer.name}
     # the directory is made here, after the checkpoint proved readable
     with replace_directory(out_dir, argument="out_dir", kind=_KIND, allowed=is_export_file, log=notice) as out:

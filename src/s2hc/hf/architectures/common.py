@@ -43,6 +43,8 @@ class Architecture:
     ``config_from_hf(hf_config)``: the :class:`ModelConfig` fields of a Hugging Face config; ValueError for a
     feature this model does not have. ``weights``: the parameter names both ways. ``tokenizer``: what
     ``s2hc upcycle`` uses when the model directory has no ``tokenizer.json`` (None: the user must name one).
+    ``config_to_hf(config)``: the other way, the Hugging Face config's keys for a residual model of this
+    architecture (``s2hc export --native``); None where s2hc writes none.
     """
 
     model_types: tuple[str, ...]
@@ -50,6 +52,7 @@ class Architecture:
     config_from_hf: Callable[[Any], dict[str, Any]]
     weights: WeightMap
     tokenizer: str | None = None
+    config_to_hf: Callable[[ModelConfig], dict[str, Any]] | None = None
 
     @property
     def name(self) -> str:
@@ -148,6 +151,17 @@ def llama_shapes(hf_config: Any) -> dict[str, Any]:
         pos="rope",
         tie_embeddings=bool(get(hf_config, "tie_word_embeddings", False)),
     )
+
+
+def llama_shapes_to_hf(config: ModelConfig) -> dict[str, Any]:
+    """The inverse of :func:`llama_shapes` (and the RoPE base): the keys every Llama-style config states alike."""
+    return {
+        "vocab_size": config.vocab_size, "hidden_size": config.dim, "num_hidden_layers": config.n_layers,
+        "num_attention_heads": config.n_heads, "num_key_value_heads": config.n_kv_heads, "head_dim": config.head_dim,
+        "intermediate_size": config.ffn_dim, "max_position_embeddings": config.max_seq_len,
+        "rms_norm_eps": config.norm_eps, "tie_word_embeddings": config.tie_embeddings, "hidden_act": "silu",
+        "rope_theta": config.rope_theta,
+    }
 
 
 # ---- the Llama-style weights (Llama, Mistral, Qwen2, Qwen3, Gemma3) ---------------------------------------

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import LLAMA_WEIGHTS, Architecture, check_activation, get, llama_shapes, rope
+from ...models import ModelConfig
+from .common import LLAMA_WEIGHTS, Architecture, check_activation, get, llama_shapes, llama_shapes_to_hf, rope
 
 
 def config_from_hf(hf_config: Any) -> dict[str, Any]:
@@ -18,5 +19,10 @@ def config_from_hf(hf_config: Any) -> dict[str, Any]:
             "mlp_bias": bool(get(hf_config, "mlp_bias", False))}
 
 
+def config_to_hf(config: ModelConfig) -> dict[str, Any]:
+    return {"model_type": "llama", **llama_shapes_to_hf(config), "attention_bias": config.qkv_bias,
+            "mlp_bias": config.mlp_bias, "rope_scaling": dict(config.rope_scaling) if config.rope_scaling else None}
+
+
 LLAMA = Architecture(model_types=("llama",), preset="llama3.2-1b", config_from_hf=config_from_hf,
-                     weights=LLAMA_WEIGHTS)
+                     weights=LLAMA_WEIGHTS, config_to_hf=config_to_hf)

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from .common import LLAMA_WEIGHTS, Architecture, check_activation, check_full_attention, get, llama_shapes, rope
+from ...models import ModelConfig
+from .common import (
+    LLAMA_WEIGHTS,
+    Architecture,
+    check_activation,
+    check_full_attention,
+    get,
+    llama_shapes,
+    llama_shapes_to_hf,
+    rope,
+)
 
 
 def config_from_hf(hf_config: Any) -> dict[str, Any]:
@@ -17,5 +27,9 @@ def config_from_hf(hf_config: Any) -> dict[str, Any]:
             "out_bias": bias}
 
 
+def config_to_hf(config: ModelConfig) -> dict[str, Any]:
+    return {"model_type": "qwen3", **llama_shapes_to_hf(config), "attention_bias": config.qkv_bias}
+
+
 QWEN3 = Architecture(model_types=("qwen3",), preset="qwen3-0.6b", config_from_hf=config_from_hf,
-                     weights=LLAMA_WEIGHTS)
+                     weights=LLAMA_WEIGHTS, config_to_hf=config_to_hf)
