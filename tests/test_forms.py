@@ -457,3 +457,20 @@ def test_params_gives_the_connection_flops_the_model_count_has(capsys):
         part = model_flops(config, 8)["parts"]["connections"]
         assert rows[family]["flops_per_token"] == part["matmul"] + part["elementwise"], family
     assert rows["wide-residual"]["flops_per_token"] == 6 * (4 * 4 * 16 * 16 + 4 * 16)  # read, write, add
+
+
+def test_a_reentrant_checkpoint_keeps_attn_res_gradients():
+    """transformers' gradient checkpointing defaults to the reentrant checkpoint, which sees only tensors passed as
+    arguments: AttnRes's sources are passed one by one, so the gradients are the plain model's."""
+    import torch.utils.checkpoint
+
+    model = random_model("attn-res", 1, n_layers=3, vocab_size=64, family_options={"block_size": 2}).train()
+    ids = torch.randint(0, 64, (2, 8))
+    model(ids).square().mean().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    reentrant = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=True)
+    model.set_activation_checkpointing(checkpoint_fn=reentrant)
+    model(ids).square().mean().backward()
+    for before, p in zip(plain, model.parameters()):
+        torch.testing.assert_close(p.grad, before, rtol=1e-5, atol=1e-7)

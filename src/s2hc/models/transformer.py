@@ -441,8 +441,13 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
         if self.gradient_checkpointing and cache is None and self.training and torch.is_grad_enabled():
             checkpoint = self._gradient_checkpointing_func or checkpoint_block
+            if isinstance(x, tuple):  # AttnRes's sources, each an argument of its own: a reentrant checkpoint
+                return checkpoint(self._forward_sources, rope, mask, *x)  # sees only tensors passed directly
             return checkpoint(self._forward, x, rope, mask)
         return self._forward(x, rope, mask, cache)
+
+    def _forward_sources(self, rope, mask, *sources: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self._forward(sources, rope, mask)
 
     def _forward(self, x: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
         """The block itself (what :meth:`forward` checkpoints): ``(B, T, n, C) -> (B, T, n, C)``."""
