@@ -254,6 +254,9 @@ class ModelConfig:
         self.family_options = dict(self.family_options)
         form = forms.get(self.family)
         form.check_streams(self.n_streams)
+        if self.stream_reduce == "head" and "head" not in form.stream_reductions and form.max_streams == 1:
+            raise ValueError(f"stream_reduce='head' weighs several streams; family={self.family!r} has one, so use "
+                             "'sum' (or choose a multi-stream family)")
         if self.stream_reduce not in form.stream_reductions:
             raise ValueError(f"stream_reduce must be one of {list(form.stream_reductions)} for family="
                              f"{self.family!r}, got {self.stream_reduce!r}")
