@@ -58,3 +58,16 @@ def test_an_hf_source_without_a_network_fails_in_one_line_without_retries(monkey
     assert "\n" not in str(raised.value) and "no-such-dataset" in str(raised.value)
     assert "Retrying in" not in capfd.readouterr().err
     assert "HF_HUB_OFFLINE" not in os.environ  # restored after the call
+
+
+def test_a_hub_tokenizer_without_a_network_fails_in_one_line_without_retries(monkeypatch, capfd):
+    pytest.importorskip("tokenizers")
+    from s2hc.data.tokenizer import get_tokenizer
+
+    monkeypatch.setattr(hub, "hub_reachable", lambda timeout=hub.PROBE_TIMEOUT_S: False)
+    for name in hub.OFFLINE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(ValueError, match=r"^tokenizer 's2hc-test/no-such-model': not a shipped name .* the Hugging "
+                                         r"Face Hub could not provide it"):
+        get_tokenizer("s2hc-test/no-such-model")
+    assert "Retrying in" not in capfd.readouterr().err

@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..extras import MissingExtra, require
+from ..hub import offline_if_unreachable
 
 SHIPPED = {"s2hc-bpe-4k": "tokenizer.json"}
 DEFAULT_TOKENIZER = "s2hc-bpe-4k"
@@ -243,7 +244,8 @@ def get_tokenizer(spec: str | os.PathLike = DEFAULT_TOKENIZER, *, eot_token: str
             f"names are {sorted(SHIPPED) + [GPT2]}"
         )
     try:
-        tok = tokenizers.Tokenizer.from_pretrained(spec)
+        with offline_if_unreachable():  # without a network: the local Hub cache at once, not five retries
+            tok = tokenizers.Tokenizer.from_pretrained(spec)
     except Exception as e:
         raise ValueError(
             f"tokenizer {spec!r}: not a shipped name ({', '.join(sorted(SHIPPED) + [GPT2])}), not a file, and "
