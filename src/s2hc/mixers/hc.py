@@ -54,7 +54,7 @@ class HCMixer(Mixer):
     @property
     def per_stream(self) -> bool:
         """Whether the connection projects each stream on its own (read by :class:`s2hc.HyperConnection`)."""
-        return self.projection == "per-stream"
+        return self.projects_per_stream(projection=self.projection)
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:
         n = self.n_streams

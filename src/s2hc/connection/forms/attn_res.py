@@ -79,11 +79,9 @@ class DepthAttention(nn.Module):
 
     def weights(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
         dtype = coefficient_dtype(sources[0].dtype)
-        scaled_query = (self.query.to(dtype) * self.key_norm_weight.to(dtype))
-        logits = [
-            (source.to(dtype) @ scaled_query) * torch.rsqrt(source.to(dtype).square().mean(-1) + self.eps)
-            for source in sources
-        ]
+        scaled_query = self.query.to(dtype) * self.key_norm_weight.to(dtype)
+        logits = [(v @ scaled_query) * torch.rsqrt(v.square().mean(-1) + self.eps)
+                  for v in (source.to(dtype) for source in sources)]  # each source cast once
         return torch.softmax(torch.stack(logits, dim=-1), dim=-1)
 
     def read(self, sources: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -21,7 +21,7 @@ class ResidualForm(ConnectionForm):
     compute_options = True  # HyperConnection's fused / recompute / kernels are accepted: one stream, nothing changes
 
     def check_streams(self, n_streams: int, argument: str = "n_streams") -> int:
-        if n_streams != 1 and not isinstance(n_streams, bool) and isinstance(n_streams, int) and n_streams > 1:
+        if isinstance(n_streams, int) and not isinstance(n_streams, bool) and n_streams > 1:
             raise ValueError(f"{argument} must be 1 for family='residual', got {n_streams}: several streams need "
                              "a multi-stream family (family='s2hc', 'mhc', ...; --family on the command line)")
         return super().check_streams(n_streams, argument)
