@@ -106,8 +106,11 @@ def test_chunks_are_the_whole_tokenisation_cut_at_document_ends(tmp_path, bpe, p
     (key_dir,) = (tmp_path / "c").iterdir()
     meta = json.loads((key_dir / "meta.json").read_text())
     assert key_dir.name.startswith("stream-") and meta["dtype"] == "uint16"
-    assert json.loads((key_dir / "train" / "end.json").read_text()) == {
-        "n_chunks": len(chunks), "n_documents": chunks[-1].doc_end, "n_tokens": len(whole)}
+    end = json.loads((key_dir / "train" / "end.json").read_text())
+    assert {k: end[k] for k in ("n_chunks", "n_documents", "n_tokens", "key", "split")} == {
+        "n_chunks": len(chunks), "n_documents": chunks[-1].doc_end, "n_tokens": len(whole), "key": key_dir.name,
+        "split": "train"}
+    assert end["checksum"] == stream_mod.record_checksum(end)
 
 
 def test_max_tokens_ends_the_stream_as_prepare_tokens_does(tmp_path, bpe):
@@ -140,6 +143,90 @@ def test_a_damaged_or_half_written_chunk_is_never_trusted(tmp_path, bpe):
         chunks = _all_chunks(again)
     np.testing.assert_array_equal(np.concatenate([c.tokens for c in chunks]), expected)
     assert again.chunks_tokenised == 3 and again.chunks_read == len(chunks) - 3
+
+
+def _edit_record(path: Path, **changes) -> None:
+    """Change fields of a chunk's ``.json`` (or ``end.json``) by hand, its checksum left as it was."""
+    record = json.loads(path.read_text())
+    record.update(changes)
+    path.write_text(json.dumps(record))
+
+
+def _damage(kind: str, split_dir: Path, other_dir: Path, outside: Path) -> list[str]:
+    """Damage the cache of a split as ``kind`` says; the files the stream must name."""
+    chunk1, chunk2 = split_dir / "00000001", split_dir / "00000002"
+    if kind == "doc_end edited":  # the next chunk would start at another document: other training data
+        _edit_record(Path(f"{chunk1}.json"), doc_end=json.loads(Path(f"{chunk1}.json").read_text())["doc_end"] + 1)
+        return [f"{chunk1}.json"]
+    if kind == "end.json edited":  # the split would end after chunk 1
+        end = json.loads((split_dir / "end.json").read_text())
+        chunk2_record = json.loads(Path(f"{chunk2}.json").read_text())
+        _edit_record(split_dir / "end.json", n_chunks=2, n_documents=chunk2_record["doc_start"],
+                     n_tokens=chunk2_record["token_start"])
+        assert end["n_chunks"] > 2
+        return [str(split_dir / "end.json")]
+    if kind == "bins swapped":  # the same size; each .json names the other's sha256
+        a, b = Path(f"{chunk1}.bin").read_bytes(), Path(f"{chunk2}.bin").read_bytes()
+        Path(f"{chunk1}.bin").write_bytes(b[: len(a)] if len(b) >= len(a) else b + a[len(b):])
+        return [f"{chunk1}.bin"]
+    if kind == "chunk of another stream":  # another run's cache (another source), its chunk 1 copied in
+        (other,) = other_dir.rglob("train")
+        for suffix in (".bin", ".json"):
+            Path(f"{chunk1}{suffix}").write_bytes((other / f"00000001{suffix}").read_bytes())
+        return [f"{chunk1}.json"]
+    if kind == "truncated":
+        with open(f"{chunk1}.bin", "r+b") as f:
+            f.truncate(10)
+        return [f"{chunk1}.bin"]
+    if kind == "no checksum":  # a record written by hand, or by an older s2hc
+        record = json.loads(Path(f"{chunk1}.json").read_text())
+        del record["checksum"]
+        Path(f"{chunk1}.json").write_text(json.dumps(record))
+        return [f"{chunk1}.json"]
+    # "symlink outside": the .bin and .json links to files elsewhere, even to the right bytes: never followed
+    for suffix in (".bin", ".json"):
+        target = outside / f"linked{suffix}"
+        target.write_bytes(Path(f"{chunk1}{suffix}").read_bytes())
+        Path(f"{chunk1}{suffix}").unlink()
+        Path(f"{chunk1}{suffix}").symlink_to(target)
+    return [f"{chunk1}.json"]
+
+
+DAMAGES = ["doc_end edited", "end.json edited", "bins swapped", "chunk of another stream", "truncated",
+           "no checksum", "symlink outside"]
+
+
+@pytest.mark.parametrize("kind", DAMAGES)
+def test_a_damaged_chunk_record_is_said_in_one_line_and_tokenised_again(kind, tmp_path, bpe, capfd):
+    """Everything that decides the data is checked (a chunk's document range as well as its tokens, where the split
+    ends, which stream a chunk is of, what a file is): a chunk that fails is named in one line, tokenised again and
+    rewritten, and the tokens are those of a whole tokenisation; a file a link pointed to is left as it was."""
+    source = _write_jsonl(tmp_path / "d.jsonl", _docs(400))
+    other = _write_jsonl(tmp_path / "other.jsonl", _docs(500)[100:])
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    options = dict(chunk_tokens=1000, first_chunk_tokens=1000)
+    with ChunkStream(other, bpe, tmp_path / "other-cache", "train", **options) as stream:
+        _all_chunks(stream)
+    with ChunkStream(source, bpe, tmp_path / "c", "train", **options) as stream:
+        expected = np.concatenate([c.tokens for c in _all_chunks(stream)])
+    named = _damage(kind, stream.directory, tmp_path / "other-cache", outside)
+    linked = {p.name: p.read_bytes() for p in outside.iterdir()}
+    capfd.readouterr()
+    with ChunkStream(source, bpe, tmp_path / "c", "train", **options) as again:
+        chunks = _all_chunks(again)
+    np.testing.assert_array_equal(np.concatenate([c.tokens for c in chunks]), expected)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert again.damaged == named and len(err) == len(named), err
+    for path, line in zip(named, err):
+        assert line.startswith(f"s2hc: token cache file {path!r} is not trusted (") and line.endswith(
+            "; tokenising that part of split 'train' again"), line
+    assert again.chunks_tokenised >= (0 if kind == "end.json edited" else 1)
+    assert {p.name: p.read_bytes() for p in outside.iterdir()} == linked  # the link's target untouched
+    assert not any(p.is_symlink() for p in again.directory.iterdir())
+    with ChunkStream(source, bpe, tmp_path / "c", "train", **options) as third:  # the cache is whole again
+        assert np.array_equal(np.concatenate([c.tokens for c in _all_chunks(third)]), expected)
+    assert third.chunks_tokenised == 0 and third.damaged == [] and capfd.readouterr().err == ""
 
 
 def test_a_chunk_stream_killed_mid_write_leaves_only_whole_chunks(tmp_path, bpe):

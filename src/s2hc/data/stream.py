@@ -16,11 +16,16 @@ makes exactly the same chunks.
 Layout: ``cache_dir/stream-<key>/meta.json`` (what made them: the source's identity and options, the tokenizer,
 the chunk sizes, the dtype) and per split ``cache_dir/stream-<key>/<split>/`` with ``NNNNNNNN.bin`` (chunk
 ``N``'s token ids, ``uint16`` below 65536 tokens else ``uint32``, native little-endian) and ``NNNNNNNN.json``
-(its first and end document, its first token, its number of tokens, the sha256 of the ``.bin``), and
-``end.json`` once the split was read to its end (its number of chunks, documents and tokens). The ``.bin`` is
-written to a temporary file and renamed first, the ``.json`` after it the same way: a chunk is trusted only
-when its ``.json`` is there and the ``.bin`` matches its size and hash, so a run killed at any moment leaves no
-chunk a later run trusts half-written (a chunk that fails the check is tokenised again).
+(its first and end document, its first token, its number of tokens, the sha256 of the ``.bin``, the stream's
+key, split and dtype, and a ``checksum``: the sha256 of all of these), and ``end.json`` once the split was read
+to its end (its number of chunks, documents and tokens, the key and split, and their ``checksum``). The ``.bin``
+is written to a temporary file and renamed first, the ``.json`` after it the same way: a chunk is trusted only
+when its ``.json`` is there, is a plain file (not a symbolic link), matches its checksum, is this stream's and
+split's chunk at this position, and the ``.bin`` (a plain file too) matches its size and hash. So a run killed
+at any moment leaves no chunk a later run trusts half-written, and a chunk truncated, edited (its ``doc_end``
+as well as its tokens: every field that decides the data is checksummed), copied from another stream or
+linked to a file elsewhere is never trained on: it is tokenised again, and the stream says so in one line on
+stderr. A damaged ``end.json`` is ignored the same way (the split is read on to its real end).
 
 Several processes (torchrun) may read the same split: each reads the documents itself where a chunk is not in
 the cache; one that is told to ``wait_s`` first waits that long for another process (rank 0) to write the chunk,
@@ -33,6 +38,7 @@ import collections
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -133,9 +139,19 @@ def _read_json(path: Path) -> dict | None:
     try:
         with open(path, encoding="utf-8") as f:
             value = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def record_checksum(record: dict) -> str:
+    """The sha256 of a chunk's or an end's record, every field but ``checksum`` itself (keys sorted)."""
+    fields = {key: value for key, value in record.items() if key != "checksum"}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _with_checksum(record: dict) -> dict:
+    return {**record, "checksum": record_checksum(record)}
 
 
 class ChunkStream:
@@ -192,6 +208,7 @@ class ChunkStream:
         self.documents_pulled = 0
         self.chunks_tokenised = 0
         self.chunks_read = 0
+        self.damaged: list[str] = []  # the cache files found damaged (each said once, then tokenised again)
         # the producer's cursor: the next chunk, its first document and token (touched by the producer only)
         self._k, self._doc, self._token = 0, 0, 0
         self._docs: Iterator[str] | None = None
@@ -323,22 +340,70 @@ class ChunkStream:
         return self.directory / f"{k:08d}.json"
 
     def _at_end(self, k: int, doc: int, token: int) -> bool:
-        end = _read_json(self.directory / "end.json")
+        end = self._record(self.directory / "end.json")
         return end is not None and (end.get("n_chunks"), end.get("n_documents"), end.get("n_tokens")) == (k, doc, token)
 
+    def _damaged(self, path: Path, why: str) -> None:
+        """Say once, in one line, that a cache file is not trusted (it is tokenised again, never trained on)."""
+        if str(path) in self.damaged:
+            return
+        self.damaged.append(str(path))
+        print(f"s2hc: token cache file {str(path)!r} is not trusted ({why}); tokenising that part of split "
+              f"{self.split!r} again", file=sys.stderr, flush=True)
+
+    def _record(self, path: Path) -> dict | None:
+        """The record of a chunk's ``.json`` or of ``end.json`` when it is there and trusted: a plain file, JSON,
+        matching its checksum, of this stream and split. None (said once when it is there but damaged) else."""
+        if path.is_symlink():
+            self._damaged(path, f"a symbolic link to {os.readlink(path)!r}, not a file the stream wrote")
+            return None
+        if not path.exists():
+            return None
+        record = _read_json(path)
+        if record is None:
+            self._damaged(path, "not a JSON object: cut short or overwritten")
+        elif "checksum" not in record:
+            self._damaged(path, "it has no checksum: written by an older s2hc, or by hand")
+        elif record.get("checksum") != record_checksum(record):
+            self._damaged(path, "its fields do not match its checksum: edited or damaged")
+        elif (record.get("key"), record.get("split")) != (self.key, self.split):
+            self._damaged(path, f"it belongs to stream {record.get('key')!r} split {record.get('split')!r}, not "
+                                f"{self.key!r} split {self.split!r}: copied from another cache")
+        else:
+            return record
+        return None
+
     def _read(self, k: int, doc: int, token: int) -> Chunk | None:
-        """Chunk ``k`` from the cache if it is there, complete, and starts at ``doc`` and ``token``; else None."""
-        meta = _read_json(self._json(k))
-        if meta is None or (meta.get("chunk"), meta.get("doc_start"), meta.get("token_start")) != (k, doc, token):
+        """Chunk ``k`` from the cache if it is there, trusted (:meth:`_record`), starts at ``doc`` and ``token``,
+        and its ``.bin`` matches; else None."""
+        path = self._json(k)
+        meta = self._record(path)
+        if meta is None:
+            return None
+        if (meta.get("chunk"), meta.get("doc_start"), meta.get("token_start")) != (k, doc, token):
+            self._damaged(path, f"it is chunk {meta.get('chunk')!r} from document {meta.get('doc_start')!r}, token "
+                                f"{meta.get('token_start')!r}, not chunk {k} from document {doc}, token {token}")
             return None
         n, doc_end = meta.get("n_tokens"), meta.get("doc_end")
-        if not (isinstance(n, int) and n > 0 and isinstance(doc_end, int) and doc_end > doc):
+        if not (isinstance(n, int) and n > 0 and isinstance(doc_end, int) and doc_end > doc
+                and meta.get("dtype") == self.dtype.name):
+            self._damaged(path, "its token count, end document or dtype is not possible")
+            return None
+        bin_path = self._bin(k)
+        if bin_path.is_symlink():
+            self._damaged(bin_path, f"a symbolic link to {os.readlink(bin_path)!r}, not a file the stream wrote")
             return None
         try:
-            data = self._bin(k).read_bytes()
-        except OSError:
+            data = bin_path.read_bytes()
+        except OSError as error:
+            self._damaged(bin_path, f"it cannot be read: {error.strerror or error}")
             return None
-        if len(data) != n * self.dtype.itemsize or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        if len(data) != n * self.dtype.itemsize:
+            self._damaged(bin_path, f"{len(data)} bytes, not the {n * self.dtype.itemsize} of its {n} tokens: "
+                                    "truncated or replaced")
+            return None
+        if hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+            self._damaged(bin_path, "its tokens do not match their sha256: damaged or replaced")
             return None
         return Chunk(k, doc, doc_end, token, np.frombuffer(data, dtype=self.dtype))
 
@@ -373,18 +438,20 @@ class ChunkStream:
         data = tokens.tobytes()
         atomic_write_bytes(self._bin(k), lambda f: f.write(data))
         chunk = Chunk(k, doc, doc + len(parts), token, tokens)
-        atomic_write_json(self._json(k), {
+        atomic_write_json(self._json(k), _with_checksum({
             "chunk": k, "doc_start": doc, "doc_end": chunk.doc_end, "token_start": token, "n_tokens": len(tokens),
-            "sha256": hashlib.sha256(data).hexdigest(), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        })
+            "sha256": hashlib.sha256(data).hexdigest(), "key": self.key, "split": self.split,
+            "dtype": self.dtype.name, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }))
         self.chunks_tokenised += 1
         if ended:
             self._write_end(k + 1, chunk.doc_end, chunk.token_end)
         return chunk
 
     def _write_end(self, n_chunks: int, n_documents: int, n_tokens: int) -> None:
-        atomic_write_json(self.directory / "end.json",
-                          {"n_chunks": n_chunks, "n_documents": n_documents, "n_tokens": n_tokens})
+        atomic_write_json(self.directory / "end.json", _with_checksum({
+            "n_chunks": n_chunks, "n_documents": n_documents, "n_tokens": n_tokens, "key": self.key,
+            "split": self.split}))
 
     def _skip_to(self, doc: int) -> None:
         """Position the documents so that the next one is document ``doc`` of the split (reading from the start
