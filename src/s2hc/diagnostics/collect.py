@@ -398,7 +398,9 @@ def training_diagnostics(
     component), ``negative_share_mean`` (entries below −1e-3), ``inert_layers`` (the connections whose ``H_res``
     cannot change the output), ``stream_similarity_mean`` (mean off-diagonal cosine at
     each connection's input, then the output), ``composite_spectral_norm_max``, ``composite_forward_amax_max``,
-    ``composite_backward_amax_max``, ``cumulative_column_sum_max``, ``cumulative_column_sum_min``; and
+    ``composite_backward_amax_max``, ``cumulative_column_sum_max``, ``cumulative_column_sum_min``,
+    ``common_mode_gain_mean`` (``1ᵀH1/n``, what ``H_res`` does to what the streams share), ``row_sum_min``,
+    ``row_sum_max``, ``column_sum_min``, ``column_sum_max``, ``composite_common_mode_gain_mean``; and
     ``grad_norm``. An AttnRes model gets its depth softmax instead (:func:`s2hc.diagnostics.depth.training_record`:
     ``depth_effective_sources``, ``depth_embedding_weight``, ``depth_uniform_sources``); a model without mixing
     connections gets only ``grad_norm``. Deterministic and free of the
@@ -431,6 +433,12 @@ def training_diagnostics(
             composite_backward_amax_max=s["composite_backward_amax"]["max"],
             cumulative_column_sum_max=s["cumulative_column_sums"]["max"],
             cumulative_column_sum_min=s["cumulative_column_sums"]["min"],
+            common_mode_gain_mean=s["common_mode_gain"]["mean"],
+            row_sum_min=s["row_sums"]["min"],
+            row_sum_max=s["row_sums"]["max"],
+            column_sum_min=s["column_sums"]["min"],
+            column_sum_max=s["column_sums"]["max"],
+            composite_common_mode_gain_mean=s["composite_common_mode_gain"]["mean"],
         )
     elif depth_modules(model):  # AttnRes: the depth softmax's spread and its weight on the embedding
         stance = getattr(torch.compiler, "set_stance", None)

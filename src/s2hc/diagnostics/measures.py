@@ -36,6 +36,7 @@ __all__ = [
     "SumError",
     "amax_gain",
     "column_sums",
+    "common_mode_gain",
     "composite_product",
     "cumulative_column_sums",
     "deviation_block",
@@ -92,6 +93,20 @@ def row_sums(H: torch.Tensor) -> torch.Tensor:
 def column_sums(H: torch.Tensor) -> torch.Tensor:
     """``1ᵀ H``: ``(..., n, n) -> (..., n)``. 1 everywhere means the sum (mean) over streams is preserved."""
     return _matrices(H).sum(dim=-2)
+
+
+def common_mode_gain(H: torch.Tensor) -> torch.Tensor:
+    """``1ᵀ H 1 / n``: ``(..., n, n) -> (...)``, the mean of the row sums (equally of the column sums).
+
+    What ``H`` does to a feature all streams share, on average: 1 for every mean-preserving family (s²HC, mHC
+    up to its Sinkhorn error, the identity); above 1, ``H`` amplifies the common part of the residual path (what
+    an unconstrained HC can learn and a mean-preserving constraint forbids), below 1 it attenuates it.
+
+    >>> common_mode_gain(torch.tensor([[1.0, 0.5], [0.0, 1.0]])).item()
+    1.25
+    """
+    H = _matrices(H)
+    return H.sum(dim=(-1, -2)) / H.shape[-1]
 
 
 def row_col_sum_error(H: torch.Tensor) -> SumError:

@@ -249,11 +249,12 @@ def summarize(
     ``negative_tolerance`` (what ``negative_share`` counts: entries below minus it), and one key per
     measurement. Per layer (distributions over tokens, see :func:`distribution`): ``row_sum_error``,
     ``col_sum_error``, ``spectral_norm``, ``identity_distance``, ``rotation_angle`` (degrees),
-    ``negative_share``, ``min_entry``, ``forward_amax``, ``backward_amax``, ``column_sums`` (over tokens and
-    columns), ``deviation_singular_values`` and ``spectrum_slope`` (``1 − σ²``; :func:`vector_distribution`,
+    ``negative_share``, ``min_entry``, ``forward_amax``, ``backward_amax``, ``column_sums`` and ``row_sums`` (over
+    tokens and columns, rows), ``common_mode_gain`` (``1ᵀH1/n``), ``deviation_singular_values`` and ``spectrum_slope`` (``1 − σ²``; :func:`vector_distribution`,
     components in the order of descending σ), ``h_pre`` / ``h_post``. Across depth (composite
     ``P_l = H_l ⋯ H_0``): ``composite_spectral_norm``, ``composite_forward_amax``, ``composite_backward_amax``,
-    ``composite_row_sum_error``, ``composite_col_sum_error``, ``cumulative_column_sums``. Streams:
+    ``composite_row_sum_error``, ``composite_col_sum_error``, ``cumulative_column_sums``,
+    ``composite_common_mode_gain``. Streams:
     ``stream_similarity`` (``offdiagonal`` distribution over tokens and pairs, ``pairwise_mean`` n × n per
     entry). Stream usage, whenever ``pre`` / ``post`` are given (:func:`stream_usage`): ``read_share``,
     ``read_effective_streams``, ``read_dominant_share``, ``read_dominant_stream``, ``read_token_effective_streams``,
@@ -294,12 +295,15 @@ def summarize(
         "forward_amax": distribution(gain.forward),
         "backward_amax": distribution(gain.backward),
         "column_sums": distribution(res.sum(-2)),
+        "row_sums": distribution(res.sum(-1)),
+        "common_mode_gain": distribution(measures.common_mode_gain(res)),
         "composite_spectral_norm": distribution(composite_norms),
         "composite_forward_amax": distribution(composite_gain.forward),
         "composite_backward_amax": distribution(composite_gain.backward),
         "composite_row_sum_error": distribution(composite_sums.row),
         "composite_col_sum_error": distribution(composite_sums.col),
         "cumulative_column_sums": distribution(composite.sum(-2)),
+        "composite_common_mode_gain": distribution(measures.common_mode_gain(composite)),
     }
     if pre is not None:
         out["h_pre"] = _gate_stats(pre)
@@ -367,6 +371,12 @@ def mixing_headline(summary: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+def _last_mean(summary: dict[str, Any], key: str) -> float | None:
+    """The token mean of ``key`` at the last layer (a composite measure: over the whole depth); None without it
+    (a summary written before the measure existed)."""
+    return summary[key]["mean"][-1] if key in summary and summary[key]["mean"] else None
+
+
 def headline(summary: dict[str, Any]) -> dict[str, float | None]:
     """The worst value of each measurement over layers (and tokens), from a :func:`summarize` dict; the measures of
     what the matrices do over the interior connections, with the inert ones apart (:func:`mixing_headline`)."""
@@ -381,6 +391,9 @@ def headline(summary: dict[str, Any]) -> dict[str, float | None]:
         "spectral_norm": worst("spectral_norm"),
         "column_sum_max": worst("column_sums"),
         "column_sum_min": worst("column_sums", "min", min),
+        "common_mode_gain_max": worst("common_mode_gain"),
+        "common_mode_gain_min": worst("common_mode_gain", "min", min),
+        "composite_common_mode_gain_at_depth": _last_mean(summary, "composite_common_mode_gain"),
         **mixing_headline(summary),
         "smallest_deviation_singular_value_mean": min((row[-1] for row in sv if row), default=None),
         "composite_spectral_norm": worst("composite_spectral_norm"),

@@ -8,6 +8,8 @@ from torch import nn
 from .base import Guarantees, Mixer, scale_parameter
 
 PROJECTIONS = ("per-stream", "flat")
+#: ``hold_sums``: which sums of ``H_res`` are held to 1 (an ablation; the HC paper holds none).
+HELD_SUMS = ("none", "rows", "columns", "both")
 
 
 class HCMixer(Mixer):
@@ -26,6 +28,13 @@ class HCMixer(Mixer):
     - ``"flat"``: mHC's form, one RMSNorm over all n·C features and ``W ∈ R^{nC × (2n + n²)}``, which lets
       each coefficient see every stream; the form every other family uses, so ``hc`` can be compared with
       them with only the constraint changed.
+
+    ``hold_sums`` (an ablation, not the paper's HC: default ``"none"``) removes HC's common-mode gain
+    ``1ᵀH1/n`` (what it does to a feature every stream shares, which the mean-preserving families hold at 1)
+    and nothing else: the matrix is projected (Frobenius-nearest) onto the affine set whose ``"rows"`` sum to 1
+    (``H + (1 − H1)1ᵀ/n``: copies of one feature stay copies of it), whose ``"columns"`` sum to 1
+    (``H + 1(1ᵀ − 1ᵀH)/n``: the streams' mean is preserved) or ``"both"`` (``PHP + J``, ``P = I − J``: the
+    sums of s²HC and mHC, with no bound on the norm). ``I`` is in every set, so the start is HC's own.
     """
 
     name = "hc"
@@ -38,11 +47,14 @@ class HCMixer(Mixer):
         return ("its H_res is unconstrained, so nothing keeps its columns summing to 1 and the streams' sum stops "
                 "following the source's residual stream")
 
-    def __init__(self, n_streams: int, alpha: float = 0.01, projection: str = "per-stream"):
+    def __init__(self, n_streams: int, alpha: float = 0.01, projection: str = "per-stream", hold_sums: str = "none"):
         super().__init__(n_streams)
         if projection not in PROJECTIONS:
             raise ValueError(f"projection must be one of {list(PROJECTIONS)}, got {projection!r}")
+        if hold_sums not in HELD_SUMS:
+            raise ValueError(f"hold_sums must be one of {list(HELD_SUMS)}, got {hold_sums!r}")
         self.projection = projection
+        self.hold_sums = hold_sums
         self.num_inputs = n_streams * n_streams
         self.alpha = scale_parameter(alpha)
         self.bias = nn.Parameter(torch.eye(n_streams))
@@ -59,7 +71,13 @@ class HCMixer(Mixer):
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:
         n = self.n_streams
         alpha, bias = self.alpha.to(d_res.dtype), self.bias.to(d_res.dtype)
-        return bias + alpha * torch.tanh(d_res).unflatten(-1, (n, n))
+        H = bias + alpha * torch.tanh(d_res).unflatten(-1, (n, n))
+        if self.hold_sums in ("rows", "both"):
+            H = H - (H.sum(-1, keepdim=True) - 1) / n
+        if self.hold_sums in ("columns", "both"):  # after the rows' step the row sums stay 1: 1ᵀH1 = n
+            H = H - (H.sum(-2, keepdim=True) - 1) / n
+        return H
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, projection={self.projection!r}"
+        held = f", hold_sums={self.hold_sums!r}" if self.hold_sums != "none" else ""
+        return f"{super().extra_repr()}, projection={self.projection!r}{held}"

@@ -25,7 +25,7 @@ from ..extras import check_available
 from ..io import atomic_write_text, fsync_path
 from ..models.model_config import ModelConfig, default_stream_reduce
 from ..reports import DASH, count, fixed, mean_std, p_value, ratio, sci, table
-from . import cost, stats
+from . import cost, preregistered, stats
 from .factorial import design_lines
 from .figures import FIGURES, figures
 from .measure import MIXING_VERSION
@@ -372,8 +372,8 @@ def _setup_lines(results: dict[str, Any]) -> list[str]:
     if study.get("description"):
         lines += [study["description"], ""]
     lines += [
-        f"- Grid: {len(study['configurations'])} configurations × seeds {study['seeds']} "
-        f"= {len(results['rows'])} runs; same seed = same initialisation seed and data order.",
+        f"- Grid: {_grid_text(study)} = {len(results['rows'])} runs; same seed = same initialisation seed and "
+        "data order.",
         f"- Training: preset `{train.get('preset', 'tiny')}`, {train.get('max_steps')} steps of {tokens:,} tokens, "
         f"data `{train.get('data', 'embedded')}`; settings: "
         + ", ".join(f"`{k}: {v}`" for k, v in sorted(train.items())) + ".",
@@ -383,6 +383,16 @@ def _setup_lines(results: dict[str, Any]) -> list[str]:
         "",
     ]
     return lines
+
+
+def _grid_text(study: dict[str, Any]) -> str:
+    """``5 configurations × seeds [0, 1]``, or with settings that have their own seeds, each group of
+    configurations with its seeds."""
+    groups: dict[str, int] = {}
+    for configuration in study["configurations"]:
+        seeds = str(configuration.get("seeds", study["seeds"]))
+        groups[seeds] = groups.get(seeds, 0) + 1
+    return " + ".join(f"{count} configurations × seeds {seeds}" for seeds, count in groups.items())
 
 
 def _commit_text(env: dict[str, Any]) -> str:
@@ -428,6 +438,7 @@ def _write_verdicts(results: dict[str, Any], out: Path) -> None:
 def build_report(results: dict[str, Any], figure_paths: dict[str, Path], out: Path) -> str:
     """The text of ``report.md``."""
     lines = [f"# {results['study'].get('title', 's2hc study')}", ""] + _setup_lines(results)
+    lines += preregistered.report_lines(results)  # the confirmatory test before anything exploratory
     # the verdict first: each configuration's loss, cost and speedups against its baseline (where rows carry them)
     lines += cost.verdict_lines(verdicts(results)) if cost.has_cost(results) else []
     lines += ["## Loss per configuration", "",

@@ -35,7 +35,7 @@ import torch
 import yaml
 
 from .. import __version__
-from ..config import BEFORE_FIELD, shown_fields
+from ..config import BEFORE_FIELD, load_yaml, shown_fields
 from ..devices import resolve_device
 from ..extras import check_available
 from ..io import atomic_write_text, check_output_dir, read_json_object
@@ -132,7 +132,7 @@ def _state(run: Run, spec: StudySpec) -> str:
         return "measured"
     if not holds_run(run.run_dir):
         return "new"
-    if saved_step(run.run_dir) == yaml.safe_load(run.config_path.read_text())["max_steps"]:
+    if saved_step(run.run_dir) == load_yaml(run.config_path.read_text())["max_steps"]:
         return "finished"
     with contextlib.suppress(ValueError):
         if any("diverged" in r for r in read_metrics(run.run_dir)):
@@ -142,10 +142,20 @@ def _state(run: Run, spec: StudySpec) -> str:
 
 def _grows(before: dict[str, Any], after: dict[str, Any]) -> bool:
     """Whether the grid ``after`` keeps every run of ``before`` as it was: the same training settings, and its
-    configurations and seeds include ``before``'s (a study may grow; its finished runs stay valid)."""
+    runs (configuration, seed) include ``before``'s (a study may grow; its finished runs stay valid)."""
     return (_computed(before.get("train")) == _computed(after["train"])
-            and all(c in after["configurations"] for c in before.get("configurations", []))
-            and set(before.get("seeds", [])) <= set(after["seeds"]))
+            and _grid_runs(before) <= _grid_runs(after))
+
+
+def _grid_runs(grid: dict[str, Any]) -> set[tuple[str, int]]:
+    """A recorded grid's runs: each configuration (less its own seeds) as JSON, with each of its seeds (its
+    setting's own, else the grid's)."""
+    runs = set()
+    for configuration in grid.get("configurations", []):
+        seeds = configuration.get("seeds", grid.get("seeds", []))
+        key = json.dumps({k: v for k, v in configuration.items() if k != "seeds"}, sort_keys=True)
+        runs |= {(key, seed) for seed in seeds}
+    return runs
 
 
 def _computed(train: Any) -> Any:

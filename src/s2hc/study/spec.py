@@ -13,11 +13,13 @@ A study config (``configs/study-*.yaml``)::
       - {family: s2hc, n_streams: [2, 4, 8]}      # or a mapping: family, options, n_streams
     settings:                                     # optional: every family is trained under each of these
       - {weight_decay_on: matrices}               # (TrainConfig keys over `train:`; model_overrides merge key by key)
-      - {weight_decay_on: all, weight_decay: 1.43}
+      - {weight_decay_on: all, weight_decay: 1.43, seeds: 4}   # `seeds`: this setting's own (count or list)
     factorial:                                    # optional: main effects and interactions of two-level factors
       - factors: {projection_init: [zero, normal], weight_decay_on: [matrices, all]}
         where: {family: s2hc}                     # which configurations make the cells (see .factorial)
     baselines: [residual, mhc]                    # paired differences against these (default)
+    preregistered: {...}                          # optional: the confirmatory test, fixed before the runs
+                                                  # (see .preregistered)
     diagnostics_tokens: 2048                      # positions measured by the trained-model diagnostics
     nproc: 1                                      # processes (GPUs) per run: `s2hc train --nproc N` (torchrun)
 
@@ -59,8 +61,10 @@ from ..models.model_config import CONNECTION_OPTIONS
 from ..rundir import load_checkpoint
 from ..train.init_from import upcycles
 from .factorial import parse_designs
+from .preregistered import parse_preregistered
 
 KEYS = ("description", "train", "n_streams", "streams", "seeds", "families", "settings", "factorial", "baselines",
+        "preregistered",
         "diagnostics_tokens", "nproc")
 MODEL_OVERRIDES = "model_overrides"  # the TrainConfig key whose settings merge key by key (``model_overrides.dim``)
 GRID_KEYS = grid_fields()  # set by the grid, not by `train:` (TrainConfig's field metadata says which)
@@ -85,6 +89,9 @@ class Configuration:
     #: Training settings of this configuration over the study's ``train:`` (``("weight_decay_on", "all")``,
     #: ``("model_overrides.n_layers", 16)``), in the order the study config gives them.
     settings: tuple[tuple[str, Any], ...] = ()
+    #: The seeds of this configuration when its setting gives its own (``settings: [{..., seeds: 4}]``): the
+    #: costly cells of a grid get more seeds than the others. None: the study's seeds.
+    seeds: tuple[int, ...] | None = None
 
     @property
     def label(self) -> str:
@@ -150,6 +157,8 @@ class StudySpec:
     description: str = ""
     nproc: int = 1
     title: str = "s2hc study"  # the report's heading (`s2hc compare` names itself)
+    #: The confirmatory test written before the runs (:mod:`.preregistered`); None: every comparison is exploratory.
+    preregistered: dict[str, Any] | None = None
 
     def run_config(self, configuration: Configuration, seed: int, out: str | Path) -> TrainConfig:
         """The TrainConfig of one run, written to ``out``."""
@@ -159,10 +168,15 @@ class StudySpec:
             "family_options": dict(configuration.options), "seed": seed, "out": str(out),
         })
 
+    def seeds_of(self, configuration: Configuration) -> tuple[int, ...]:
+        """The seeds ``configuration`` is trained with: its setting's own, else the study's."""
+        return self.seeds if configuration.seeds is None else configuration.seeds
+
     def runs(self) -> list[tuple[Configuration, int]]:
         """Every (configuration, seed), seed by seed: the order runs start in (a study cut short has every
         configuration at its first seeds)."""
-        return [(c, seed) for seed in self.seeds for c in self.configurations]
+        seeds = dict.fromkeys(s for c in self.configurations for s in self.seeds_of(c))  # in the order given
+        return [(c, seed) for seed in seeds for c in self.configurations if seed in self.seeds_of(c)]
 
     def grid(self) -> dict[str, Any]:
         """What decides the runs (training settings, configurations, seeds): a study directory keeps one."""
@@ -173,9 +187,12 @@ class StudySpec:
         data = dataclasses.asdict(self)
         data["configurations"] = [
             {"family": c.family, "options": dict(c.options), "n_streams": c.n_streams, "label": c.label,
-             **({"settings": dict(c.settings)} if c.settings else {})}  # absent without: older grids still grow
+             **({"settings": dict(c.settings)} if c.settings else {}),  # absent without: older grids still grow
+             **({"seeds": list(c.seeds)} if c.seeds is not None else {})}
             for c in self.configurations
         ]
+        if self.preregistered is None:
+            del data["preregistered"]
         data["factorial"] = list(self.factorial)
         if not data["factorial"]:
             del data["factorial"]
@@ -229,17 +246,17 @@ def _streams(value: Any, where: str) -> list[int]:
     return [check_streams(where, v) for v in values]
 
 
-def _seeds(value: Any) -> tuple[int, ...]:
+def _seeds(value: Any, name: str = "seeds") -> tuple[int, ...]:
     if isinstance(value, list):
         if not value:
-            raise ValueError("seeds is empty; give a count (e.g. 3) or a list of seeds")
+            raise ValueError(f"{name} is empty; give a count (e.g. 3) or a list of seeds")
         if len(value) > MAX_SEEDS:
-            raise ValueError(f"seeds lists {len(value)} seeds; at most {MAX_SEEDS} (a run each per configuration)")
-        seeds = tuple(check_int("seeds", v, minimum=0, maximum=MAX_SEED) for v in value)
+            raise ValueError(f"{name} lists {len(value)} seeds; at most {MAX_SEEDS} (a run each per configuration)")
+        seeds = tuple(check_int(name, v, minimum=0, maximum=MAX_SEED) for v in value)
         if len(set(seeds)) != len(seeds):
-            raise ValueError(f"seeds lists a seed twice: {list(seeds)}")
+            raise ValueError(f"{name} lists a seed twice: {list(seeds)}")
         return seeds
-    return tuple(range(check_seed_count("seeds", value)))
+    return tuple(range(check_seed_count(name, value)))
 
 
 def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = "the study config",
@@ -267,10 +284,10 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
     given = _n_streams(values, source)
     default_streams = _streams([4] if given is None else given, f"{source}: n_streams")
     configurations: list[Configuration] = []
-    for settings in _settings(values.get("settings"), source):
+    for settings, setting_seeds in _settings(values.get("settings"), source):
         for index, entry in enumerate(families):
             for configuration in _entry(entry, default_streams, f"{source}: families[{index}]"):
-                configuration = dataclasses.replace(configuration, settings=settings)
+                configuration = dataclasses.replace(configuration, settings=settings, seeds=setting_seeds)
                 if configuration in configurations:
                     raise ValueError(f"{source}: {configuration.label!r} is listed twice")
                 configurations.append(configuration)
@@ -292,7 +309,7 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
     seen: dict[tuple, Configuration] = {}
     for configuration in spec.configurations:  # every family option checked as the run will check it
         try:
-            config = spec.run_config(configuration, spec.seeds[0], "unused")
+            config = spec.run_config(configuration, spec.seeds_of(configuration)[0], "unused")
         except ValueError as error:
             raise ValueError(f"{source}: {configuration.label}: {error}") from None
         model = (_model_key(config), configuration.settings)
@@ -302,18 +319,21 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
         seen[model] = configuration
     designs = parse_designs(values.get("factorial"), spec.configurations,
                             lambda configuration, key: configuration_value(spec, configuration, key), source)
-    spec = dataclasses.replace(spec, factorial=designs)
+    registered = parse_preregistered(values.get("preregistered"), spec.configurations,
+                                     lambda entry, where: _entry(entry, default_streams, where), source)
+    spec = dataclasses.replace(spec, factorial=designs, preregistered=registered)
     if train.get("init_from"):
         _check_init_from(str(train["init_from"]), spec.configurations, source)
     return spec
 
 
-def _settings(value: Any, source: str) -> list[tuple[tuple[str, Any], ...]]:
+def _settings(value: Any, source: str) -> list[tuple[tuple[tuple[str, Any], ...], tuple[int, ...] | None]]:
     """The ``settings:`` list as ``(key, value)`` tuples (``model_overrides`` flattened to
-    ``model_overrides.KEY``); one empty tuple when none are given. ValueError naming the entry for a key the grid
-    sets, a mapping that is not one, or a settings entry given twice; values are checked by the runs' TrainConfig."""
+    ``model_overrides.KEY``), each with its own seeds (None: the study's); one empty tuple when none are given.
+    ValueError naming the entry for a key the grid sets, a mapping that is not one, or a settings entry given twice;
+    values are checked by the runs' TrainConfig."""
     if value is None:
-        return [()]
+        return [((), None)]
     if not isinstance(value, list) or not value:
         raise ValueError(f"{source}: 'settings' must be a non-empty list of mappings of TrainConfig keys, e.g. "
                          f"[{{weight_decay_on: matrices}}, {{weight_decay_on: all}}]; got {value!r}")
@@ -322,9 +342,11 @@ def _settings(value: Any, source: str) -> list[tuple[tuple[str, Any], ...]]:
         where = f"{source}: settings[{index}]"
         if not isinstance(entry, dict):
             raise ValueError(f"{where}: expected a mapping of TrainConfig keys, got {entry!r}")
+        seeds = _seeds(entry["seeds"], f"{where} seeds") if "seeds" in entry else None
+        entry = {key: setting for key, setting in entry.items() if key != "seeds"}
         fixed = sorted(set(entry) & set(GRID_KEYS))
         if fixed:
-            raise ValueError(f"{where} sets {fixed}, which the grid sets for every run (families, n_streams, seeds, "
+            raise ValueError(f"{where} sets {fixed}, which the grid sets for every run (families, n_streams, "
                              "--out); list families under 'families' instead")
         pairs: list[tuple[str, Any]] = []
         for key, setting in entry.items():
@@ -335,9 +357,9 @@ def _settings(value: Any, source: str) -> list[tuple[tuple[str, Any], ...]]:
                 pairs += [(f"{MODEL_OVERRIDES}.{k}", v) for k, v in setting.items()]
             else:
                 pairs.append((str(key), setting))
-        if tuple(pairs) in out:
+        if any(tuple(pairs) == earlier for earlier, _ in out):
             raise ValueError(f"{where} repeats an earlier entry: {entry!r}")
-        out.append(tuple(pairs))
+        out.append((tuple(pairs), seeds))
     return out
 
 

@@ -1,0 +1,176 @@
+"""A study's pre-registered test: written into the study config before its runs, reported apart.
+
+A study config may fix, before anything runs, the one question it is built to answer::
+
+    preregistered:
+      registered: 2026-12-04        # when it was written (the config's commit, before the runs', shows it too)
+      hypothesis: the residual-equivalent start lowers the validation loss
+      measure: validation loss      # a measure of .rows.MEASURES (default: validation loss)
+      contrasts:                    # each: the first configuration minus the second, per seed
+        - [identity:gate_init=residual, identity]
+        - [mhc:gate_init=residual, mhc]
+      primary: mean                 # the one test: the contrasts' mean per seed (one contrast: that contrast)
+      alternative: less             # less (the first lowers the measure), greater, or two-sided
+      alpha: 0.05
+      secondary: holm               # each contrast alone, Holm's correction over them at alpha; or none
+
+The contrasts name configurations as ``families:`` does (``FAMILY:KEY=VALUE`` or a mapping); each must be one
+configuration of the grid. Everything is checked when the study config is read, so a test cannot be changed
+once runs exist without the study's grid saying so (the config is committed with the runs).
+
+The **primary** test is one one-sample t-test on the per-seed values ``d_s`` (the mean over the contrasts of
+``first − second`` at seed ``s``, on the seeds every configuration finished), one-sided as registered; its
+decision is ``p < alpha``. The **secondary** tests take each contrast alone, Holm-adjusted over the contrasts.
+The report gives this section first and calls it confirmatory; every other comparison of the study is
+exploratory.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from typing import Any
+
+from ..reports import p_value, table
+from . import stats
+from .rows import MEASURES, by_configuration, per_seed
+
+KEYS = ("registered", "hypothesis", "measure", "contrasts", "primary", "alternative", "alpha", "secondary")
+ALTERNATIVES = ("less", "greater", "two-sided")
+PRIMARY = ("mean",)
+SECONDARY = ("holm", "none")
+DEFAULT_MEASURE = "validation loss"
+
+
+def parse_preregistered(value: Any, configurations: tuple, resolve: Callable[[Any, str], list], source: str
+                        ) -> dict[str, Any] | None:
+    """The ``preregistered:`` mapping checked, its contrasts resolved to configuration labels; None when absent.
+
+    ``resolve(entry, where)`` gives the configurations of a ``families:``-style entry (without settings); each
+    contrast side must match exactly one configuration of ``configurations``. ValueError naming the key otherwise.
+    """
+    if value is None:
+        return None
+    where = f"{source}: preregistered"
+    if not isinstance(value, dict):
+        raise ValueError(f"{where} must be a mapping with keys {list(KEYS)}, got {value!r}")
+    unknown = sorted(set(value) - set(KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {list(KEYS)}")
+    for key in ("registered", "hypothesis", "contrasts"):
+        if not value.get(key):
+            raise ValueError(f"{where}: {key!r} is required (the test is written down before the runs)")
+    measure = value.get("measure", DEFAULT_MEASURE)
+    if measure not in MEASURES:
+        raise ValueError(f"{where}: measure must be one of {list(MEASURES)}, got {measure!r}")
+    choices = {"primary": (PRIMARY, "mean"), "alternative": (ALTERNATIVES, None), "secondary": (SECONDARY, "holm")}
+    chosen = {}
+    for key, (allowed, default) in choices.items():
+        chosen[key] = value.get(key, default)
+        if chosen[key] not in allowed:
+            raise ValueError(f"{where}: {key} must be one of {list(allowed)}, got {chosen[key]!r}")
+    alpha = value.get("alpha")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
+        raise ValueError(f"{where}: alpha must be a number in (0, 0.5), e.g. 0.05, got {alpha!r}")
+    contrasts = value["contrasts"]
+    if not isinstance(contrasts, list):
+        raise ValueError(f"{where}: contrasts must be a list of [first, second] pairs, got {contrasts!r}")
+    labels = []
+    for index, pair in enumerate(contrasts):
+        at = f"{where}: contrasts[{index}]"
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise ValueError(f"{at} must be a [first, second] pair of configurations, got {pair!r}")
+        labels.append([_label(entry, configurations, resolve, at) for entry in pair])
+        if labels[-1][0] == labels[-1][1]:
+            raise ValueError(f"{at} compares {labels[-1][0]!r} with itself")
+    if len({tuple(pair) for pair in labels}) != len(labels):
+        raise ValueError(f"{where}: a contrast is listed twice: {labels}")
+    return {"registered": str(value["registered"]), "hypothesis": " ".join(str(value["hypothesis"]).split()),
+            "measure": measure, "contrasts": labels, **chosen, "alpha": float(alpha)}
+
+
+def _label(entry: Any, configurations: tuple, resolve: Callable[[Any, str], list], where: str) -> str:
+    wanted = [(c.family, c.options, c.n_streams) for c in resolve(entry, where)]
+    found = [c.label for c in configurations if (c.family, c.options, c.n_streams) in wanted]
+    if len(found) != 1:
+        listed = [c.label for c in configurations]
+        what = "none" if not found else f"{len(found)} ({found})"
+        raise ValueError(f"{where}: {entry!r} matches {what} of the study's configurations; it must match exactly "
+                         f"one of {listed}")
+    return found[0]
+
+
+def _ttest(values: list[float], alternative: str) -> float:
+    """The one-sample t-test's p of ``values`` against 0 (SciPy); 1.0 or 0.0 when every value is the same."""
+    if statistics.pstdev(values) == 0:
+        mean = statistics.fmean(values)
+        toward = {"less": mean < 0, "greater": mean > 0, "two-sided": mean != 0}[alternative]
+        return 0.0 if toward else 1.0
+    return float(stats._scipy_stats().ttest_1samp(values, 0.0, alternative=alternative).pvalue)
+
+
+def evaluate(results: dict[str, Any]) -> dict[str, Any] | None:
+    """The registered test on a study's results: ``primary`` and ``secondary`` entries, each with ``seeds``,
+    ``per_seed``, ``mean``, ``ci95`` (two-sided Student-t), ``p`` (as registered: one- or two-sided), ``p_holm``
+    (secondary) and ``rejected`` (``p < alpha``, Holm-adjusted for the secondary); None without a registration, and
+    ``primary`` None when fewer than two seeds have every configuration (or SciPy is missing)."""
+    registered = results["study"].get("preregistered")
+    if not registered:
+        return None
+    groups = by_configuration(results["rows"])
+    measure, alpha, alternative = registered["measure"], registered["alpha"], registered["alternative"]
+    differences = []
+    for first, second in registered["contrasts"]:
+        a, b = per_seed(groups.get(first, []), measure), per_seed(groups.get(second, []), measure)
+        differences.append({s: a[s] - b[s] for s in sorted(set(a) & set(b))})
+    out: dict[str, Any] = {**registered, "primary": None, "secondary": []}
+    if not stats.available():
+        return out
+    common = sorted(set.intersection(*(set(d) for d in differences)))
+    if len(common) >= 2:
+        pooled = {s: statistics.fmean(d[s] for d in differences) for s in common}
+        out["primary"] = _entry("mean of the contrasts", pooled, alternative, alpha)
+    if registered["secondary"] == "holm":
+        tests = [_entry(f"{first} − {second}", d, alternative, alpha)
+                 for (first, second), d in zip(registered["contrasts"], differences) if len(d) >= 2]
+        for test, adjusted in zip(tests, stats.holm([t["p"] for t in tests])):
+            test.update(p_holm=adjusted, rejected=adjusted < alpha)
+        out["secondary"] = tests
+    return out
+
+
+def _entry(name: str, per_seed_values: dict[int, float], alternative: str, alpha: float) -> dict[str, Any]:
+    values = list(per_seed_values.values())
+    summary = stats.describe(values)
+    p = _ttest(values, alternative)
+    return {"name": name, "seeds": list(per_seed_values), "per_seed": per_seed_values, "mean": summary["mean"],
+            "ci95": summary["ci95"], "p": p, "rejected": p < alpha}
+
+
+def report_lines(results: dict[str, Any]) -> list[str]:
+    """The report's confirmatory section; empty without a registration."""
+    test = evaluate(results)
+    if test is None:
+        return []
+    sided = {"less": "one-sided, H1: below 0", "greater": "one-sided, H1: above 0", "two-sided": "two-sided"}
+    lines = ["## Pre-registered test (confirmatory)", "",
+             f"Registered {test['registered']}, before these runs: *{test['hypothesis']}*", "",
+             f"Measure: {test['measure']}; per seed, the first configuration minus the second; the primary test is "
+             f"one t-test on the mean of the {len(test['contrasts'])} contrasts per seed ({sided[test['alternative']]}"
+             f", α = {test['alpha']}); the secondary tests take each contrast alone, Holm-adjusted over them. "
+             "Everything else in this report is exploratory.", ""]
+    if not stats.available():
+        return lines + [stats.NO_STATISTICS, ""]
+    entries = [("primary", test["primary"])] if test["primary"] else []
+    entries += [("secondary", entry) for entry in test["secondary"]]
+    if not entries:
+        return lines + ["Not enough seeds with every configuration finished to test (two are needed).", ""]
+    rows = []
+    for kind, entry in entries:
+        low, high = entry["ci95"] or (math.nan, math.nan)
+        rows.append([kind, entry["name"], f"{entry['mean']:+.4f} [{low:+.4f}, {high:+.4f}]", p_value(entry["p"]),
+                     p_value(entry.get("p_holm")), "H0 rejected" if entry["rejected"] else "not rejected",
+                     str(len(entry["seeds"]))])
+    return lines + table(["test", "contrast", "Δ [95 % CI]", "p", "p (Holm)", "decision", "seeds"], rows,
+                         align="llrrrll") + [""]
