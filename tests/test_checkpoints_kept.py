@@ -18,7 +18,6 @@ from helpers import small_config
 from hypothesis import given
 from hypothesis import strategies as st
 
-import s2hc.rundir.checkpoint as checkpoint_module
 import s2hc.train.loop as loop
 from s2hc.cli import main
 from s2hc.rundir import (
@@ -157,9 +156,9 @@ def test_the_newest_k_steps_are_kept_each_holding_its_step(run):
         assert_holds(kept[step], step, weights[step])
         assert resolve_checkpoint(run_dir, step) == resolve_checkpoint(run_dir, str(step)) == kept[step]
     assert_holds(run_dir / "checkpoint.pt", max(weights), weights[max(weights)])
-    # written once: the newest step checkpoint is the latest's file itself (a hard link) or, where links are
-    # refused, a byte-for-byte copy
+    # written once: the newest step checkpoint is a byte-for-byte copy of the latest's file, never the file itself
     assert (kept[max(steps)].read_bytes() == (run_dir / "checkpoint.pt").read_bytes())
+    assert not os.path.samefile(kept[max(steps)], run_dir / "checkpoint.pt")
     assert_only_complete_checkpoints(run_dir)
 
 
@@ -207,7 +206,7 @@ def test_without_the_options_only_the_latest_is_written(corpus_file, cache, tmp_
     assert resolve_checkpoint(config.out, 2) == Path(config.out) / "checkpoint.pt"  # the latest is of step 2
 
 
-def test_sharded_runs_keep_sharded_checkpoints_linked_to_the_latest(corpus_file, cache, tmp_path, monkeypatch):
+def test_sharded_runs_keep_sharded_checkpoints_copied_from_the_latest(corpus_file, cache, tmp_path, monkeypatch):
     recorder = Recorder(monkeypatch)
     config = kept_config(corpus_file, cache, tmp_path, parallel="fsdp", max_steps=4, keep_checkpoints=2)
     train(config)
@@ -223,19 +222,31 @@ def test_sharded_runs_keep_sharded_checkpoints_linked_to_the_latest(corpus_file,
     assert_only_complete_checkpoints(Path(config.out))
 
 
-def test_where_hard_links_are_refused_the_kept_ones_are_verified_copies(corpus_file, cache, tmp_path, monkeypatch):
-    def no_links(source, target):
-        raise PermissionError(1, "Operation not permitted")
-
-    monkeypatch.setattr(checkpoint_module.os, "link", no_links)
-    recorder = Recorder(monkeypatch)
-    config = kept_config(corpus_file, cache, tmp_path, max_steps=3, keep_checkpoints=2)
+def test_the_rollback_a_damaged_latest_advises_leaves_the_other_kept_checkpoints_as_they_were(corpus_file, cache,
+                                                                                               tmp_path, capsys):
+    """`cp checkpoints/step-3.pt checkpoint.pt` writes into the file checkpoint.pt names: were the kept ones hard
+    links to the latest, it would rewrite step-4.pt and best.pt with step 3, and `--step 4` would read step 3."""
+    config = kept_config(corpus_file, cache, tmp_path, max_steps=4)
     train(config)
-    kept = kept_checkpoints(config.out)
-    assert list(kept) == [2, 3, "best"]
-    assert not os.path.samefile(kept[3], Path(config.out) / "checkpoint.pt")  # copies
-    for step in (2, 3):
-        assert_holds(kept[step], step, recorder.weights[step])
+    run_dir = Path(config.out)
+    kept = kept_checkpoints(run_dir)
+    assert list(kept) == [2, 3, 4, "best"]
+    files = [run_dir / "checkpoint.pt", *kept.values()]
+    assert all(os.stat(path).st_nlink == 1 for path in files)  # no two names share a file
+    before = {path: path.read_bytes() for path in kept.values()}
+    shutil.copyfile(kept[3], run_dir / "checkpoint.pt")  # as cp does: into the existing file
+    assert {path: path.read_bytes() for path in kept.values()} == before
+    assert load_checkpoint(run_dir, step=4).step == 4 and load_checkpoint(run_dir, step="best").step == 4
+    from s2hc.evaluate import checkpoint_perplexity
+
+    assert main(["eval", str(run_dir), "--step", "4", "--max-batches", "1", "--batch-size", "2", "--no-progress",
+                 "--out", str(tmp_path / "eval")]) == 0
+    loss = json.loads((tmp_path / "eval" / "perplexity.json").read_text())["loss"]
+    step_3 = checkpoint_perplexity(run_dir / "checkpoint.pt", max_batches=1, batch_size=2, progress=False).loss
+    assert loss != step_3  # step 4's model, not the rolled-back latest's
+    train(config, resume=True)  # resumes from step 3, and steps 4 again
+    assert load_checkpoint(run_dir, with_model=False).step == 4
+    assert_only_complete_checkpoints(run_dir)
 
 
 # ------------------------------------------------------------------------------- writes cut short (kill -9)
@@ -267,15 +278,15 @@ def _named(path, prefix: str) -> bool:
 
 
 MOMENTS = {
-    # a step checkpoint hard-linked to its temporary name, not yet renamed
-    "linking a step": dict(module=os, name="link", when=lambda src, dst: "after" if _named(dst, ".step-00000003")
-                           else None),
-    # the best one written first (a new best at step 3), the latest not yet linked to it
+    # a step checkpoint copied to its temporary name, not yet renamed
+    "renaming a step": dict(module=os, name="replace", when=lambda src, dst: "before"
+                            if _named(src, ".step-00000003") else None),
+    # the best one written first (a new best at step 3), the latest not yet copied from it
     "before the latest follows the best": dict(
-        module=os, name="link", when=lambda src, dst: "before" if _named(src, "best") and _named(dst, ".checkpoint")
-        else None),
-    # no hard links: a copy half written
-    "copying a step": dict(module=shutil, name="copyfileobj", no_links=True,
+        module=shutil, name="copyfileobj", when=lambda src, dst, *rest: "before"
+        if _named(src.name, "best") and _named(dst.name, ".checkpoint") else None),
+    # a copy half written
+    "copying a step": dict(module=shutil, name="copyfileobj",
                            when=lambda src, dst, *rest: "before" if _named(dst.name, ".step-00000003") else None),
     # a sharded best being swapped in: the old one moved aside, the new one not yet renamed into place
     "swapping a sharded best in": dict(module=os, name="replace", sharded=True,
@@ -295,8 +306,6 @@ def test_a_write_cut_short_leaves_only_complete_checkpoints_and_the_run_resumes(
                          parallel="fsdp" if spec.get("sharded") else "none")
     recorder = Recorder(monkeypatch, DOWN)
     with monkeypatch.context() as patch:
-        if spec.get("no_links"):
-            patch.setattr(os, "link", lambda *args: (_ for _ in ()).throw(PermissionError(1, "not permitted")))
         kill_at(patch, spec["module"], spec["name"], spec["when"])
         with pytest.raises(Killed):
             train(config)
@@ -394,6 +403,67 @@ def test_a_step_not_kept_is_refused_in_one_line_naming_those_that_are(run, tmp_p
         f"(step {min(losses, key=losses.get)})")
     assert main([name, str(run_dir / "checkpoint.pt"), "--step", "4", *rest]) == 2
     assert "is a checkpoint itself; give its run directory, or no step" in error_line(capsys)
-    assert main([name, str(run_dir), "--step", "last", *rest]) == 2
-    assert error_line(capsys).endswith("argument --step: must be a step number >= 0 or 'best', got 'last'")
+    for bad in ("last", "-1", "4.5"):  # not a step: refused naming the steps there are
+        assert main([name, str(run_dir), "--step", bad, *rest]) == 2
+        assert error_line(capsys).endswith(
+            f"--step {bad!r}: must be a step number >= 0 or 'best'; run directory {str(run_dir)!r} keeps steps 4, 5, 6 "
+            f"and best (step {min(losses, key=losses.get)})")
     assert not (tmp_path / "hf").exists()
+
+
+def listing(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", ["best.pt", "step-00000005.pt"])
+def test_a_kept_checkpoint_of_another_run_is_refused_by_resume_and_step(run, corpus_file, cache, tmp_path, capsys,
+                                                                        name):
+    run_dir, _ = run
+    mine = tmp_path / "mine"
+    shutil.copytree(run_dir, mine)
+    (tmp_path / "other").mkdir()
+    other = kept_config(corpus_file, cache, tmp_path / "other", max_steps=2)
+    train(other)
+    shutil.copyfile(Path(other.out) / "checkpoints" / "best.pt", mine / "checkpoints" / name)
+    before = listing(mine)
+    capsys.readouterr()
+    refused = (f"checkpoints '{mine}/checkpoints/{name}' and '{mine}/checkpoint.pt' belong to two different runs "
+               "(run ids ")
+    assert main(["train", "--out", str(mine), "--resume", "--max-steps", "7"]) == 2
+    assert refused in error_line(capsys)
+    step = "best" if name == "best.pt" else "5"
+    assert main(["eval", str(mine), "--step", step, "--max-batches", "1", "--no-progress"]) == 2
+    line = error_line(capsys)
+    assert refused in line and line.endswith("move it out (a run directory holds one run's checkpoints)")
+    with pytest.raises(ValueError, match="belong to two different runs"):
+        load_model(mine, step=step)
+    assert listing(mine) == before  # nothing written, nothing pruned
+    assert load_checkpoint(mine, step=4).step == 4  # the run's own are read as before
+
+
+def test_a_checkpoints_folder_that_is_a_link_is_refused_and_nothing_outside_the_run_is_touched(run, tmp_path,
+                                                                                             capsys):
+    run_dir, _ = run
+    mine, outside = tmp_path / "mine", tmp_path / "outside"
+    shutil.copytree(run_dir, mine)
+    (mine / "checkpoints").rename(outside)
+    (outside / ".step-00000009.pt.s2hc-0123abcd.tmp").write_bytes(b"what a cleaning would remove")
+    (mine / "checkpoints").symlink_to(outside, target_is_directory=True)
+    before = listing(outside)
+    capsys.readouterr()
+    refused = f"{str(mine / 'checkpoints')!r} is a symbolic link (to {str(outside)!r}); a run keeps its checkpoints"
+    assert main(["eval", str(mine), "--step", "5", "--max-batches", "1", "--no-progress"]) == 2
+    assert refused in error_line(capsys)
+    assert main(["train", "--out", str(mine), "--resume", "--max-steps", "7"]) == 2
+    assert refused in error_line(capsys)
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        kept_checkpoints(mine)
+    assert listing(outside) == before
+    assert load_checkpoint(mine, with_model=False).step == 6  # the latest alone still reads
+    # one kept checkpoint that is a link: refused too
+    (mine / "checkpoints").unlink()
+    (mine / "checkpoints").mkdir()
+    (mine / "checkpoints" / "step-00000005.pt").symlink_to(outside / "step-00000005.pt")
+    assert main(["eval", str(mine), "--step", "5", "--max-batches", "1", "--no-progress"]) == 2
+    assert "step-00000005.pt' is a symbolic link" in error_line(capsys)
+    assert listing(outside) == before

@@ -27,6 +27,7 @@ from .rundir import CHECKPOINT, Checkpoint, checkpoint_paths, load_model, write_
 from .rundir.checkpoint import save_checkpoint, weights_only_refusal
 from .rundir.guard import notice, run_files
 from .rundir.layout import is_run_entry
+from .rundir.schema import new_run_id
 from .rundir.staging import check_replaceable, replace_directory
 
 
@@ -166,5 +167,5 @@ def upcycle(source: str | Path, family: str, n_streams: int, out: str | Path, *,
         write_config(run_dir, config.to_dict())
         save_checkpoint(run_dir / CHECKPOINT, Checkpoint(
             config=config.to_dict(), model_config=upcycled.config.to_dict(), step=0, model=upcycled.state_dict(),
-            upcycled_from=str(source)))
+            upcycled_from=str(source), run_id=new_run_id()))
     return Path(out).expanduser() / CHECKPOINT

@@ -100,14 +100,19 @@ def output_directory(path, argument: str):
         raise
 
 
+class _NotAStep(str):
+    """A ``--step`` value that is no step: refused by :func:`resolve_step`, which can name the steps kept."""
+
+
 def checkpoint_step(text: str):
-    """argparse type of ``--step``: a step number or ``best`` (:func:`s2hc.rundir.parse_step`)."""
+    """argparse type of ``--step``: a step number or ``best`` (:func:`s2hc.rundir.parse_step`); anything else is
+    kept as given, for :func:`resolve_step` to refuse naming the steps the run directory keeps."""
     from ..rundir import parse_step  # rundir imports torch and the models: on use
 
     try:
         return parse_step(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a step number >= 0 or 'best', got {text!r}") from None
+        return _NotAStep(text)
 
 
 def add_step_option(parser: argparse.ArgumentParser) -> None:
@@ -121,7 +126,18 @@ def add_step_option(parser: argparse.ArgumentParser) -> None:
 def resolve_step(args: argparse.Namespace) -> None:
     """With ``--step``: ``args.checkpoint`` replaced by that checkpoint's path (ValueError in one line, naming
     the steps kept, when there is none); without it, unchanged."""
-    if getattr(args, "step", None) is not None:
+    step = getattr(args, "step", None)
+    if isinstance(step, _NotAStep):
+        from pathlib import Path
+
+        from ..rundir.checkpoint import is_sharded, kept_steps
+
+        problem = f"--step {str(step)!r}: must be a step number >= 0 or 'best'"
+        run_dir = Path(args.checkpoint).expanduser()
+        if run_dir.is_dir() and not is_sharded(run_dir):
+            problem += f"; run directory {str(run_dir)!r} {kept_steps(run_dir).removeprefix('it ')}"
+        raise ValueError(problem)
+    if step is not None:
         from ..rundir import resolve_checkpoint
 
-        args.checkpoint = str(resolve_checkpoint(args.checkpoint, step=args.step))
+        args.checkpoint = str(resolve_checkpoint(args.checkpoint, step=step))

@@ -14,7 +14,7 @@ it was written (a flipped bit, a truncated copy) is refused with a ValueError na
 written before checksums, load unverified; versions 2 and 3 differ only in ``written_by``.
 
 Kept checkpoints (``RUN/checkpoints/``, :mod:`~s2hc.rundir.layout`): :func:`keep_copy` puts the checkpoint just
-written in a second place (a hard link, or a copy verified byte for byte where links are refused), atomically;
+written in a second place (a copy verified byte for byte, never a hard link: each kept file is its own), atomically;
 :func:`kept_checkpoints` lists them, :func:`prune_kept` removes all but the newest steps, and
 ``resolve_checkpoint(RUN, step=100)`` / ``step="best"`` picks one (``s2hc eval RUN --step 100``).
 
@@ -196,37 +196,31 @@ def swap_in(tmp: Path, directory: Path) -> None:
 # ----------------------------------------------------------------------------------- kept checkpoints
 #
 # The checkpoint just written is put in a second place (RUN/checkpoints/step-N.pt, best.pt, or the latest when
-# the best was written first) without writing the state again: a hard link (s2hc never changes a checkpoint in
-# place, it replaces it by a rename, so the link keeps its bytes), or where the file system refuses links a
-# copy compared with its source before it is renamed into place.
+# the best was written first) without computing the state again: a copy of its file, compared with its source
+# before it is renamed into place. Never a hard link: a kept file must not share its bytes with any other name,
+# or `cp checkpoints/step-3.pt checkpoint.pt` (the rollback a damaged latest's message advises), which writes
+# into the file checkpoint.pt names, would rewrite step-4.pt and best.pt with it.
 
 
-def _link_or_copy(source: Path, target: Path) -> None:
-    """``target`` (a new name): the bytes of ``source``, hard-linked, else copied, fsynced and compared.
-    FileExistsError when ``target`` exists; OSError when neither works."""
-    try:
-        os.link(source, target)
-    except FileExistsError:
-        raise
-    except OSError:  # no hard links here (EPERM, EXDEV, EMLINK, ENOTSUP): a copy
-        with open(source, "rb") as src, open(target, "xb") as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
-            dst.flush()
-            os.fsync(dst.fileno())
-        if file_digest(target) != file_digest(source):
-            target.unlink(missing_ok=True)
-            raise OSError(f"the copy of {str(source)!r} differs from it (a disk or memory error)") from None
-    else:
-        if not os.path.samefile(source, target):
-            raise OSError(f"the hard link to {str(source)!r} is another file") from None
+def _copy_verified(source: Path, target: Path) -> None:
+    """``target`` (a new name): a copy of ``source``'s bytes, fsynced and compared with them. FileExistsError when
+    ``target`` exists; OSError when the copy fails or differs (a disk or memory error)."""
+    with open(source, "rb") as src, open(target, "xb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+        dst.flush()
+        os.fsync(dst.fileno())
+    if file_digest(target) != file_digest(source):
+        target.unlink(missing_ok=True)
+        raise OSError(f"the copy of {str(source)!r} differs from it (a disk or memory error)") from None
 
 
 def _place_file(source: Path, target: Path) -> None:
-    """``target``: the file ``source`` too, through a temporary name (``.NAME.s2hc-XXXXXXXX.tmp``) renamed over it."""
+    """``target``: a copy of the file ``source``, through a temporary name (``.NAME.s2hc-XXXXXXXX.tmp``) renamed
+    over it."""
     for _ in range(100):
         tmp = target.with_name(f".{target.name}.{TEMPORARY_MARK}{secrets.token_hex(4)}.tmp")
         try:
-            _link_or_copy(source, tmp)
+            _copy_verified(source, tmp)
         except FileExistsError:  # another write drew the same digits
             continue
         except OSError:
@@ -246,10 +240,10 @@ def keep_copy(source: Path, target: Path) -> None:
     """Make ``target`` the checkpoint ``source`` too (a file, or a complete sharded directory), atomically: a
     kill leaves either the old ``target`` or the new one, and a temporary name the run directory's guard removes.
 
-    Written once: hard links to ``source``'s files (:func:`os.link`), or where the file system has none, copies
-    compared byte for byte with them before they are put in place. A sharded one is built in ``NAME.tmp/``, its
-    ``extra.pt`` last (so a complete-looking ``NAME.tmp/`` is complete), then swapped in (:func:`swap_in`).
-    WriteError naming ``target`` when the disk refuses it; the old ``target`` is then untouched."""
+    Copies of ``source``'s files, compared byte for byte with them before they are put in place; never hard
+    links, so that writing into one name (a user's ``cp``) changes no other. A sharded one is built in
+    ``NAME.tmp/``, its ``extra.pt`` last (so a complete-looking ``NAME.tmp/`` is complete), then swapped in
+    (:func:`swap_in`). WriteError naming ``target`` when the disk refuses it; the old ``target`` is then untouched."""
     source, target = Path(source), Path(target)
     if source == target:
         return
@@ -265,7 +259,7 @@ def keep_copy(source: Path, target: Path) -> None:
         tmp.mkdir()
         files = sorted((p for p in source.iterdir() if p.is_file()), key=lambda p: (p.name == EXTRA, p.name))
         for file in files:
-            _link_or_copy(file, tmp / file.name)
+            _copy_verified(file, tmp / file.name)
         fsync_path(tmp)
         swap_in(tmp, target)
     except OSError as error:  # a kill leaves NAME.tmp/ instead, which the guard removes
@@ -298,11 +292,22 @@ def _written(path: Path) -> int:
     return ((path / EXTRA) if path.is_dir() else path).stat().st_mtime_ns
 
 
+def kept_directory(run_dir: str | Path) -> Path:
+    """``RUN/checkpoints/``; ValueError naming it when it is a symbolic link: the kept checkpoints are the run's
+    own files, and s2hc neither reads nor writes (nor prunes) checkpoints outside the run directory."""
+    directory = Path(run_dir) / KEPT
+    if directory.is_symlink():
+        raise ValueError(f"{str(directory)!r} is a symbolic link (to {os.readlink(directory)!r}); a run keeps its "
+                         f"checkpoints in a directory of its own: replace the link by a directory (or remove it)")
+    return directory
+
+
 def kept_checkpoints(run_dir: str | Path) -> dict[int | str, Path]:
     """The complete checkpoints in ``RUN/checkpoints/``: ``{step: path, ...}`` in step order, then ``"best":
     path`` when there is one. Of two kinds of one name (a run whose process count changed, killed before it
-    removed the older kind), the one written last."""
-    directory = Path(run_dir) / KEPT
+    removed the older kind), the one written last. ValueError naming ``RUN/checkpoints/`` or a checkpoint in it
+    that is a symbolic link (:func:`kept_directory`)."""
+    directory = kept_directory(run_dir)
     found: dict[int | str, Path] = {}
     if not directory.is_dir():
         return found
@@ -310,6 +315,9 @@ def kept_checkpoints(run_dir: str | Path) -> dict[int | str, Path]:
         parsed = parse_kept_name(path.name)
         if parsed is None:
             continue
+        if path.is_symlink():
+            raise ValueError(f"{str(path)!r} is a symbolic link (to {os.readlink(path)!r}); a run's kept "
+                             f"checkpoints are its own files: remove the link")
         key, sharded = parsed
         if not (is_sharded(path) if sharded else path.is_file()):
             continue  # a sharded one whose removal was cut short
@@ -320,6 +328,43 @@ def kept_checkpoints(run_dir: str | Path) -> dict[int | str, Path]:
             continue
     steps = sorted(k for k in found if k != BEST)
     return {**{k: found[k] for k in steps}, **({BEST: found[BEST]} if BEST in found else {})}
+
+
+def _run_of(path: Path) -> str | None:
+    """The run id a checkpoint records (None: an older file, or one damaged, which its reader names)."""
+    try:
+        return _peek(path).run_id
+    except ValueError:
+        return None
+
+
+def _other_run(kept: Path, theirs: str, latest: Path, ours: str) -> ValueError:
+    return ValueError(
+        f"checkpoints {str(kept)!r} and {str(latest)!r} belong to two different runs (run ids {theirs} and {ours}): "
+        f"one was copied in from another run's directory; move it out (a run directory holds one run's checkpoints)"
+    )
+
+
+def check_kept_of_run(run_dir: str | Path, latest: Checkpoint | None = None,
+                      only: Path | None = None) -> None:
+    """ValueError naming the first kept checkpoint of ``RUN/checkpoints/`` (or only ``only``) that records another
+    run id than the run's latest checkpoint (``latest``, its header, or read here): one copied in from another run,
+    which a resume (its ``best.pt`` is the loss to beat, its steps are pruned) or ``--step`` must not take for the
+    run's own. Checkpoints without a run id (written before version 4) pass."""
+    if latest is None:
+        found = checkpoint_paths(run_dir)
+        if not found:
+            return
+        try:
+            latest = _peek(max(found, key=lambda p: _written(p)))
+        except ValueError:  # damaged: named when it is loaded, not here
+            return
+    if latest.run_id is None:
+        return
+    for path in [only] if only is not None else kept_checkpoints(run_dir).values():
+        theirs = _run_of(path)
+        if theirs is not None and theirs != latest.run_id:
+            raise _other_run(path, theirs, Path(latest.path or Path(run_dir) / CHECKPOINT), latest.run_id)
 
 
 def kept_path(run_dir: str | Path, step: int | str, sharded: bool) -> Path:
@@ -366,9 +411,11 @@ def best_val_loss(run_dir: str | Path) -> float:
     return math.inf if loss is None else float(loss)
 
 
-def load_sharded_into(directory: Path, state: dict[str, Any]) -> None:
+def load_sharded_into(directory: Path, state: dict[str, Any], *, unused_state: bool = False) -> None:
     """Fill ``state`` (as from ``get_state_dict`` for the current wrapping) from a sharded checkpoint.
 
+    ``unused_state``: ``state["optimizer"]["state"]`` loses the parameters of which the checkpoint holds no
+    optimizer state at all (they never had a gradient when it was saved), instead of failing on them.
     ValueError naming the file when the directory is damaged, not a checkpoint, or would have to unpickle
     anything but data (see :func:`read_sharded_metadata`)."""
     import torch.distributed as dist
@@ -377,7 +424,14 @@ def load_sharded_into(directory: Path, state: dict[str, Any]) -> None:
 
     directory = Path(directory)
     reader_class, planner_class = _safe_loading()
-    reader = reader_class(directory, read_sharded_metadata(directory))
+    metadata = read_sharded_metadata(directory)
+    if unused_state and isinstance(state.get("optimizer"), dict) and isinstance(state["optimizer"].get("state"), dict):
+        saved = metadata.state_dict_metadata
+        per_parameter = state["optimizer"]["state"]
+        for name in [n for n, values in per_parameter.items() if isinstance(values, dict)
+                     and not any(f"optimizer.state.{n}.{key}" in saved for key in values)]:
+            del per_parameter[name]
+    reader = reader_class(directory, metadata)
     try:
         dcp.load(state, storage_reader=reader, planner=planner_class(reader),
                  no_dist=not dist.is_initialized())
@@ -621,16 +675,28 @@ def _kept_checkpoint(run_dir: Path, step: int | str) -> Path:
                          f"itself; give its run directory, or no step")
     kept = kept_checkpoints(run_dir)
     if step in kept:
+        check_kept_of_run(run_dir, only=kept[step])
         return kept[step]
-    latest, latest_step = checkpoint_paths(run_dir), None
-    if latest:
-        with_steps = [(p, _step_or_none(p)) for p in latest]
-        latest, latest_step = max(with_steps, key=lambda item: -1 if item[1] is None else item[1])
+    latest, latest_step = _latest_step(run_dir)
     if step != BEST and latest_step == step:
         return latest
     wanted = ("no best checkpoint (a run keeps one with --keep-best)" if step == BEST else
               f"no checkpoint of step {step}")
     raise ValueError(f"run directory {str(run_dir)!r} keeps {wanted}; {_kept_summary(kept, latest_step)}")
+
+
+def _latest_step(run_dir: Path) -> tuple[Path | None, int | None]:
+    """The run directory's newest latest checkpoint and its step (None, None: none, or damaged)."""
+    latest = checkpoint_paths(run_dir)
+    if not latest:
+        return None, None
+    return max(((p, _step_or_none(p)) for p in latest), key=lambda item: -1 if item[1] is None else item[1])
+
+
+def kept_steps(run_dir: str | Path) -> str:
+    """``it keeps steps 4, 5, 6 and best (step 3)``: the checkpoints ``--step`` may name in a run directory, for a
+    refusal (ValueError when its ``checkpoints/`` is refused, :func:`kept_checkpoints`)."""
+    return _kept_summary(kept_checkpoints(run_dir), _latest_step(Path(run_dir))[1])
 
 
 def _step_or_none(path: Path) -> int | None:
@@ -651,7 +717,10 @@ def _kept_summary(kept: dict[int | str, Path], latest_step: int | None) -> str:
 
 
 def _damaged(file: Path, what: str) -> ValueError:
-    kept = kept_checkpoints(file.parent) if file.name in (CHECKPOINT, SHARDED) else {}  # a run's latest
+    try:
+        kept = kept_checkpoints(file.parent) if file.name in (CHECKPOINT, SHARDED) else {}  # a run's latest
+    except ValueError:  # a linked checkpoints/: none to advise
+        kept = {}
     names = ", ".join(p.name for p in kept.values())
     hint = f", or resume from a kept checkpoint: copy an intact one of {str(file.parent / KEPT)!r} ({names}) over it" \
         if kept else ""

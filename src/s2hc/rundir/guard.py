@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..io import check_output_dir
-from .checkpoint import is_sharded
+from .checkpoint import is_sharded, kept_directory
 from .layout import (
     CONFIG,
     DERIVED,
@@ -267,7 +267,7 @@ def _kept_leftovers(run_dir: Path, log: Callable[[str], None] | None) -> list[Pa
     temporaries of kept files and directories (a sharded one being removed is renamed to one first), and any
     sharded one that is not complete."""
     kept = run_dir / KEPT
-    if not kept.is_dir():
+    if not kept.is_dir() or kept.is_symlink():  # nothing outside the run directory is touched
         return []
     for path in list(kept.iterdir()):
         for suffix in (".tmp", ".old"):
@@ -344,6 +344,8 @@ def open_run_directory(out: str | Path, *, resume: bool = False, overwrite: bool
         clean_interrupted_saves(path, log)
         if overwrite:
             clear_run(path, log)
+        if not overwrite:  # --overwrite removes a link in its place
+            kept_directory(path)  # ValueError when checkpoints/ is a link: nothing outside the run is read or written
         yield path
     finally:
         lock.release()

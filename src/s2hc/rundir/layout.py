@@ -10,7 +10,7 @@
       checkpoint.dcp/   several processes or FSDP: torch.distributed.checkpoint shards and extra.pt
       checkpoints/      the checkpoints kept besides the latest (--keep-checkpoints K, --keep-best): step-00000100.pt
                         (or step-00000100.dcp/ when sharded), the newest K by step, and best.pt (best.dcp/), the
-                        checkpoint of the lowest validation loss; each the latest of its step, hard-linked
+                        checkpoint of the lowest validation loss; each a copy of the latest of its step
       diagnostics/      written from the checkpoint by `s2hc diagnose` (and a study)
       metrics.csv, tensorboard/, wandb/, mlflow.db, mlartifacts/, loggers.json
                         what `--logger` writes (s2hc.loggers), when it writes into the run directory
@@ -94,7 +94,7 @@ def is_temporary(name: str) -> bool:
 #
 # One name per kept checkpoint: ``step-`` and the step in 8 digits (more past 99,999,999), or ``best``, then
 # ``.pt`` (one file) or ``.dcp`` (sharded). Writes there are atomic as in the run directory: a file through a
-# temporary ``.NAME.s2hc-XXXXXXXX.tmp`` (a hard link or a copy of the latest, renamed into place), a sharded
+# temporary ``.NAME.s2hc-XXXXXXXX.tmp`` (a copy of the latest, renamed into place), a sharded
 # one through ``NAME.tmp/`` (and ``NAME.old/`` while it replaces an older one); a sharded one being removed
 # loses its extra.pt first, so an incomplete ``NAME/`` is one whose removal was cut short.
 

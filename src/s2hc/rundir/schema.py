@@ -13,6 +13,8 @@ rest. Versions:
 - 2: adds the checksum.
 - 3: adds ``written_by`` (``"s2hc 0.1.0"``), so that a checkpoint that does not fit this s2hc's model can say
   which s2hc wrote it.
+- 4: adds ``run_id``, drawn when a run starts and kept by its resumes, so that a checkpoint put into another run's
+  directory (a kept ``best.pt`` copied from elsewhere) is told from the run's own.
 
 Every version is read into the same :class:`Checkpoint`; what an older one lacks takes its default.
 """
@@ -24,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FORMAT = "s2hc-checkpoint"
-VERSION = 3
-READABLE = (1, 2, 3)
+VERSION = 4
+READABLE = (1, 2, 3, 4)
 
 
 def writer() -> str:
@@ -36,6 +38,13 @@ def writer() -> str:
         return f"s2hc {version('s2hc')}"
     except PackageNotFoundError:  # run from a source tree that was never installed
         return "s2hc (not installed)"
+
+
+def new_run_id() -> str:
+    """A fresh :attr:`Checkpoint.run_id`: 16 random hex digits."""
+    import secrets
+
+    return secrets.token_hex(8)
 
 
 @dataclass
@@ -78,6 +87,8 @@ class Checkpoint:
         rng: every random generator's state (None: not restored).
         upcycled_from: the source an ``s2hc upcycle`` run was made from.
         written_by: the s2hc that wrote it (version 3 on; None for older files).
+        run_id: the run it belongs to (:func:`new_run_id` when the run started; version 4 on, None for older files
+            and for a checkpoint no run wrote).
         path: where it was read from (set by the reader; not stored).
     """
 
@@ -92,10 +103,11 @@ class Checkpoint:
     rng: dict[str, Any] | None = None
     upcycled_from: str | None = None
     written_by: str | None = None
+    run_id: str | None = None
     path: str | None = field(default=None, compare=False)
 
     # Entries with a value only in some checkpoints: left out of the payload when None.
-    _OPTIONAL = ("model", "optimizer", "loader", "rng", "upcycled_from")
+    _OPTIONAL = ("model", "optimizer", "loader", "rng", "upcycled_from", "run_id")
     _NOT_STORED = ("path",)
 
     def payload(self) -> dict[str, Any]:
@@ -117,6 +129,8 @@ class Checkpoint:
         known = {f.name for f in dataclasses.fields(cls)} - set(cls._NOT_STORED)
         if version < 3:
             known.discard("written_by")
+        if version < 4:
+            known.discard("run_id")
         unknown = sorted(set(payload) - known)
         missing = sorted({"config", "model_config", "step"} - set(payload))
         if unknown or missing:
@@ -129,6 +143,9 @@ class Checkpoint:
         for name in ("config", "model_config"):
             if not isinstance(payload[name], dict):
                 raise ValueError(f"{path!r}: {name!r} must be a mapping, got {type(payload[name]).__name__}")
+        run_id = payload.get("run_id")
+        if run_id is not None and not (isinstance(run_id, str) and 0 < len(run_id) <= 64):
+            raise ValueError(f"{path!r}: 'run_id' must be a string of 1 to 64 characters, got {run_id!r:.80}")
         values = dict(payload)
         values["history"] = History.from_dict(payload.get("history", {}), repr(path))
         return cls(**values, path=path)

@@ -9,9 +9,9 @@ otherwise, on every rank).
 
 Kept checkpoints (``keep_checkpoints``, ``keep_best``): the state is written once, into ``RUN/checkpoints/best``
 first when the step's validation loss is a new best (so a kill before the latest follows does not lose it), else
-into the latest; the latest and ``RUN/checkpoints/step-N`` are then hard links to it (or verified copies,
-:func:`~s2hc.rundir.checkpoint.keep_copy`), and the step checkpoints beyond the newest ``keep_checkpoints`` are
-removed only after the new one is in place.
+into the latest; the latest and ``RUN/checkpoints/step-N`` are then copies of it, verified byte for byte and never
+hard links (:func:`~s2hc.rundir.checkpoint.keep_copy`: a user's ``cp`` over one changes no other), and the step
+checkpoints beyond the newest ``keep_checkpoints`` are removed only after the new one is in place.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
     set_model_state_dict,
-    set_state_dict,
+    set_optimizer_state_dict,
 )
 
 from ..config import completed_settings
@@ -139,7 +139,7 @@ class Checkpointer:
 
         ``best`` (with ``keep_best``): it is also the best one, ``RUN/checkpoints/best``; ``keep_step`` (with
         ``keep``): it is also ``RUN/checkpoints/step-N``, and the step checkpoints beyond the newest ``keep``
-        are removed. The state is written once, the other places are links to it (see the module)."""
+        are removed. The state is written once, the other places are copies of it (see the module)."""
         model_state, optimizer_state = get_state_dict(self.model, optimizer_parts(self.optimizer))
         checkpoint = dataclasses.replace(checkpoint, loader=self.loader.state_dict(), rng=rng_state(),
                                          world_size=self.ctx.world_size)
@@ -196,8 +196,10 @@ class Checkpointer:
             if written != used:
                 raise ValueError(other_optimizer_refused(str(self.run_dir), written, used))
             state = dict(zip(("model", "optimizer"), get_state_dict(self.model, parts)))
-            load_sharded_into(Path(saved.path), state)
-            set_state_dict(self.model, parts, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+            load_sharded_into(Path(saved.path), state, unused_state=True)
+            set_model_state_dict(self.model, state["model"])
+            set_optimizer_state_dict(self.model, parts, state["optimizer"],
+                                     options=_without_unused_state(StateDictOptions()))
         else:
             full = load_checkpoint(saved.path, self.ctx.device, verify=False)  # verified when `saved` was read
             options = StateDictOptions(full_state_dict=True)
@@ -205,9 +207,9 @@ class Checkpointer:
                 set_model_state_dict(self.model, full.model, options=options)
             elif written != used:
                 raise ValueError(other_optimizer_refused(str(self.run_dir), written, used))
-            else:
-                set_state_dict(self.model, parts, model_state_dict=full.model, optim_state_dict=full.optimizer,
-                               options=options)
+            else:  # the model strictly; the optimizer without state for the parameters that had none (below)
+                set_model_state_dict(self.model, full.model, options=options)
+                set_optimizer_state_dict(self.model, parts, full.optimizer, options=_without_unused_state(options))
         for part in parts:
             keep_step_counters_on_host(part)
         if saved.loader is not None:  # an upcycled run has not read any data yet: its loader starts at the beginning
@@ -216,6 +218,15 @@ class Checkpointer:
             set_rng_state(saved.rng)  # cannot be split
         self.last_step, self.last_path = saved.step, Path(saved.path)
         return saved.step
+
+
+def _without_unused_state(options: StateDictOptions) -> StateDictOptions:
+    """``options`` for loading an optimizer's state that has none for some parameters: those that never had a
+    gradient when it was saved (an s2hc or isometric connection at 2 streams, an orthogonal one at 1, leave some of
+    their parameters out of every product), of which the optimizer keeps no state; they get none again, as before
+    the save. (torch's default, ``strict``, refuses such a state: "Missing optimizer state".) The model's state
+    is loaded strictly, on its own."""
+    return dataclasses.replace(options, strict=False)
 
 
 def keep_step_counters_on_host(optimizer: torch.optim.Optimizer) -> None:

@@ -53,7 +53,9 @@ from ..rundir import (
     read_config,
     write_config,
 )
+from ..rundir.checkpoint import check_kept_of_run
 from ..rundir.guard import clear_run, notice
+from ..rundir.schema import new_run_id
 from . import distributed
 from .banner import start_lines
 from .checkpointer import Checkpointer
@@ -335,6 +337,7 @@ def _open_run(config: TrainConfig, resume: bool, overwrite: bool, ctx: distribut
             return None, config
         if checkpoint_paths(out):
             saved = load_checkpoint(out, with_model=False)  # verified: a damaged checkpoint stops here
+            check_kept_of_run(out, saved)  # a kept one copied in from another run: refused, never pruned or beaten
             kept = _kept_schedule(saved.config, config, saved.step)
             _check_resumable(saved.config, saved.world_size, kept, ctx.world_size)
             line = _schedule_notice(saved.config, kept, saved.step)
@@ -488,6 +491,8 @@ class _Run:
                                          keep=config.keep_checkpoints, keep_best=config.keep_best)
         self.best_due = False  # this step's validation loss is a new best: its checkpoint is saved as the best
         self.step = self.checkpointer.restore(saved) if saved is not None else 0
+        # the run's identity, in each of its checkpoints: a kept one from another run is told from its own
+        self.run_id = (saved.run_id if saved is not None else None) or new_run_id()
         # a finished run resumed (`train --resume` with the same max_steps) still reports its numbers
         self.history = saved.history if saved is not None else History(train_loss=math.nan)
         self.metrics = None
@@ -647,7 +652,7 @@ class _Run:
         non-finite one stops the run instead, and is never saved."""
         self.read_steps()
         checkpoint = Checkpoint(config=self.config.to_dict(), model_config=self.model_config.to_dict(),
-                                step=self.step, history=self.history)
+                                step=self.step, history=self.history, run_id=self.run_id)
         keep_step = self.checkpoint_due(best=False) or not self.best_due  # a regular save, or a signal's
         try:
             self.checkpointer.save(checkpoint, best=self.best_due, keep_step=keep_step)
