@@ -325,3 +325,90 @@ def test_the_cli_trains_on_a_json_file_with_its_flags(corpus_file, docs, tmp_pat
     assert cli.main(argv) == 0
     saved = yaml.safe_load((out / "config.yaml").read_text())
     assert (saved["text_field"], saved["validation_fraction"], saved["max_documents"]) == ("content", 0.1, 1000)
+
+
+# ------------------------------------------------------------------------------ validation data, in one line
+
+
+def test_validation_data_that_is_the_training_data_is_refused(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [f"document {i}" for i in range(40)])
+    copy = tmp_path / "copy.jsonl"
+    copy.write_bytes(data.read_bytes())
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "d.jsonl").symlink_to(data)
+    write_jsonl(folder / "other.jsonl", ["other text"])
+    remedy = ("a validation loss on training data measures nothing; name other data as validation_data, or leave "
+              "it out to hold out validation_fraction of the training data")
+    for val_source, how in ((data, "is"), (tmp_path / ".." / tmp_path.name / "d.jsonl", "is"),
+                            (copy, "is a copy of"), (folder, f"shares the file {str(folder / 'd.jsonl')!r} with")):
+        for split in ("train", "val"):  # refused at the call, whichever split is read first
+            assert one_line_error(lambda s=split, v=val_source: iter_documents(data, s, val_source=v)) == (
+                f"validation source {str(val_source)!r} {how} the training data {str(data)!r}: {remedy}")
+    other = write_jsonl(tmp_path / "other.jsonl", [f"document {i}" for i in range(39)])  # same start, not a copy
+    assert list(iter_documents(data, "val", val_source=other)) == [f"document {i}" for i in range(39)]
+
+
+def test_empty_validation_data_is_refused_by_name(tmp_path, corpus_file):
+    data = write_jsonl(tmp_path / "d.jsonl", [f"document {i}" for i in range(40)])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    blank = write_jsonl(tmp_path / "blank.jsonl", ["", ""])
+    for val_source in (empty, blank):
+        assert one_line_error(lambda v=val_source: list(iter_documents(data, "val", val_source=v))) == (
+            f"validation source {str(val_source)!r} holds no documents (empty files, no records, or only empty "
+            "texts): nothing to validate on; give validation data that holds text, or leave validation_data out "
+            "to hold out validation_fraction of the training data")
+    config = small_config(corpus_file, tmp_path, data=str(data), validation_data=str(empty))
+    with pytest.raises(ValueError, match=r"^validation source .*empty\.jsonl' holds no documents"):
+        train(config)
+
+
+def test_too_few_records_for_a_validation_split_says_the_numbers(tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", [f"document {i}" for i in range(7)])
+    assert one_line_error(lambda: list(iter_documents(data, "val"))) == (
+        f"source {str(data)!r} has 7 records, too few for a validation split: every 20th record is held out "
+        "(validation_fraction=0.05), so it needs at least 20; give more records, a larger validation_fraction "
+        "(at most 0.5: every 2nd), or validation_data")
+    assert len(list(iter_documents(data, "train"))) == 7  # the training split is all of them
+    assert list(iter_documents(data, "val", val_fraction=0.5)) == ["document 1", "document 3", "document 5"]
+    with pytest.raises(ValueError, match=r"has 7 records, too few for a validation split"):
+        prepare_tokens(data, "s2hc-bpe-4k", tmp_path / "cache", "val", progress=False)
+
+
+def test_a_save_to_disk_folder_without_its_state_file_is_named(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="save_to_disk folders need the data extra")
+    table = datasets.Dataset.from_dict({"text": [f"row {i}" for i in range(25)]})
+    single, split_of = tmp_path / "single", tmp_path / "dict"
+    table.save_to_disk(str(single))
+    datasets.DatasetDict({"train": table}).save_to_disk(str(split_of))
+    (single / "state.json").unlink()
+    (split_of / "train" / "state.json").unlink()
+    remedy = "copy the whole folder, or save the dataset again with save_to_disk"
+    expected = (f"{str(single)!r} holds the .arrow files of a datasets.save_to_disk folder but not its state.json; "
+                f"{remedy}")
+    assert one_line_error(lambda: iter_documents(single)) == expected  # at the call
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (single).rename(folder / "single")
+    assert one_line_error(lambda: iter_documents(folder)) == expected.replace(str(single), str(folder / "single"))
+    assert one_line_error(lambda: iter_documents(split_of)) == (
+        f"{str(split_of / 'train')!r}, the split 'train' of a datasets.save_to_disk DatasetDict, has no state.json; "
+        f"{remedy}")
+
+
+@pytest.mark.parametrize(("name", "content", "defect"), [
+    ("bad.jsonl", '{"text": "a"}\n{"text": "b"\n', "is not valid JSON Lines (line 2: Expecting ',' delimiter)"),
+    ("bad.json", '[{"text": "a"}, {"text": ', "is not valid JSON (Expecting value at line 1 column 26)"),
+    ("deep.json", "[" * 100_000, "is not valid JSON (arrays or objects nested too deep to read"),
+])
+def test_a_malformed_local_data_file_of_hf_json_is_named_not_the_hub(name, content, defect, tmp_path, monkeypatch):
+    pytest.importorskip("datasets", reason="hf: sources need the data extra")
+    for key, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(key, value)
+    path = tmp_path / name
+    path.write_text(content)
+    message = one_line_error(lambda: list(iter_documents("hf:json", data_files=str(path))))
+    assert message.startswith(f"source 'hf:json': the data_files file {str(path)!r} {defect}"), message
+    assert message.endswith("; fix it or remove it from data_files")
+    assert "Hub" not in message and "unreachable" not in message

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from s2hc import cli
-from s2hc.data import iter_documents, prepare_tokens
+from s2hc.data import iter_documents, prepare_tokens, sources
 from s2hc.data.sources import MAX_NON_TEXT_SHARE
 from s2hc.mixers import mhc_lite
 from s2hc.params import MAX_PERMUTATION_SIZE, count_connection_params, param_table
@@ -111,6 +111,76 @@ def test_train_on_a_damaged_file_is_one_line_and_exit_2(corpus_file, tmp_path, c
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith(f"s2hc train: error: {str(path)!r} is a truncated")
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+LONG_LINE = 2000  # MAX_JSONL_LINE in these tests: a "huge" line without writing hundreds of megabytes
+DEEP = 100_000  # levels of nesting: far past Python's recursion limit
+DEFECTS = {  # kind: (file name, its bytes, what the message says is wrong)
+    "malformed .json": ("a.json", b'[{"text": "a"}, {"text": ', "is not valid JSON (Expecting value at line 1"),
+    "malformed .jsonl": ("a.jsonl", b'{"text": "a"}\n{"text": "b",}\n',
+                         ":2: not a JSON object (Expecting property name"),
+    ".json that is not UTF-8": ("a.json", '[{"text": "caf\u00e9"}]'.encode("latin-1"), "is not UTF-8 text"),
+    ".json that is UTF-16": ("a.json", '[{"text": "a"}]'.encode("utf-16"), "is not UTF-8 text"),
+    "huge single line": ("a.jsonl", b'[' + b'{"text": "word"}, ' * 400 + b']',
+                         f":1: a line of more than {LONG_LINE:,} characters: JSON Lines holds one record"),
+    "nested text field in .jsonl": ("a.jsonl", b'{"text": {"title": "a", "body": "b"}}\n',
+                                    ":1: field 'text' is a JSON object, not a string"),
+    "nested text field in .json": ("a.json", b'[{"text": ["a", "b"]}]',
+                                   "record 1 of {path!r}: field 'text' is a JSON array, not a string"),
+    "deeply nested .json": ("a.json", b"[" * DEEP + b"]" * DEEP, "is not valid JSON (arrays or objects nested too "
+                            "deep to read"),
+    "deeply nested .jsonl": ("a.jsonl", b'{"text": "a"}\n' + b'{"x": ' * DEEP + b"1" + b"}" * DEEP + b"\n",
+                             ":2: not a JSON object (arrays or objects nested too deep to read)"),
+}
+
+
+def write_defect(kind: str, directory: Path, monkeypatch) -> tuple[Path, str]:
+    """The file of ``kind`` in ``directory``, and what its message must say."""
+    name, data, defect = DEFECTS[kind]
+    if kind == "huge single line":
+        monkeypatch.setattr(sources, "MAX_JSONL_LINE", LONG_LINE)
+    path = directory / name
+    path.write_bytes(data)
+    return path, defect.format(path=str(path))
+
+
+@pytest.mark.parametrize("kind", list(DEFECTS))
+def test_a_malformed_data_file_is_one_line_naming_it_and_its_defect(kind, tmp_path, monkeypatch):
+    path, defect = write_defect(kind, tmp_path, monkeypatch)
+    started = time.perf_counter()
+    with pytest.raises(ValueError) as error:
+        list(iter_documents(str(path), "train"))
+    message = str(error.value)
+    assert str(path) in message and defect in message, message
+    assert "\n" not in message and len(message) < 400 and time.perf_counter() - started < 10
+    with pytest.raises(ValueError, match="nested too deep|not valid JSON|not UTF-8|not a JSON object|a line of|"
+                                         "not a string"):  # a directory that holds it names the file too
+        list(iter_documents(str(tmp_path), "val"))
+
+
+@pytest.mark.parametrize("kind", ["malformed .json", "huge single line", "nested text field in .jsonl",
+                                  "deeply nested .json"])
+def test_train_on_a_malformed_data_file_is_one_line_and_exit_2(kind, tmp_path, capsys, monkeypatch):
+    path, defect = write_defect(kind, tmp_path, monkeypatch)
+    argv = ["train", "--preset", "tiny", "--max-steps", "1", "--batch-size", "2", "--seq-len", "32",
+            "--eval-batches", "1", "--no-progress", "--data", str(path), "--cache-dir", str(tmp_path / "cache"),
+            "--out", str(tmp_path / "run")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "RecursionError" not in err
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("s2hc train: error: ") and str(path) in line and defect in line, line
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_nested_text_field_of_a_hub_dataset_is_refused_not_skipped(monkeypatch):
+    """A Hub record whose text is a list or an object was skipped without a word (trained on nothing of it)."""
+    datasets = pytest.importorskip("datasets", reason="hf: sources need the data extra")
+    records = [{"text": "plain"}, {"text": None}, {"text": {"title": "a", "body": "b"}}]
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: iter(records))
+    with pytest.raises(ValueError, match=r"^record 3 of source 'hf:org/nested': field 'text' holds a JSON object, "
+                                         r"not a string$"):
+        list(iter_documents("hf:org/nested", "train", val_fraction=0.5))
 
 
 def test_a_text_file_with_a_few_bad_bytes_is_still_read(tmp_path):

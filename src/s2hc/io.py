@@ -185,11 +185,26 @@ def json_kind(value: object) -> str:
     return kinds.get(type(value), "a number")
 
 
+#: What :func:`json_loads` says of JSON nested deeper than the parser follows (``[[[[...``, thousands deep).
+TOO_DEEP = "arrays or objects nested too deep to read"
+
+
+def json_loads(text: str | bytes) -> Any:
+    """``json.loads``, except that JSON nested deeper than Python's parser can follow is a
+    ``json.JSONDecodeError`` (:data:`TOO_DEEP`, at its start) like any other defect, not a RecursionError: every
+    reader of a file a user can hand over uses it, so that its one-line message covers that case too."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError(TOO_DEEP, text if isinstance(text, str) else "", 0) from None
+
+
 def read_json_object(path: Path, remedy: str) -> dict[str, Any]:
     """The JSON object in the file ``path``; ValueError naming it, what is wrong and ``remedy`` (what to do) when
-    it is not UTF-8, not JSON, or JSON but not an object. OSError as raised (a missing file, no permission)."""
+    it is not UTF-8, not JSON (or nested too deep to read), or JSON but not an object. OSError as raised (a
+    missing file, no permission)."""
     try:
-        value = json.loads(Path(path).read_text(encoding="utf-8"))
+        value = json_loads(Path(path).read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ValueError(f"{str(path)!r} is not UTF-8 text; {remedy}") from None
     except json.JSONDecodeError as error:

@@ -17,7 +17,6 @@ ranks (they find the shard and only map it).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..io import WriteError, atomic_write_json, check_output_dir
+from ..io import WriteError, atomic_write_json, check_output_dir, json_loads
 from .corpus import load_corpus
 from .sources import EMBEDDED, identity_hash, iter_documents, source_identity
 from .tokenizer import Tokenizer, get_tokenizer
@@ -72,7 +71,7 @@ def shard_key(source, tokenizer: Tokenizer, *, max_tokens: int | None = None, **
 def _read_meta(path: Path) -> dict | None:
     try:
         with open(path, encoding="utf-8") as f:
-            meta = json.load(f)
+            meta = json_loads(f.read())
     except (OSError, ValueError):
         return None
     return meta if isinstance(meta, dict) and meta.get("format_version") == FORMAT_VERSION else None

@@ -26,7 +26,9 @@ For record sources (JSONL, JSON, Parquet, ``save_to_disk`` folders, ``hf:``) wit
 validation split is every ``k``-th record, ``k = round(1 / val_fraction)`` (records ``k-1, 2k-1, ...`` counted
 over the whole source), and the training split the others: deterministic, interleaved, and computable while
 streaming. With ``val_source`` (another source of any kind; ``data_files`` is not applied to it) the training
-split is all of ``source`` and the validation split all of ``val_source``. ``max_documents`` caps the number of
+split is all of ``source`` and the validation split all of ``val_source``, which must hold documents and must not
+be the training data (the same path, a copy of it, or a folder sharing a file with it). A record source too small
+to hold out one record is refused naming its count. ``max_documents`` caps the number of
 documents yielded (per split), ``max_chars`` their total characters (the last document is cut): the way to take a
 slice of a huge streamed dataset. Everything but a ``.txt`` or ``.json`` file is read lazily, record by record.
 """
@@ -34,6 +36,7 @@ slice of a huge streamed dataset. Everything but a ``.txt`` or ``.json`` file is
 from __future__ import annotations
 
 import contextlib
+import filecmp
 import glob
 import gzip
 import hashlib
@@ -46,6 +49,7 @@ from typing import Any
 
 from ..extras import require
 from ..hub import offline_if_unreachable
+from ..io import json_loads
 from .corpus import corpus_fingerprint, load_corpus
 
 EMBEDDED = "embedded"
@@ -64,6 +68,17 @@ FILE_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas", "xml")
 _KINDS = ".txt, .jsonl, .jsonl.gz, .json or .parquet files or datasets.save_to_disk folders"
 _JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
                type(None): "null"}
+#: The longest line of a ``.jsonl`` file read (characters): a record is one document; a longer line is a file that
+#: is not JSON Lines (one huge array or object), and is refused before it fills the memory.
+MAX_JSONL_LINE = 1 << 28
+_SHOWN_KEYS = 10  # the fields of a record a message lists
+
+
+def _keys(record: dict) -> str:
+    """A record's fields for a message: the first :data:`_SHOWN_KEYS`, sorted, and how many more."""
+    names = sorted(map(str, record))
+    more = len(names) - _SHOWN_KEYS
+    return str(names[:_SHOWN_KEYS]) + (f" and {more:,} more" if more > 0 else "")
 
 
 def _check_split(split: str) -> None:
@@ -95,6 +110,18 @@ def saved_dataset_kind(path: str | os.PathLike) -> str | None:
     if all((path / name).is_file() for name in SAVED_DATASET_FILES):
         return "dataset"
     return None
+
+
+def _check_incomplete_saved(path: Path) -> None:
+    """ValueError naming the folder and the files it lacks when ``path`` holds the Arrow files of a
+    ``datasets.save_to_disk`` Dataset (``*.arrow``) without both of :data:`SAVED_DATASET_FILES` (copied in part)."""
+    if saved_dataset_kind(path) or not any(path.glob("*.arrow")):
+        return
+    missing = [name for name in SAVED_DATASET_FILES if not (path / name).is_file()]
+    raise ValueError(
+        f"{str(path)!r} holds the .arrow files of a datasets.save_to_disk folder but not its {' and '.join(missing)}; "
+        "copy the whole folder, or save the dataset again with save_to_disk"
+    )
 
 
 def _entry_kind(path: Path) -> str | None:
@@ -135,6 +162,8 @@ def resolve_files(source: str | os.PathLike) -> list[Path]:
         return [path]
     if saved_dataset_kind(path):
         return [path]
+    for folder in [path, *(p for p in path.rglob("*") if p.is_dir())]:
+        _check_incomplete_saved(folder)
     entries = sorted(p for p in path.rglob("*") if _entry_kind(p) is not None)
     saved = [p for p in entries if p.is_dir()]
     if saved:  # a save_to_disk folder's own .json files (and a DatasetDict's splits) are not documents
@@ -239,21 +268,28 @@ def _iter_jsonl(path: Path, text_field: str) -> Iterator[str]:
 def _jsonl_records(path: Path, text_field: str, compressed: bool) -> Iterator[str]:
     opener = gzip.open if compressed else open
     with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+        lineno = 0
+        while line := f.readline(MAX_JSONL_LINE + 2):  # a line at most this long (and its newline) is read whole
+            lineno += 1
+            if len(line.rstrip("\r\n")) > MAX_JSONL_LINE:
+                raise ValueError(
+                    f"{path}:{lineno}: a line of more than {MAX_JSONL_LINE:,} characters: JSON Lines holds one "
+                    "record (one document) per line; write the file one record per line"
+                )
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
+                record = json_loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not a JSON object ({e.msg})") from None
             if not isinstance(record, dict) or text_field not in record:
-                keys = sorted(record) if isinstance(record, dict) else type(record).__name__
+                keys = _keys(record) if isinstance(record, dict) else f"a JSON {_json_name(record)}"
                 raise ValueError(
                     f"{path}:{lineno}: no field text_field={text_field!r} (found {keys}); set --text-field"
                 )
             text = record[text_field]
             if not isinstance(text, str):
-                raise ValueError(f"{path}:{lineno}: field {text_field!r} is {type(text).__name__}, not a string")
+                raise ValueError(f"{path}:{lineno}: field {text_field!r} is a JSON {_json_name(text)}, not a string")
             yield text
 
 
@@ -268,7 +304,7 @@ def _iter_json(path: Path, text_field: str) -> Iterator[str]:
     (``.jsonl``) is read a line at a time. Records are numbered from 1 in the messages."""
     try:
         with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is allowed
-            value = json.load(f)
+            value = json_loads(f.read())
     except UnicodeDecodeError as e:
         raise ValueError(
             f"{str(path)!r} is not UTF-8 text ({e.encoding} cannot decode it: {e.reason}); convert it to UTF-8"
@@ -297,7 +333,7 @@ def _iter_json(path: Path, text_field: str) -> Iterator[str]:
             )
         if text_field not in item:
             raise ValueError(
-                f"record {number} of {str(path)!r} has no field {text_field!r}; its fields: {sorted(item)}; "
+                f"record {number} of {str(path)!r} has no field {text_field!r}; its fields: {_keys(item)}; "
                 "set --text-field"
             )
         text = item[text_field]
@@ -320,7 +356,7 @@ def _iter_parquet(path: Path, text_field: str) -> Iterator[str]:
         for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
             for text in batch.column(0).to_pylist():
                 if text is not None and not isinstance(text, str):
-                    raise ValueError(f"{path}: column {text_field!r} holds {type(text).__name__}, not strings")
+                    raise ValueError(f"{path}: column {text_field!r} holds a JSON {_json_name(text)}, not strings")
                 if text is not None:
                     yield text
     except (pa.ArrowException, OSError, EOFError) as e:  # a truncated or foreign file: ArrowInvalid, ArrowIOError
@@ -334,7 +370,7 @@ def _saved_splits(path: Path) -> list[str] | None:
     """The splits a DatasetDict folder's ``dataset_dict.json`` names (None when it cannot be read)."""
     try:
         with open(path / SAVED_DATASET_DICT_FILE, encoding="utf-8") as f:
-            splits = json.load(f).get("splits")
+            splits = json_loads(f.read()).get("splits")
     except (OSError, ValueError, AttributeError):
         return None
     return [str(s) for s in splits] if isinstance(splits, list) else None
@@ -349,6 +385,13 @@ def _check_saved_split(path: Path, hf_split: str) -> None:
         raise ValueError(
             f"{str(path)!r} is a datasets.save_to_disk DatasetDict without the split data_split={hf_split!r}; "
             f"its splits: {splits}; set --data-split"
+        )
+    folder = path / hf_split
+    missing = [name for name in SAVED_DATASET_FILES if not (folder / name).is_file()]
+    if splits is not None and missing:
+        raise ValueError(
+            f"{str(folder)!r}, the split {hf_split!r} of a datasets.save_to_disk DatasetDict, has no "
+            f"{' and '.join(missing)}; copy the whole folder, or save the dataset again with save_to_disk"
         )
 
 
@@ -384,7 +427,8 @@ def _iter_saved(path: Path, text_field: str, hf_split: str) -> Iterator[str]:
     for batch in ds.select_columns([text_field]).with_format(None).iter(batch_size=1024):
         for text in batch[text_field]:
             if text is not None and not isinstance(text, str):
-                raise ValueError(f"{str(path)!r}: field {text_field!r} holds {type(text).__name__}, not strings")
+                raise ValueError(f"{str(path)!r}: field {text_field!r} holds a JSON {_json_name(text)}, not "
+                                 "strings")
             if text is not None:
                 yield text
 
@@ -428,6 +472,48 @@ def _check_hf(source: str, hf_split: str, data_files: list[str] | None) -> None:
                 )
 
 
+def _json_defect(path: Path) -> str | None:
+    """What is wrong with a local ``.json`` / ``.jsonl`` file ``datasets``' JSON builder could not read (one JSON
+    value, or one per line, is what it reads), or None when it parses."""
+    try:
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        return f"is not UTF-8 text (byte {e.start}: {e.reason})"
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if path.name.lower().endswith(".gz"):
+        return None  # compressed: datasets' own reading of it is all there is
+    try:
+        json_loads(text)
+        return None
+    except json.JSONDecodeError as whole:
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    json_loads(line)
+                except json.JSONDecodeError as e:
+                    if lineno == 1 and whole.msg != "Extra data":  # one JSON value, broken where it says
+                        return f"is not valid JSON ({whole.msg} at line {whole.lineno} column {whole.colno})"
+                    return f"is not valid JSON Lines (line {lineno}: {e.msg})"
+    return None
+
+
+def _local_data_files_error(source: str, e: BaseException, data_files: list[str]) -> ValueError | None:
+    """For a file builder (``hf:json``, ...) with local ``data_files``: the local file at fault and its defect, or
+    what ``datasets`` said of the files; the Hub is not involved. None for other sources."""
+    name, _ = parse_hf(source)
+    if name not in FILE_BUILDERS:
+        return None
+    files = [Path(p) for pattern in data_files if "://" not in pattern for p in _local_matches(pattern)]
+    if name == "json":
+        for path in files:
+            if path.is_file() and (defect := _json_defect(path)) is not None:
+                return ValueError(f"source {source!r}: the data_files file {str(path)!r} {defect}; fix it or "
+                                  "remove it from data_files")
+    return ValueError(f"source {source!r}: datasets could not read the data_files {[str(p) for p in files]} "
+                      f"({type(e).__name__}: {_first_line(e)}); check those files")
+
+
 def _hf_error(source: str, e: BaseException, hf_split: str = "train", data_files=None) -> ValueError:
     if isinstance(e, ValueError) and str(e).startswith("Bad split"):
         return ValueError(f"source {source!r} has no split data_split={hf_split!r} ({_first_line(e)}); "
@@ -435,6 +521,8 @@ def _hf_error(source: str, e: BaseException, hf_split: str = "train", data_files
     if data_files is not None and isinstance(e, (FileNotFoundError, StopIteration)):
         return ValueError(f"source {source!r}: data_files={data_files} matched no file ({type(e).__name__}: "
                           f"{_first_line(e)})")
+    if data_files is not None and (local := _local_data_files_error(source, e, data_files)) is not None:
+        return local
     return ValueError(
         f"source {source!r}: the Hugging Face dataset could not be loaded ({type(e).__name__}): the Hub is "
         "unreachable or offline (HF_HUB_OFFLINE), the name or config does not exist, or it needs a login"
@@ -459,7 +547,10 @@ def _iter_hf(source: str, text_field: str, hf_split: str, data_files: list[str] 
                     f"{sorted(record)}; set --text-field"
                 )
             text = record[text_field]
-            if isinstance(text, str):
+            if text is not None and not isinstance(text, str):
+                raise ValueError(f"record {number} of source {source!r}: field {text_field!r} holds a JSON "
+                                 f"{_json_name(text)}, not a string")
+            if text is not None:
                 yield text
     except ValueError as e:
         if str(e).startswith((f"source {source!r}", "record ")):
@@ -504,11 +595,12 @@ def _split_source(source, split, *, text_field, val_fraction, hf_split, data_fil
         return
     every = _val_every(val_fraction)
     is_hf = _is_hf(source)
-    index = 0
+    index, with_text, held_text = 0, 0, False
     for path_or_none in [None] if is_hf else resolve_files(source):
         if path_or_none is not None and _entry_kind(path_or_none) == "text":
             # a text file is one (often the only) document: hold out its tail
             for text in _iter_text_file(path_or_none):
+                held_text = True
                 yield _split_text(text, split, val_fraction)
             continue
         records = (_iter_hf(source, text_field, hf_split, data_files) if is_hf
@@ -516,8 +608,15 @@ def _split_source(source, split, *, text_field, val_fraction, hf_split, data_fil
         for text in records:
             in_val = index % every == every - 1
             index += 1
+            with_text += bool(text)
             if in_val == (split == "val"):
                 yield text
+    if split == "val" and with_text and index < every and not held_text:  # (no text at all: "no documents")
+        raise ValueError(
+            f"source {os.fspath(source)!r} has {index} record{'s' if index > 1 else ''}, too few for a validation "
+            f"split: every {every}th record is held out (validation_fraction={val_fraction}), so it needs at least "
+            f"{every}; give more records, a larger validation_fraction (at most 0.5: every 2nd), or validation_data"
+        )
 
 
 def _check_source(src, hf_split: str, data_files: list[str] | None) -> None:
@@ -558,9 +657,14 @@ def iter_documents(
     read as its split ``hf_split``; only for an ``hf:`` source (not applied to ``val_source``).
 
     Errors: ``ValueError`` naming the path for a missing or unsupported path or a damaged file (a ``.jsonl.gz``
-    that is not gzip or is truncated, a ``.jsonl`` that is not UTF-8, a ``.json`` that is not an array of
-    records or of strings, a broken Parquet file, a ``.txt`` that is not text), naming the field and the fields
-    found for a record without it, naming the splits there for a DatasetDict without ``hf_split``, for a
+    that is not gzip or is truncated, a ``.jsonl`` or ``.json`` that is not UTF-8 or not JSON, nested too deep to
+    read, or a ``.jsonl`` line longer than :data:`MAX_JSONL_LINE`, a ``.json`` that is not an array of records or
+    of strings, a text field that is not a string, a broken Parquet file, a ``.txt`` that is not text, a
+    ``save_to_disk`` folder without its ``state.json`` or ``dataset_info.json``), naming the validation source
+    when it is the training data or holds no documents, naming the record count when a held-out validation split
+    would be empty, naming the local file (not the Hub) when ``datasets`` cannot read ``data_files``, naming the
+    field and the fields found for a record without it, naming the splits there for a DatasetDict without
+    ``hf_split``, for a
     ``save_to_disk`` folder given as ``hf:PATH``, and one sentence for a Hub dataset that cannot be reached.
     Paths, splits of DatasetDict folders and ``hf:`` names are checked at the call; damaged files fail when
     they are read, i.e. on iteration."""
@@ -588,9 +692,49 @@ def iter_documents(
     else:
         if EMBEDDED in (source, val_source):
             raise ValueError("source 'embedded' has its own validation split; do not combine it with val_source")
+        _check_apart(source, val_source)
         docs = (_iter_records(source, text_field, hf_split, files) if split == "train"
-                else _iter_records(val_source, val_text_field or text_field, hf_split))
+                else _not_empty(_iter_records(val_source, val_text_field or text_field, hf_split), val_source))
     return _capped(docs, max_documents, max_chars)
+
+
+def _not_empty(docs: Iterator[str], val_source) -> Iterator[str]:
+    """``docs``, and a ValueError naming ``val_source`` when it holds no document with text."""
+    empty = True
+    for text in docs:
+        empty = empty and not text
+        yield text
+    if empty:
+        raise ValueError(
+            f"validation source {os.fspath(val_source)!r} holds no documents (empty files, no records, or only "
+            "empty texts): nothing to validate on; give validation data that holds text, or leave validation_data "
+            "out to hold out validation_fraction of the training data"
+        )
+
+
+def _check_apart(source, val_source) -> None:
+    """ValueError when the validation source is the training source, or a copy of it, or shares a file with it:
+    a validation loss on training data measures nothing."""
+    def refuse(how: str) -> ValueError:
+        return ValueError(
+            f"validation source {os.fspath(val_source)!r} {how} the training data {os.fspath(source)!r}: a "
+            "validation loss on training data measures nothing; name other data as validation_data, or leave it "
+            "out to hold out validation_fraction of the training data"
+        )
+
+    if same_source(source, val_source):
+        raise refuse("is")
+    if any(isinstance(s, str) and (s == EMBEDDED or _is_hf(s)) for s in (source, val_source)):
+        return
+    train_entries, val_entries = resolve_files(source), resolve_files(val_source)
+    train_files = {p.resolve(): p for p in train_entries}
+    shared = [p for p in val_entries if p.resolve() in train_files]
+    if shared:
+        raise refuse(f"shares the file {str(shared[0])!r} with")
+    if len(train_entries) == len(val_entries) and all(
+            a.is_file() and b.is_file() and a.stat().st_size == b.stat().st_size
+            and filecmp.cmp(a, b, shallow=False) for a, b in zip(train_entries, val_entries)):
+        raise refuse("is a copy of")
 
 
 def _capped(docs: Iterator[str], max_documents: int | None, max_chars: int | None) -> Iterator[str]:
