@@ -501,6 +501,71 @@ def config_path(text: str | Path) -> Path:
                      f"{', '.join(shipped)}; `s2hc configs` says what each is for)")
 
 
+#: The most values a YAML text may hold once its aliases (``*name``) are expanded: a config holds a few hundred.
+#: A kilobyte of nested aliases (an alias bomb, "billion laughs") expands to billions, which every reader of the
+#: values (a check, a copy, a message) would walk: refused at the load, before anything walks them.
+MAX_YAML_VALUES = 100_000
+
+
+class YAMLRefused(yaml.YAMLError):
+    """A YAML text s2hc does not read (aliases that expand too far, or to themselves; nesting too deep): one line,
+    that never shows the values."""
+
+    def __init__(self, problem: str):
+        super().__init__(problem)
+        self.problem, self.problem_mark = problem, None
+
+
+class _SafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses, before constructing anything, a document whose aliases expand past
+    :data:`MAX_YAML_VALUES` values or refer to a value that holds them."""
+
+    def construct_document(self, node):
+        _check_expansion(node)
+        return super().construct_document(node)
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """YAMLRefused when the node graph, its aliases expanded, holds more than :data:`MAX_YAML_VALUES` values, or
+    holds itself. Walked once per node (shared nodes counted by multiplication), without recursion."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+
+    def children(node: yaml.Node) -> list[yaml.Node]:
+        if isinstance(node, yaml.MappingNode):
+            return [part for pair in node.value for part in pair]
+        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
+
+    while stack:
+        node, done = stack.pop()
+        if done:
+            open_nodes.discard(id(node))
+            sizes[id(node)] = min(MAX_YAML_VALUES + 1, 1 + sum(sizes[id(child)] for child in children(node)))
+            if sizes[id(node)] > MAX_YAML_VALUES:
+                raise YAMLRefused(f"its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values (an alias "
+                                  "bomb?); write the values out, or use fewer aliases")
+            continue
+        if id(node) in sizes:
+            continue
+        if id(node) in open_nodes:
+            raise YAMLRefused("an alias (*name) refers to a value that contains it: the value would be endless")
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((child, False) for child in children(node) if id(child) not in sizes)
+
+
+def load_yaml(text: str) -> Any:
+    """The value of a YAML text, read safely (``yaml.SafeLoader``: no Python objects), the one YAML reader of s2hc
+    (config files, ``--set`` and option values, a run's ``config.yaml``). ``yaml.YAMLError`` when it is not YAML,
+    and :class:`YAMLRefused` (one of them) when its aliases expand past :data:`MAX_YAML_VALUES` values or into
+    themselves, or it nests too deep for the parser."""
+    try:
+        return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader
+    except RecursionError:
+        raise YAMLRefused("it nests values too deep to read (RecursionError)") from None
+
+
 def load_yaml_config(path: str | Path) -> dict[str, Any]:
     """The mapping in a YAML config file; ValueError naming the file when it is missing, a directory, not UTF-8,
     not YAML (one line: the parser's problem, line and column, not its multi-line excerpt) or not a mapping."""
@@ -510,10 +575,12 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} does not exist")
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        values = load_yaml(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError as error:
         raise ValueError(f"config file {str(path)!r} is not UTF-8 text (byte {error.start}); a config is "
                          "UTF-8 YAML") from None
+    except YAMLRefused as error:
+        raise ValueError(f"config file {str(path)!r} is refused: {error.problem}") from None
     except yaml.YAMLError as error:
         raise ValueError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(error)}") from None
     if not isinstance(values, dict):
@@ -538,9 +605,12 @@ def parse_assignment(text: str, argument: str = "--set") -> tuple[str, Any]:
     if not sep or not key.strip():
         raise ValueError(f"{argument} expects KEY=VALUE, got {text!r}")
     try:
-        parsed = yaml.safe_load(value)
+        parsed = load_yaml(value)
+    except YAMLRefused as error:
+        raise ValueError(f"{argument}: the value of {key.strip()!r} is refused: {error.problem}") from None
     except yaml.YAMLError:
-        raise ValueError(f"{argument}: the value of {key.strip()!r} is not valid YAML: {value!r}") from None
+        shown = repr(value) if len(value) <= 200 else f"{value[:100]!r}... ({len(value):,} characters)"
+        raise ValueError(f"{argument}: the value of {key.strip()!r} is not valid YAML: {shown}") from None
     glued = _glued_key(parsed)
     if glued is not None:  # {dim:32} is YAML for {"dim:32": None}: a mapping without its space
         name, _, rest = glued.partition(":")

@@ -41,9 +41,9 @@ def _purpose(text: str, width: int = 90) -> str:
 
 def _command(text: str) -> str:
     """The command that reads a config: a study grid has a ``train`` mapping; the others are TrainConfigs."""
-    import yaml
+    from ..config import load_yaml
 
-    values = yaml.safe_load(text)
+    values = load_yaml(text)
     return "study" if isinstance(values, dict) and "train" in values else "train"
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from ..config import load_yaml
 from ..io import TEMPORARY_MARK, atomic_write_text, temporary_pattern
 from ..loggers import CSV_FILE, IDS_FILE, LOGGER_FILES
 
@@ -142,7 +143,7 @@ def read_config(run_dir: Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+        values = load_yaml(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         reason = str(error).splitlines()[0]
         raise ValueError(f"{str(path)!r} is damaged: not valid YAML ({reason})") from None
