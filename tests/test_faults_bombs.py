@@ -136,3 +136,41 @@ def test_upcycle_of_a_model_whose_config_json_nests_too_deep_is_one_line(tmp_pat
     assert code == 2
     assert_error(line, "upcycle", str(model / "config.json"), "nested too deep to read")
     assert "RecursionError" not in line
+
+
+def _metrics(tmp_path: Path):
+    from s2hc.rundir import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text(DEEP_JSON + '\n{"step": 1, "loss": 2.0}\n')
+    return tmp_path / "metrics.jsonl", lambda: read_metrics(tmp_path)
+
+
+def _safetensors_index(tmp_path: Path):
+    from s2hc.hf.weights import _read_index
+
+    path = tmp_path / "model.safetensors.index.json"
+    path.write_text(DEEP_JSON)
+    return path, lambda: _read_index(path)
+
+
+def _static_config(tmp_path: Path):
+    from s2hc.hf.static import _config
+
+    (tmp_path / "config.json").write_text(DEEP_JSON)
+    return tmp_path / "config.json", lambda: _config(tmp_path)
+
+
+def _study_results(tmp_path: Path):
+    from s2hc.study.report import write_report
+
+    (tmp_path / "results.json").write_text(DEEP_JSON)
+    return tmp_path / "results.json", lambda: write_report(tmp_path, strict=False)
+
+
+@pytest.mark.parametrize("reader", [_metrics, _safetensors_index, _static_config, _study_results])
+def test_every_json_reader_says_nested_too_deep_in_one_line(reader, tmp_path):
+    path, read = reader(tmp_path)
+    with pytest.raises(ValueError) as error:
+        read()
+    message = str(error.value)
+    assert str(path) in message and "nested too deep to read" in message and "\n" not in message, message

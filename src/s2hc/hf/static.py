@@ -36,7 +36,6 @@ gates themselves are token-driven).
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -50,6 +49,7 @@ from ..connection import GatedHead, GatedResidual, HyperConnection, HyperHead, b
 from ..connection.gated import GATED_RESIDUAL
 from ..diagnostics import report as diagnostics_report
 from ..diagnostics.summary import summarize
+from ..io import json_loads
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
 from ..reports import number, table
@@ -129,7 +129,7 @@ def _config(directory: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        config = json.loads(path.read_text())
+        config = json_loads(path.read_text())
     except (OSError, ValueError) as error:
         raise ValueError(f"cannot read {str(path)!r}: {error}") from None
     return config if isinstance(config, dict) else {}

@@ -8,7 +8,6 @@ hyper-connections' biases.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 
 from ..extras import require
-from ..io import json_kind
+from ..io import json_kind, json_loads
 
 __all__ = ["INDEX", "read_safetensors"]
 
@@ -28,7 +27,7 @@ def _read_index(index: Path) -> dict[str, str]:
 
     ValueError naming ``index`` when it is not JSON, not an object, or its weight_map is not such a map."""
     try:
-        data = json.loads(index.read_text())
+        data = json_loads(index.read_text())
     except (OSError, ValueError) as error:
         raise ValueError(f"{str(index)!r} is not a safetensors index ({error})") from None
     if not isinstance(data, dict):

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..io import WriteError, atomic_write_text
+from ..io import WriteError, atomic_write_text, json_loads
 from .layout import METRICS
 
 
@@ -30,7 +30,7 @@ def _parse(path: Path) -> tuple[list[dict], str | None]:
             continue
         last = number == len(lines)  # no newline after it: the write may have been cut short
         try:
-            record = json.loads(line)
+            record = json_loads(line)
         except json.JSONDecodeError as error:
             if last:
                 partial = line

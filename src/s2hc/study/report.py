@@ -22,7 +22,7 @@ from ..connection import forms
 from ..diagnostics import plots
 from ..diagnostics.inert import inert_connections
 from ..extras import check_available
-from ..io import atomic_write_text, fsync_path
+from ..io import atomic_write_text, fsync_path, json_loads
 from ..models.model_config import ModelConfig, default_stream_reduce
 from ..reports import DASH, count, fixed, mean_std, p_value, ratio, sci, table
 from . import cost, preregistered, stats
@@ -510,7 +510,7 @@ def write_report(out: str | Path, strict: bool = True) -> Path:
     if not path.is_file():
         raise ValueError(f"{str(path)!r} does not exist: run the study first (without --report-only)")
     try:
-        results = json.loads(path.read_text())
+        results = json_loads(path.read_text())
     except json.JSONDecodeError as error:
         raise ValueError(f"{str(path)!r} is not valid JSON ({error})") from None
     if not isinstance(results, dict) or not {"study", "rows"} <= set(results) or None in results["rows"]:
