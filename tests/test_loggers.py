@@ -68,9 +68,9 @@ def test_scalars_name_each_connection_and_the_read_out(series, val_loss):
     assert not any("deviation_singular_values" in name or "inert" in name or "tokens" in name for name in values)
 
 
-def test_the_csv_sink_merges_a_step_adds_columns_and_keeps_up_to_a_resumed_step(tmp_path):
+def test_the_csv_sink_merges_a_step_adds_columns_and_a_resumed_one_is_rewritten_from_the_kept_records(tmp_path):
     path = tmp_path / "metrics.csv"
-    sink = CSVSink(path, keep_until_step=None)
+    sink = CSVSink(path, records=None)
     sink.write(1, {"train/loss": 3.0})
     sink.write(2, {"train/loss": 2.5})
     sink.write(2, {"val/loss": 2.4})  # the evaluation after step 2's line: the same row
@@ -78,12 +78,21 @@ def test_the_csv_sink_merges_a_step_adds_columns_and_keeps_up_to_a_resumed_step(
     rows = list(csv.DictReader(path.open()))
     assert [(r["step"], r["train/loss"], r["val/loss"]) for r in rows] == [
         ("1", "3.0", ""), ("2", "2.5", "2.4"), ("3", "2.0", "")]
+    # a run's records, as the loop hands them on, then resumed from step 2
+    records = [{"step": 0, "platform": {}}, {"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5},
+               {"step": 2, "val_loss": 2.4}, {"step": 3, "loss": 2.0}]
+    sink = CSVSink(path, records=None)
+    for record in records:
+        if scalars(record):
+            sink.write(record["step"], scalars(record))
+    written = path.read_bytes()
     with path.open("a") as handle:
         handle.write("4,1.")  # a line cut short by a kill
-    resumed = CSVSink(path, keep_until_step=2)
-    resumed.write(3, {"train/loss": 1.9})
-    rows = list(csv.DictReader(path.open()))
-    assert [(r["step"], r["train/loss"]) for r in rows] == [("1", "3.0"), ("2", "2.5"), ("3", "1.9")]
+    lines = []
+    resumed = CSVSink(path, records=records[:4], log=lines.append)
+    assert lines == []  # a line cut short is no damage
+    resumed.write(3, scalars(records[4]))
+    assert path.read_bytes() == written  # as if the run had never stopped
 
 
 def test_a_failing_logger_is_dropped_with_one_line_and_the_record_is_kept(tmp_path):

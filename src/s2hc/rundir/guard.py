@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..io import check_output_dir
+from ..loggers import TENSORBOARD_DIR, clear_tensorboard_dir
 from .checkpoint import is_sharded, kept_directory
 from .layout import (
     CONFIG,
@@ -315,6 +316,10 @@ def clear_run(run_dir: str | Path, log: Callable[[str], None] | None = notice) -
     removed = []
     for name in (*RUN_FILES, *DERIVED):
         path = run_dir / name
+        if name == TENSORBOARD_DIR:  # only what the run wrote there (s2hc.loggers marks it): never a user's
+            if clear_tensorboard_dir(path):
+                removed.append(name)
+            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         elif path.exists() or path.is_symlink():

@@ -497,12 +497,18 @@ class _Run:
         self.history = saved.history if saved is not None else History(train_loss=math.nan)
         self.metrics = None
         if ctx.is_main:
-            write_config(self.out, config.to_dict())
             resumed_step = self.step if saved is not None else None
-            self.metrics = RunLog(MetricsLog(self.out, keep_until_step=resumed_step, log=notice),
-                                  open_sinks(parse_loggers(config.logger), self.out, config=config.to_dict(),
-                                             logger_dir=config.logger_dir, group=config.logger_group,
-                                             resumed_step=resumed_step), log=notice)
+            # the loggers first: one that cannot start stops the run before config.yaml and metrics.jsonl are written
+            sinks = open_sinks(parse_loggers(config.logger), self.out, config=config.to_dict(),
+                               logger_dir=config.logger_dir, group=config.logger_group, resumed_step=resumed_step,
+                               log=notice)
+            try:
+                write_config(self.out, config.to_dict())
+                self.metrics = RunLog(MetricsLog(self.out, keep_until_step=resumed_step, log=notice), sinks,
+                                      log=notice)
+            except BaseException:
+                RunLog(None, sinks, log=notice).close()
+                raise
             if "weight_decay" not in self.metrics.kept_keys:  # once per run (from its first step, or this resume's)
                 self.metrics.write(step=self.step, weight_decay=weight_decay_record(
                     self.model, config.weight_decay, config.weight_decay_on))
