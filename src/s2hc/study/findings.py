@@ -36,6 +36,7 @@ from typing import Any
 from ..io import atomic_write_text
 from . import cost, stats
 from .factorial import effects
+from .preregistered import evaluate as evaluate_registered
 from .report import _baseline_label, _headline_value, _step_time_ratio, _stream_reduce
 from .report import verdicts as report_verdicts
 from .rows import by_configuration, finished_values, per_seed, smallest_deviation_sigma, stream_usage
@@ -387,6 +388,35 @@ class Study:
                     return Comparison(self.name, e["effect"], "0", test["mean"], *test["ci95"], test["p"],
                                       test["seeds"], e["per_seed"], "confirmatory", p_holm)
         raise KeyError(f"study {self.name!r} has no factorial effect matching {name!r}")
+
+    def registered(self, contrast: str = "primary") -> Comparison:
+        """The study's pre-registered test (:mod:`.preregistered`), as its report gives it: ``"primary"`` (the
+        contrasts' mean per seed; ``label`` says so, ``against`` is ``"0"``), or the secondary test of the contrast
+        whose first configuration is ``contrast``, Holm-adjusted over the contrasts. Kind ``pre-registered``; its p
+        is the registered one (one-sided where registered so)."""
+        test = evaluate_registered(self.results)
+        if test is None:
+            raise KeyError(f"study {self.name!r} has no pre-registered test")
+        if contrast == "primary":
+            entry, against = test["primary"], "0"
+            if entry is None:
+                raise ValueError(f"study {self.name!r}: too few seeds for its pre-registered test")
+            holm = entry["p"]  # one test: nothing to adjust
+        else:
+            named = {entry["name"]: entry for entry in test["secondary"]}
+            pairs = {first: named[f"{first} − {second}"] for first, second in test["contrasts"]
+                     if f"{first} − {second}" in named}
+            if contrast not in pairs:
+                raise KeyError(f"study {self.name!r}: no registered contrast starts with {contrast!r}; "
+                               f"registered: {list(pairs)}")
+            entry, against = pairs[contrast], dict(test["contrasts"])[contrast]
+            holm = entry["p_holm"]
+        return Comparison(self.name, entry["name"], against, entry["mean"], *entry["ci95"], entry["p"],
+                          entry["seeds"], entry["per_seed"], "pre-registered", holm)
+
+    @property
+    def registered_alpha(self) -> Number:
+        return _num((evaluate_registered(self.results) or {}).get("alpha"))
 
     # comparisons
     def diff(self, label: str, against: str) -> Comparison:
