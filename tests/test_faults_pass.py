@@ -361,6 +361,72 @@ def test_kill_9_of_a_study_at_random_moments_leaves_no_run_training_and_the_stud
     assert (out / "report.md").is_file() and not processes_naming(str(out))
 
 
+# ------------------------------------------------------------------------------- kill -9: a run with loggers
+
+LOGGED_STEPS = 60
+
+
+def _tensorboard_steps(log_dir: Path, tag: str) -> list[int]:
+    """The steps of ``tag`` as TensorBoard shows them (its reader applies a resumed run's purge marker)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir))
+    events.Reload()
+    return [event.step for event in events.Scalars(tag)]
+
+
+def _check_logged_run_after_a_kill(out: Path, before: tuple[int, bytes] | None, notes: bytes) -> None:
+    """The checkpoint saved before the kill is the one there, byte for byte, unless a later one replaced it whole;
+    metrics.csv is whole but for a last line cut short; the TensorBoard directory is marked as the run's; the user's
+    file beside the run is as it was."""
+    from s2hc.loggers import TENSORBOARD_MARK, csv_defect
+
+    if before is not None:
+        step = saved_step(out)
+        assert step >= before[0]
+        if step == before[0]:
+            assert (out / "checkpoint.pt").read_bytes() == before[1]
+        load_checkpoint(out, with_model=False)  # verified: whole
+    assert csv_defect(out / "metrics.csv") is None
+    if (out / "tensorboard").exists():
+        assert json.loads((out / "tensorboard" / TENSORBOARD_MARK).read_text()) == {"run": str(out.resolve())}
+    assert (out / "notes.txt").read_bytes() == notes
+
+
+@needs_linux
+def test_kill_9_of_a_run_with_csv_and_tensorboard_keeps_its_checkpoint_and_the_resume_logs_each_step_once(
+        corpus_file, tmp_path, capsys):
+    """``--logger csv,tensorboard``: killed after a checkpoint, then its resume killed at a random moment (while it
+    starts its loggers, or trains); the resume that finishes has each step once in metrics.csv, as metrics.jsonl
+    has it, and in TensorBoard (a killed attempt's later steps purged)."""
+    pytest.importorskip("tensorboard", reason="the tensorboard extra")
+    from helpers import cli_args, small_config
+    from test_faults_loggers import assert_csv_repeats_the_record
+
+    rng = rng_for("loggers")
+    config = small_config(corpus_file, tmp_path, max_steps=LOGGED_STEPS, log_every=1, eval_every=5,
+                          checkpoint_every=5, logger="csv,tensorboard")
+    out, logs = Path(config.out), tmp_path / "logs"
+    out.mkdir()
+    notes = b"the user's own notes, beside the run"
+    (out / "notes.txt").write_bytes(notes)
+    argv = ["train", *cli_args(config), "--logger", "csv,tensorboard"]
+    moments = [(lambda: (out / "checkpoint.pt").exists(), rng.uniform(0, 0.5)), (None, rng.uniform(2.0, 6.0))]
+    landed = 0
+    for k, (ready, delay) in enumerate(moments):
+        before = (saved_step(out), (out / "checkpoint.pt").read_bytes()) if (out / "checkpoint.pt").exists() else None
+        err = logs / f"logged-{k}.err"
+        landed += kill_9(start([*argv, *(["--resume"] if k else [])], err), ready, delay, err)
+        _check_logged_run_after_a_kill(out, before, notes)
+    assert landed >= 1, "the kills came too late: every run had finished"
+    code, _, line = run_cli([*argv, "--resume"], capsys)
+    assert code == 0, line
+    assert saved_step(out) == LOGGED_STEPS
+    assert_csv_repeats_the_record(out)
+    assert _tensorboard_steps(out / "tensorboard", "train/loss") == list(range(1, LOGGED_STEPS + 1))
+    assert (out / "notes.txt").read_bytes() == notes
+
+
 # --------------------------------------------------------------------------------------- a real full disk
 
 
