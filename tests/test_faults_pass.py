@@ -530,3 +530,105 @@ def test_a_full_disk_under_a_study_keeps_the_last_checkpoint_and_the_study_calle
     assert kept != (run / "checkpoint.pt").read_bytes() and saved_step(run) == STEPS
     results = json.loads((out / "results.json").read_text())
     assert [row["status"] for row in results["rows"]] == ["finished"]
+
+
+# ---------------------------------------------------------------------------------- kill -9: the stream cache
+
+# `s2hc train` itself, its chunks made small (a few hundred tokens, not millions) so that a short run writes many
+STREAM_CODE = ("import sys\n"
+               "from s2hc.data import stream\n"
+               "stream.FIRST_CHUNK_TOKENS, stream.CHUNK_TOKENS = 256, 512\n"
+               "from s2hc import cli\n"
+               "sys.exit(cli.main(sys.argv[1:]))\n")
+STREAM_STEPS = 40
+
+
+def start_streaming(argv: list[str], err: Path) -> subprocess.Popen:
+    err.parent.mkdir(parents=True, exist_ok=True)
+    with err.open("w") as handle:
+        return subprocess.Popen([sys.executable, "-c", STREAM_CODE, *argv], cwd=REPO,
+                                env={**os.environ, **OFFLINE_ENV, "OMP_NUM_THREADS": "1"},
+                                stdout=subprocess.DEVNULL, stderr=handle, start_new_session=True)
+
+
+def streaming_argv(data: Path, cache: Path, out: Path) -> list[str]:
+    from s2hc.rundir import holds_run
+
+    return ["train", "--preset", "tiny", "--family", "s2hc", "--streams", "4",
+            "--set", "model_overrides=" + json.dumps(SMALL_MODEL), "--set", "device=cpu", "--data", str(data),
+            "--streaming", "always", "--cache-dir", str(cache), "--seq-len", "32", "--batch-size", "4",
+            "--max-steps", str(STREAM_STEPS), "--warmup-steps", "2", "--eval-every", "10", "--eval-batches", "1",
+            "--checkpoint-every", "5", "--log-every", "1", "--no-progress", "--out", str(out),
+            *(["--resume"] if holds_run(out) else [])]
+
+
+def assert_cache_trusted(cache: Path) -> int:
+    """Every chunk a later run would read is whole: its record matches its checksum, its tokens their sha256 and
+    count (what a kill leaves half-written is a hidden temporary file, never a chunk). The number of chunks."""
+    import hashlib
+
+    from s2hc.data.stream import record_checksum
+
+    chunks = 0
+    for record_path in cache.rglob("0*.json"):
+        record = json.loads(record_path.read_text())  # complete JSON
+        data = record_path.with_suffix(".bin").read_bytes()
+        assert record["checksum"] == record_checksum(record), record_path
+        assert len(data) == 2 * record["n_tokens"] and hashlib.sha256(data).hexdigest() == record["sha256"]
+        chunks += 1
+    for path in cache.rglob(".*"):
+        assert path.name.endswith(".tmp") and ".s2hc-" in path.name, path
+    return chunks
+
+
+def _curve(out: Path) -> list[tuple]:
+    from s2hc.rundir import read_metrics
+
+    return [(r["step"], r.get("loss"), r.get("val_loss")) for r in read_metrics(out) if "loss" in r or "val_loss" in r]
+
+
+@needs_linux
+def test_kill_9_while_the_stream_cache_is_written_resumes_on_whole_chunks_only(corpus_file, tmp_path):
+    """A streamed run killed while it writes its token cache (a chunk just written, a checkpoint just saved) leaves
+    only whole chunks; resumed over a cache then damaged by hand where its checkpoint reads on (a chunk cut short, a
+    validation chunk's document range edited), it says so in one line per file, tokenises those again, and its
+    losses are the uninterrupted run's, step for step."""
+    rng = rng_for("stream-cache")
+    paragraphs = [p for p in corpus_file.read_text().split("\n\n") if p.strip()]
+    data = tmp_path / "paragraphs.jsonl"
+    data.write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs))
+    logs = tmp_path / "logs"
+    reference = tmp_path / "reference"
+    process = start_streaming(streaming_argv(data, tmp_path / "reference-cache", reference), logs / "reference.err")
+    assert process.wait(timeout=300) == 0, (logs / "reference.err").read_text()
+    assert assert_cache_trusted(tmp_path / "reference-cache") >= 8
+
+    out, cache = tmp_path / "run", tmp_path / "cache"
+    moments = [(lambda: any(cache.rglob("train/0*.json")), rng.uniform(0, 0.2)),
+               (lambda: (saved_step(out) or 0) >= 10, rng.uniform(0, 0.2)),
+               (lambda: (saved_step(out) or 0) >= 20, 0.0)]
+    landed = 0
+    for k, (ready, delay) in enumerate(moments):
+        err = logs / f"stream-{k}.err"
+        landed += kill_9(start_streaming(streaming_argv(data, cache, out), err), ready, delay, err)
+        assert_cache_trusted(cache)
+        if saved_step(out):
+            load_checkpoint(out, with_model=False)  # verified: whole
+    assert landed >= 2, "the kills came too late: every run had finished"
+    step = saved_step(out)
+    assert step is not None and step < STREAM_STEPS, "the last kill came after the run's end"
+
+    state = load_checkpoint(out, with_model=False).loader
+    (split_dir,) = cache.rglob("train")
+    chunk = split_dir / f"{state['chunk']:08d}.bin"  # where the resumed run reads on
+    whole = chunk.read_bytes()
+    chunk.write_bytes(whole[: len(whole) // 2])
+    (val_record,) = cache.rglob("val/00000000.json")
+    record = json.loads(val_record.read_text())
+    val_record.write_text(json.dumps({**record, "doc_end": record["doc_end"] + 1}))
+    err = logs / "stream-resume.err"
+    assert start_streaming(streaming_argv(data, cache, out), err).wait(timeout=300) == 0, err.read_text()
+    said = [line for line in err.read_text().splitlines() if "is not trusted" in line]
+    assert sorted(line.split("'")[1] for line in said) == sorted([str(chunk), str(val_record)]), said
+    assert chunk.read_bytes() == whole and assert_cache_trusted(cache)
+    assert _curve(out) == _curve(reference)
