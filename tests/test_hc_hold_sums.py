@@ -122,3 +122,17 @@ def test_the_summary_and_the_training_record_carry_the_common_mode():
     assert all(lo <= g <= hi for lo, g, hi in zip(record["row_sum_min"], record["common_mode_gain_mean"],
                                                   record["row_sum_max"]))
     json.dumps(record, allow_nan=False)
+
+
+def test_the_trajectory_follows_the_common_mode_over_the_interior_connections():
+    from s2hc.study.measure import trajectory
+
+    record = {"deviation_singular_values_mean": [[1.0], [0.9], [0.8]], "inert_layers": [0],
+              "rotation_angle_mean": [0.0, 1.0, 2.0], "composite_forward_amax_max": [1.0, 1.0, 1.0],
+              "stream_similarity_mean": [1.0, 1.0, 1.0, 1.0], "common_mode_gain_mean": [9.0, 1.2, 1.4],
+              "composite_common_mode_gain_mean": [9.0, 10.8, 15.1]}
+    found = trajectory([{"step": 25, "diagnostics": record}])
+    assert found["common_mode_gain"] == [pytest.approx(1.3)]  # the inert first connection left out
+    assert found["composite_common_mode_gain"] == [15.1]
+    older = {k: v for k, v in record.items() if "common_mode" not in k}  # a run recorded before the measure
+    assert "common_mode_gain" not in trajectory([{"step": 25, "diagnostics": older}])

@@ -133,6 +133,7 @@ TRAJECTORY_PANELS = (
     ("smallest_deviation_singular_value", "smallest deviation σ (interior connections)"),
     ("rotation_angle", "largest rotation angle (°, interior)"),
     ("composite_forward_amax", "composite Amax gain (forward)"),
+    ("common_mode_gain", "common-mode gain 1ᵀH1/n (mean, interior)"),
 )
 
 
@@ -144,15 +145,17 @@ def plot_trajectories(results: dict[str, Any], path: Path) -> Path:
     """What the matrices did over training (``diagnostics_every``): per configuration the mean over seeds (line)
     and the seeds' range (band) of each :data:`TRAJECTORY_PANELS` measure against the step."""
     plt = plots._pyplot()
-    fig, axes = plt.subplots(1, len(TRAJECTORY_PANELS), figsize=(5.2 * len(TRAJECTORY_PANELS), 4.2),
-                             layout="constrained")
     groups = by_configuration(results["rows"])
+    # a measure only rows measured since it existed have (the common mode) gets a panel only when some row has it
+    panels = [(key, title) for key, title in TRAJECTORY_PANELS
+              if any(key in (r.get("trajectory") or {}) for r in results["rows"])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), layout="constrained")
     for index, (label, runs) in enumerate(groups.items()):
         series = [r["trajectory"] for r in runs if r["status"] == "finished" and r.get("trajectory")]
         if not series:
             continue
-        for ax, (key, _) in zip(axes, TRAJECTORY_PANELS):
-            curves = [{s: v for s, v in zip(t["steps"], t[key]) if v is not None} for t in series]
+        for ax, (key, _) in zip(axes, panels):
+            curves = [{s: v for s, v in zip(t["steps"], t.get(key) or ()) if v is not None} for t in series]
             steps = sorted(set.intersection(*(set(c) for c in curves)))
             if not steps:
                 continue
@@ -160,7 +163,7 @@ def plot_trajectories(results: dict[str, Any], path: Path) -> Path:
             ax.plot(steps, [statistics.fmean(c[s] for c in curves) for s in steps], label=label, **style)
             ax.fill_between(steps, [min(c[s] for c in curves) for s in steps],
                             [max(c[s] for c in curves) for s in steps], color=style["color"], alpha=0.15)
-    for ax, (_, title) in zip(axes, TRAJECTORY_PANELS):
+    for ax, (_, title) in zip(axes, panels):
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)

@@ -182,9 +182,12 @@ def trajectory(records: list[dict[str, Any]]) -> dict[str, list] | None:
     """What the matrices did over training, from the run's ``diagnostics`` records (``diagnostics_every``): per
     recorded step the smallest deviation singular value (token mean, smallest over the interior connections, those
     whose ``H_res`` can change the output), the largest rotation angle over them (degrees), the composite forward
-    Amax gain and the mean cosine between the output streams. None for a run without such records."""
+    Amax gain, the mean cosine between the output streams, and (records that have it) the common-mode gain
+    ``1ᵀH1/n`` averaged over the interior connections and that of the composite over the whole depth. None for a
+    run without such records."""
     out: dict[str, list] = {"steps": [], "smallest_deviation_singular_value": [], "rotation_angle": [],
-                            "composite_forward_amax": [], "stream_similarity_output": []}
+                            "composite_forward_amax": [], "stream_similarity_output": [], "common_mode_gain": [],
+                            "composite_common_mode_gain": []}
     for record in records:
         d = record.get("diagnostics") or {}
         if "deviation_singular_values_mean" not in d:
@@ -200,6 +203,12 @@ def trajectory(records: list[dict[str, Any]]) -> dict[str, list] | None:
         out["rotation_angle"].append(max(angles) if angles else None)
         out["composite_forward_amax"].append(max(d["composite_forward_amax_max"]))
         out["stream_similarity_output"].append(similarity[-1])
+        gains = d.get("common_mode_gain_mean")  # recorded since the common mode was measured
+        out["common_mode_gain"].append(statistics.fmean(gains[i] for i in interior) if gains and interior else None)
+        composite = d.get("composite_common_mode_gain_mean")
+        out["composite_common_mode_gain"].append(composite[-1] if composite else None)
+    if not any(v is not None for v in out["common_mode_gain"] + out["composite_common_mode_gain"]):
+        del out["common_mode_gain"], out["composite_common_mode_gain"]  # a run from before: its rows stay as they were
     return out if out["steps"] else None
 
 
