@@ -412,3 +412,18 @@ def test_a_malformed_local_data_file_of_hf_json_is_named_not_the_hub(name, conte
     assert message.startswith(f"source 'hf:json': the data_files file {str(path)!r} {defect}"), message
     assert message.endswith("; fix it or remove it from data_files")
     assert "Hub" not in message and "unreachable" not in message
+
+
+def test_the_cli_refuses_validation_data_that_is_the_training_data_in_one_line(corpus_file, docs, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "d.jsonl", docs)
+    argv = ["train", "--preset", "tiny", "--max-steps", "1", "--batch-size", "2", "--seq-len", "32",
+            "--eval-batches", "1", "--no-progress", "--data", str(data), "--validation-data", str(data),
+            "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "run")]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"s2hc train: error: validation source {str(data)!r} is the training data {str(data)!r}: a validation loss "
+        "on training data measures nothing; name other data as validation_data, or leave it out to hold out "
+        "validation_fraction of the training data")
+    assert not (tmp_path / "run" / "checkpoint.pt").exists()

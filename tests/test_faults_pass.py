@@ -1,6 +1,7 @@
 """A fault-injection pass over the newer commands: ``kill -9`` at random moments of
 ``export``, ``upcycle``, ``study`` (``--jobs 1`` and ``2``) and ``eval --out``, and a real full disk (a small
-tmpfs) under each.
+tmpfs) under each; and ``kill -9`` of a streamed ``train`` while it writes its token cache (its chunks whole or
+absent, a damaged one never trained on).
 
 After every fault: what was already written is not lost (a previous output still loads, byte for byte
 unchanged), nothing half-made looks valid (an export without its tokenizer, a run directory with a config but
