@@ -228,3 +228,84 @@ def test_a_family_whose_parameters_get_no_gradient_resumes_exactly(corpus_file, 
     capsys.readouterr()
     assert main(["train", "--out", config.out, "--resume"]) == 0, capsys.readouterr().err
     assert _losses(config.out) == _losses(reference.out)  # bit-equal: the same run
+
+
+# ------------------------------------------------------------- RUN/config.yaml edited by hand, and what may change
+
+
+BOMB = "".join(f"{a}: &{a} [{', '.join([f'*{b}' if b else 'x'] * 9)}]\n"
+               for a, b in zip("abcdefgh", ["", *"abcdefg"]))  # 9**8 values from a few hundred bytes
+
+EDITS = {  # what is done to the file -> what the line must name
+    "a wrong type": (lambda text: text.replace("lr: 0.0006", "lr: fast"), "lr must be a finite number"),
+    "a list for a number": (lambda text: text.replace("seq_len: 32", "seq_len: [32, 64]"), "seq_len must be"),
+    "an unknown key": (lambda text: text + "learning_rate: 0.1\n", "unknown key 'learning_rate'"),
+    "an unknown family option": (lambda text: text.replace("family_options: {}", "family_options: {speed: 2}"),
+                                 "unknown family_options ['speed']"),
+    "the family swapped": (lambda text: text.replace("family: s2hc", "family: mhc"),
+                           "sets family: 'mhc', but the run's checkpoint was trained with family: 's2hc'"),
+    "the model changed": (lambda text: text.replace("dim: 32", "dim: 48"), "sets model_overrides: {'dim': 48"),
+    "an alias bomb": (lambda text: BOMB + text, "is damaged: not valid YAML"),
+    "not a mapping": (lambda text: "- " + text.replace("\n", "\n  "), "is damaged: not a mapping"),
+}
+
+
+@pytest.fixture
+def two_steps(corpus_file, tmp_path):
+    """A 2-step s2hc run, a checkpoint after each step."""
+    config = small_config(corpus_file, tmp_path, max_steps=2, log_every=1, checkpoint_every=1, eval_every=0)
+    train(config)
+    return config
+
+
+def _listing(directory) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+def test_a_config_yaml_edited_by_hand_is_refused_in_one_line_naming_it_and_the_key_before_anything_is_written(
+        two_steps, capsys, edit):
+    from pathlib import Path
+
+    change, named = EDITS[edit]
+    out = Path(two_steps.out)
+    path = out / "config.yaml"
+    path.write_text(change(path.read_text()))
+    before = _listing(out)
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume", "--max-steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"s2hc train: error: {str(path)!r}"), err
+    assert named in err and len(err) < 500, err
+    assert _listing(out) == before  # the checkpoint, the metrics and the file itself as they were
+    with pytest.raises(ValueError, match=str(path)):
+        resume_config(out)  # the Python form: the same refusal
+    path.unlink()  # the remedy the line gives where the run has a checkpoint: its own settings
+    assert main(["train", "--out", str(out), "--resume", "--max-steps", "3"]) == 0
+
+
+def test_a_changed_cache_dir_resumes_the_same_run(two_steps, tmp_path, corpus_file):
+    """The remedy of a full disk under the token cache: another --cache-dir, the data tokenised there again."""
+    reference = two_steps.replace(max_steps=3, out=str(tmp_path / "reference"))
+    train(reference)
+    assert main(["train", "--out", two_steps.out, "--resume", "--max-steps", "3", "--cache-dir",
+                 str(tmp_path / "elsewhere")]) == 0
+    assert (tmp_path / "elsewhere").is_dir()
+    assert _losses(two_steps.out) == _losses(reference.out)
+
+
+def test_a_boolean_setting_on_in_the_run_can_be_turned_off_on_resume(two_steps, capsys):
+    from s2hc.config import option_fields
+
+    out = two_steps.out
+    assert main(["train", "--out", out, "--resume", "--max-steps", "3", "--keep-best", "--eval-every", "1"]) == 0
+    assert load_checkpoint(out, with_model=False).config["keep_best"] is True
+    assert main(["train", "--out", out, "--resume", "--max-steps", "4", "--no-keep-best"]) == 0
+    assert load_checkpoint(out, with_model=False).config["keep_best"] is False
+    capsys.readouterr()
+    flags = {f.name for f in option_fields() if f.type == "bool"}
+    assert {"keep_best", "compile", "activation_checkpointing", "progress"} <= flags
+    main(["train", "--help"])
+    shown = capsys.readouterr().out.split()
+    for name in flags:  # every boolean has both flags: a resume keeps the run's value unless one is given
+        assert f"--{name.replace('_', '-')}" in shown and f"--no-{name.replace('_', '-')}" in shown

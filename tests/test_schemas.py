@@ -47,7 +47,7 @@ def test_the_computed_lists_say_what_each_field_is():
                                        "progress", "out", "compile", "device", "parallel", "diagnostics_every",
                                        "connection", "logger",
                                        "logger_dir", "logger_group", "keep_checkpoints", "keep_best",
-                                       "activation_checkpointing"}
+                                       "activation_checkpointing", "cache_dir"}
     assert family_fields() == ("family", "n_streams", "family_options")
     assert set(model_fields()) == {"preset", "model_overrides", "tokenizer", "family", "n_streams", "family_options"}
     assert set(grid_fields()) == {"family", "family_options", "n_streams", "seed", "out"}

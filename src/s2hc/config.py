@@ -126,7 +126,8 @@ class TrainConfig:
     data: str = _setting("embedded", "'embedded', a .txt/.jsonl/.json/.parquet file, a datasets.save_to_disk folder, "
                          "a directory of them, or hf:NAME[:CONFIG]", DATA)
     cache_dir: str | None = _setting(
-        None, "where token shards are cached (None: $S2HC_CACHE_DIR/tokens or ~/.cache/s2hc/tokens)", DATA)
+        None, "where token shards are cached (None: $S2HC_CACHE_DIR/tokens or ~/.cache/s2hc/tokens)", DATA,
+        resumable=True)
     seq_len: int = _setting(256, "tokens per sequence", DATA)
     batch_size: int = _setting(8, "sequences per micro-step (per process)", DATA)
     grad_accum: int = _setting(1, "micro-steps per optimizer step", DATA)

@@ -60,11 +60,13 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
     for f in option_fields():
         flag, default, text = "--" + f.name.replace("_", "-"), getattr(defaults, f.name), f.metadata["help"]
         section = sections[f.metadata["group"]]
-        if f.type == "bool" and default:  # on by default: a --no-... flag turns it off
-            section.add_argument(f"--no-{f.name.replace('_', '-')}", dest=f.name, action="store_const", const=False,
-                                 default=None, help=f"no {text}")
-        elif f.type == "bool":
-            section.add_argument(flag, action="store_const", const=True, default=None, help=text)
+        if f.type == "bool":  # both ways: a run resumed with --resume keeps its own value unless one is given
+            negative = f"--no-{f.name.replace('_', '-')}"
+            section.add_argument(flag, dest=f.name, action="store_const", const=True, default=None,
+                                 help=f"turn {negative} off again" if default else text)
+            section.add_argument(negative, dest=f.name, action="store_const", const=False, default=None,
+                                 help=f"no {text}" if default else f"turn {flag} off (a resumed run keeps its own "
+                                 "setting otherwise)")
         else:
             section.add_argument(flag, dest=f.name, type=_TYPES[f.type], default=None,
                                  help=f"{text} (default {default!r})")

@@ -10,6 +10,8 @@ When ``RUN`` holds a residual model and the new run another family, the weights 
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,18 +20,61 @@ from ..config import TrainConfig, completed_settings, family_fields, model_field
 from ..connection import forms
 from ..models import Transformer
 from ..models.widen import check_upcyclable, upcycle_model
-from ..rundir import checkpoint_paths, load_checkpoint, load_model, read_config
+from ..rundir import CONFIG, checkpoint_paths, load_checkpoint, load_model, peek_checkpoint, read_config
 
 
 def run_settings(out) -> dict[str, Any]:
     """The settings the run in ``out`` was last started (or resumed) with: its ``config.yaml``, else its checkpoint's
     configuration, fields added since completed (:func:`~s2hc.config.completed_settings`); empty when ``out`` holds
-    neither (``train(..., resume=True)`` then refuses it). ValueError
-    naming the file when it is damaged."""
+    neither (``train(..., resume=True)`` then refuses it).
+
+    ValueError in one line naming ``config.yaml`` and the key when the file is damaged or was edited into what no
+    run wrote (:func:`check_run_config`); nothing is written before."""
     saved = read_config(out)
-    if saved is None and checkpoint_paths(out):
+    if saved is not None:
+        check_run_config(out, saved)
+    elif checkpoint_paths(out):
         saved = load_checkpoint(out, with_model=False).config
     return completed_settings(saved) if saved else {}
+
+
+def check_run_config(out, saved: dict[str, Any]) -> None:
+    """ValueError naming ``RUN/config.yaml`` and the key unless ``saved`` (its settings) is what a run writes there:
+    known keys of values TrainConfig accepts, and the model the run's checkpoint holds (a family, preset or model
+    setting changed by hand would resume another model's weights under another name). Its remedy: correct the key,
+    or remove the file, when the run has a checkpoint (a resume then takes the checkpoint's own settings)."""
+    path = Path(out).expanduser() / CONFIG
+    has_checkpoint = bool(checkpoint_paths(out))
+    remedy = ("correct it, or remove the file to resume with the settings in the run's checkpoint" if has_checkpoint
+              else "correct it")
+    unknown = sorted(set(saved) - {f.name for f in dataclasses.fields(TrainConfig)}, key=str)
+    if unknown:
+        raise ValueError(f"{str(path)!r}: unknown key {_shown(unknown[0])}{' and others' if len(unknown) > 1 else ''}"
+                         f" (a run's config.yaml holds TrainConfig's keys; `s2hc train --help` lists them); {remedy}")
+    settings = completed_settings(saved)
+    try:
+        TrainConfig.from_dict(settings)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{str(path)!r}: {_first_line(error)}; {remedy}") from None
+    if not has_checkpoint:
+        return
+    stored = completed_settings(peek_checkpoint(out).config)
+    for key in model_fields():
+        if settings.get(key) != stored.get(key):
+            raise ValueError(
+                f"{str(path)!r} sets {key}: {_shown(settings.get(key))}, but the run's checkpoint was trained with "
+                f"{key}: {_shown(stored.get(key))} (the file was changed by hand?); {remedy}")
+
+
+def _shown(value: Any) -> str:
+    """``value`` as a message shows it: its repr, cut at 80 characters."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0].strip() if lines else type(error).__name__
 
 
 def resumed_settings(out, changes: dict[str, Any]) -> dict[str, Any]:
