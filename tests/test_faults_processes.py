@@ -9,6 +9,8 @@ Reproduced on real processes (``python -m s2hc``) with a small model:
   SIGTERM, then SIGKILL after a grace period, and every child reaped;
 - the first SIGINT/SIGTERM asks for a stop after the current step and says so; a second one stops at once;
 - opening a run directory removes only the temporary files s2hc itself names, never a user's ``.*.tmp``.
+- two processes on one directory (two ``train --resume`` at once, a study and a train, either first): the
+  second is refused in one line naming the holder.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 import yaml
 from helpers import SMALL_MODEL, small_config
 
+from s2hc.cli import main
 from s2hc.io import atomic_write_bytes
 from s2hc.rundir import open_run_directory
 from s2hc.rundir.guard import LOCK, RunLock, _alive
@@ -425,3 +428,49 @@ def test_the_pid_guard_takes_over_a_lock_whose_holder_is_a_zombie(tmp_path, monk
         assert f"took over the lock left by pid {zombie.pid}" in said[0]
     finally:
         zombie.wait()
+
+
+# ------------------------------------------------------------------------- two processes on one directory
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    return err.strip()
+
+
+def test_a_second_resume_and_a_study_on_a_run_in_use_are_refused_and_a_train_on_a_study_in_use(
+        corpus_file, cache, tmp_path, leftovers, capsys):
+    """Two `s2hc train --out RUN --resume` at once, a study and a train on one directory, either first: the second
+    is refused in one line naming the holder, before it writes anything; the first goes on."""
+    config = small_config(corpus_file, tmp_path, cache_dir=str(cache), max_steps=2, checkpoint_every=1,
+                          eval_every=0, log_every=1)
+    train(config)
+    run_dir, err = Path(config.out), tmp_path / "first.err"
+    first = subprocess.Popen([sys.executable, "-m", "s2hc", "train", "--out", str(run_dir), "--resume",
+                              "--max-steps", "100000", "--checkpoint-every", "5"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=err.open("w"), start_new_session=True)
+    leftovers.append(first.pid)
+    wait_until(lambda: lock_holder(run_dir) == first.pid and logged_steps(run_dir) > 2, "the resumed run to train",
+               process=first, err=err)
+    study = tmp_path / "study.yaml"
+    study.write_text(yaml.safe_dump({"train": study_train(corpus_file, cache), "seeds": 1, "families": ["residual"],
+                                     "baselines": [], "diagnostics_tokens": 64}))
+    in_use = f"{str(run_dir)!r} is in use by another s2hc process (pid {first.pid} on "
+    capsys.readouterr()
+    for argv in (["train", "--out", str(run_dir), "--resume"], ["study", str(study), "--out", str(run_dir)]):
+        assert main(argv) == 2
+        assert in_use in _one_line(capsys)
+    assert first.poll() is None
+    first.send_signal(signal.SIGTERM)  # the first saves its checkpoint and stops, as ever
+    assert first.wait(timeout=60) == 128 + signal.SIGTERM, err.read_text()
+    assert not (run_dir / LOCK).exists()
+
+    out, err = tmp_path / "study", tmp_path / "study.err"
+    running = start_study(study, out, err)
+    leftovers.append(running.pid)
+    wait_until(lambda: lock_holder(out) == running.pid, "the study to hold its directory", process=running, err=err)
+    assert main(["train", "--config", "demo-tiny", "--out", str(out)]) == 2
+    assert f"{str(out)!r} is in use by another s2hc process (pid {running.pid} on " in _one_line(capsys)
+    running.send_signal(signal.SIGTERM)
+    running.wait(timeout=60)
