@@ -361,8 +361,13 @@ def clear_tensorboard_dir(log_dir: Path) -> bool:
     without the mark (a user's own), or a link, is left alone, and so is anything else a user put into a marked one
     (which then keeps its mark: the next run writes there again)."""
     path = Path(log_dir)
-    if path.is_symlink() or not path.is_dir() or _mark_of(path) is None:
+    if path.is_symlink() or not path.is_dir():
         return False
+    if _mark_of(path) is None:
+        if any(path.iterdir()):
+            return False
+        path.rmdir()  # empty: nothing of anyone's is lost
+        return True
     for events in _event_files(path):
         events.unlink()
     if all(entry.name == TENSORBOARD_MARK for entry in path.iterdir()):
@@ -536,10 +541,13 @@ def _starting(logger: str, where: str):
 
 def open_sinks(names: tuple[str, ...], run_dir: Path, *, config: dict[str, Any], logger_dir: str | None = None,
                group: str | None = None, resumed_step: int | None = None,
+               records: Callable[[], list[dict[str, Any]] | None] | None = None,
                log: Callable[[str], None] | None = None) -> list[MetricsSink]:
     """The sinks ``names`` of the run in ``run_dir`` (its ``config`` as a dict: parameters for W&B and MLflow);
-    ``resumed_step``: the checkpoint step a resumed run continues from (None: a new run). See the module's list
-    for where each writes; ``log`` takes the one-line notices (a damaged file made whole, a new logger run).
+    ``resumed_step``: the checkpoint step a resumed run continues from (None: a new run); ``records``: the
+    ``metrics.jsonl`` records a resumed run keeps, asked for only by the CSV (which is rewritten from them; None:
+    from none). See the module's list for where each writes; ``log`` takes the one-line notices (a damaged file made
+    whole, a new logger run).
 
     Called before the run writes its ``config.yaml`` and ``metrics.jsonl``: a sink that cannot start raises
     ValueError in one line (a missing package :class:`s2hc.extras.MissingExtra`), after the sinks already started are
@@ -550,13 +558,13 @@ def open_sinks(names: tuple[str, ...], run_dir: Path, *, config: dict[str, Any],
     name = run_dir.resolve().name
     resumed = resumed_step is not None
     ids = _read_ids(run_dir, log if {"wandb", "mlflow"} & set(names) else None) if resumed else {}
-    records = _kept_records(run_dir, resumed_step) if resumed and "csv" in names else None
+    kept = ((records() if records is not None else None) or []) if resumed and "csv" in names else None
     sinks: list[MetricsSink] = []
     try:
         for logger in names:
             if logger == "csv":
                 with _starting(logger, f"in {str(run_dir / CSV_FILE)!r}"):
-                    sinks.append(CSVSink(run_dir / CSV_FILE, records, log))
+                    sinks.append(CSVSink(run_dir / CSV_FILE, kept, log))
             elif logger == "tensorboard":
                 log_dir = tensorboard_dir(run_dir, root if shared else None, resumed, log)
                 with _starting(logger, f"in {str(log_dir)!r}"):
@@ -569,11 +577,11 @@ def open_sinks(names: tuple[str, ...], run_dir: Path, *, config: dict[str, Any],
                 with _starting(logger, f"in {str(root)!r}"):
                     root.mkdir(parents=True, exist_ok=True)
                 sinks.append(MLflowSink(uri, artifacts, group or DEFAULT_GROUP, name, config, ids.get("mlflow"), log))
-        kept = {sink.name: sink.run_id for sink in sinks if getattr(sink, "run_id", None)}
-        if kept:
+        run_ids = {sink.name: sink.run_id for sink in sinks if getattr(sink, "run_id", None)}
+        if run_ids:
             from .io import atomic_write_text
 
-            atomic_write_text(run_dir / IDS_FILE, json.dumps({"run": _identity(run_dir), **kept}, indent=2) + "\n")
+            atomic_write_text(run_dir / IDS_FILE, json.dumps({"run": _identity(run_dir), **run_ids}, indent=2) + "\n")
     except BaseException:
         for sink in sinks:
             with contextlib.suppress(Exception):  # the error that stops the run is the one to say
@@ -582,17 +590,6 @@ def open_sinks(names: tuple[str, ...], run_dir: Path, *, config: dict[str, Any],
                 sink.discard()
         raise
     return sinks
-
-
-def _kept_records(run_dir: Path, resumed_step: int) -> list[dict[str, Any]]:
-    """The records of ``RUN/metrics.jsonl`` a run resumed at ``resumed_step`` keeps (a damaged file: ValueError
-    naming it and the line, as the resumed run's own reading would)."""
-    from .rundir.layout import METRICS
-    from .rundir.metrics import read_metrics
-
-    if not (Path(run_dir) / METRICS).is_file():
-        return []
-    return [record for record in read_metrics(run_dir) if record["step"] <= resumed_step]
 
 
 def _read_ids(run_dir: Path, log: Callable[[str], None] | None = None) -> dict[str, str]:

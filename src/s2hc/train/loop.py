@@ -43,6 +43,7 @@ from ..io import WriteError
 from ..loggers import RunLog, open_sinks, parse_loggers
 from ..models import ModelConfig, Transformer
 from ..rundir import (
+    METRICS,
     Checkpoint,
     History,
     MetricsLog,
@@ -51,6 +52,7 @@ from ..rundir import (
     load_checkpoint,
     open_run_directory,
     read_config,
+    read_metrics,
     write_config,
 )
 from ..rundir.checkpoint import check_kept_of_run
@@ -501,7 +503,7 @@ class _Run:
             # the loggers first: one that cannot start stops the run before config.yaml and metrics.jsonl are written
             sinks = open_sinks(parse_loggers(config.logger), self.out, config=config.to_dict(),
                                logger_dir=config.logger_dir, group=config.logger_group, resumed_step=resumed_step,
-                               log=notice)
+                               records=lambda: _kept_records(self.out, resumed_step), log=notice)
             try:
                 write_config(self.out, config.to_dict())
                 self.metrics = RunLog(MetricsLog(self.out, keep_until_step=resumed_step, log=notice), sinks,
@@ -696,6 +698,17 @@ class _Run:
         return RunResult(out=self.out, step=self.step, train_loss=self.history.train_loss,
                          val_loss=self.history.val_loss, tokens_per_s=self.tokens_per_step / median_step,
                          params=self.params, hc_params=self.hc_params)
+
+
+def _kept_records(out: Path, resumed_step: int | None) -> list[dict] | None:
+    """The records of ``out/metrics.jsonl`` a run resumed at ``resumed_step`` keeps (None for a new run), read
+    before the run trims the file: what the loggers rebuild from (a damaged file is a ValueError naming it and the
+    line, as the run's own reading would be)."""
+    if resumed_step is None:
+        return None
+    if not (out / METRICS).is_file():
+        return []
+    return [record for record in read_metrics(out) if record["step"] <= resumed_step]
 
 
 def _platform(device: torch.device) -> dict[str, object]:
