@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,6 +15,8 @@ from s2hc.study import parse_spec
 from s2hc.study.preregistered import evaluate, report_lines
 from s2hc.study.report import build_report
 from s2hc.study.runner import _grows, prepare
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 # ------------------------------------------------------------------------------------------- seeds per setting
 
@@ -43,7 +46,7 @@ def test_a_study_grows_by_the_seeds_of_one_setting(tmp_path):
 def test_the_shipped_depth_study_grows_from_the_committed_one():
     """The committed docs/depth grid (seed 0 at every depth) is kept whole by the shipped config that gives the
     32-layer cells their own seeds."""
-    committed = json.loads(open("docs/depth/study.json").read())["grid"]
+    committed = json.loads((DOCS / "depth" / "study.json").read_text())["grid"]
     spec = parse_spec(yaml.safe_load(config_path("study-depth").read_text()))
     assert _grows(committed, json.loads(json.dumps(spec.grid())))
     deep = [c for c in spec.configurations if dict(c.settings).get("model_overrides.n_layers") == 32]
@@ -148,7 +151,7 @@ def test_the_report_gives_the_registered_test_first_with_its_decision():
     primary = next(line for line in lines if line.startswith("| primary"))
     assert "H0 rejected" in primary and "| 5 |" in primary
     # in a whole report (the committed start study's rows, given this registration): first, before the tables
-    committed = json.loads(open("docs/start/results.json").read())
+    committed = json.loads((DOCS / "start" / "results.json").read_text())
     committed["study"]["preregistered"] = results["study"]["preregistered"]
     text = build_report(committed, {}, None)
     assert text.index("Pre-registered test") < text.index("Paired differences")

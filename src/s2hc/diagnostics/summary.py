@@ -250,8 +250,9 @@ def summarize(
     measurement. Per layer (distributions over tokens, see :func:`distribution`): ``row_sum_error``,
     ``col_sum_error``, ``spectral_norm``, ``identity_distance``, ``rotation_angle`` (degrees),
     ``negative_share``, ``min_entry``, ``forward_amax``, ``backward_amax``, ``column_sums`` and ``row_sums`` (over
-    tokens and columns, rows), ``common_mode_gain`` (``1ᵀH1/n``), ``deviation_singular_values`` and ``spectrum_slope`` (``1 − σ²``; :func:`vector_distribution`,
-    components in the order of descending σ), ``h_pre`` / ``h_post``. Across depth (composite
+    tokens and columns, rows), ``common_mode_gain`` (``1ᵀH1/n``), ``deviation_singular_values`` and
+    ``spectrum_slope`` (``1 − σ²``; :func:`vector_distribution`, components in the order of descending σ),
+    ``h_pre`` / ``h_post``. Across depth (composite
     ``P_l = H_l ⋯ H_0``): ``composite_spectral_norm``, ``composite_forward_amax``, ``composite_backward_amax``,
     ``composite_row_sum_error``, ``composite_col_sum_error``, ``cumulative_column_sums``,
     ``composite_common_mode_gain``. Streams:
