@@ -1,7 +1,8 @@
 """A fault-injection pass over the newer commands: ``kill -9`` at random moments of
 ``export``, ``upcycle``, ``study`` (``--jobs 1`` and ``2``) and ``eval --out``, and a real full disk (a small
 tmpfs) under each; and ``kill -9`` of a streamed ``train`` while it writes its token cache (its chunks whole or
-absent, a damaged one never trained on).
+absent, a damaged one never trained on), and of a ``train`` keeping checkpoints while it prunes them (inside the
+pruning and around it: the kept ones whole, the newest K again after the resume).
 
 After every fault: what was already written is not lost (a previous output still loads, byte for byte
 unchanged), nothing half-made looks valid (an export without its tokenizer, a run directory with a config but
@@ -633,3 +634,90 @@ def test_kill_9_while_the_stream_cache_is_written_resumes_on_whole_chunks_only(c
     assert sorted(line.split("'")[1] for line in said) == sorted([str(chunk), str(val_record)]), said
     assert chunk.read_bytes() == whole and assert_cache_trusted(cache)
     assert _curve(out) == _curve(reference)
+
+
+# ------------------------------------------------------------------------ kill -9: pruning kept checkpoints
+
+# `s2hc ARGV` that kills itself (SIGKILL, as `kill -9` does) right after the $S2HC_KILL_AFTER-th kept checkpoint it
+# prunes is removed: a kill inside the pruning, where random moments rarely land (it takes microseconds).
+PRUNE_CODE = ("import os, signal, sys\n"
+              "import s2hc.rundir.checkpoint as kept\n"
+              "real, removed = kept.remove_checkpoint, []\n"
+              "def remove(path):\n"
+              "    real(path)\n"
+              "    removed.append(path)\n"
+              "    if len(removed) == int(os.environ['S2HC_KILL_AFTER']):\n"
+              "        os.kill(os.getpid(), signal.SIGKILL)\n"
+              "kept.remove_checkpoint = remove\n"
+              "from s2hc import cli\n"
+              "sys.exit(cli.main(sys.argv[1:]))\n")
+
+
+def pruned_argv(corpus_file: Path, cache: Path, out: Path, steps: int, keep: int) -> list[str]:
+    return ["train", "--preset", "tiny", "--family", "s2hc", "--streams", "4",
+            "--set", "model_overrides=" + json.dumps(SMALL_MODEL), "--set", "device=cpu", "--data", str(corpus_file),
+            "--cache-dir", str(cache), "--seq-len", "32", "--batch-size", "4", "--max-steps", str(steps),
+            "--warmup-steps", "2", "--eval-every", "1", "--eval-batches", "1", "--checkpoint-every", "1",
+            "--keep-checkpoints", str(keep), "--keep-best", "--log-every", "1", "--no-progress", "--out", str(out),
+            *(["--resume"] if (out / "checkpoint.pt").exists() else [])]
+
+
+def assert_kept_consistent(out: Path) -> dict:
+    """Every kept checkpoint is whole (verified), of this run, and of a step the run's metrics logged; what a kill
+    left beside them is a hidden temporary name the next start removes. The kept ones."""
+    from s2hc.rundir import kept_checkpoints, read_metrics
+    from s2hc.rundir.checkpoint import check_kept_of_run
+    from s2hc.rundir.layout import is_kept_temporary, parse_kept_name
+
+    for path in (out / "checkpoints").iterdir():
+        assert parse_kept_name(path.name) is not None or is_kept_temporary(path.name), path
+    kept = kept_checkpoints(out)
+    logged = {r["step"] for r in read_metrics(out) if "loss" in r}
+    for key, path in kept.items():
+        saved = load_checkpoint(path, with_model=False)  # verified
+        assert saved.step in logged and (key == "best" or key == saved.step), path
+    check_kept_of_run(out)
+    return kept
+
+
+@needs_linux
+def test_kill_9_while_kept_checkpoints_are_pruned_leaves_a_whole_kept_set_and_the_run_resumes(corpus_file, tmp_path):
+    """A run keeping the newest checkpoints (and the best) killed inside its pruning (after one of several removals,
+    after the only one) and at random moments around it: what it keeps is whole, and resumed it prunes down to the
+    newest K again, each step logged once."""
+    rng = rng_for("pruning")
+    out, cache, logs = tmp_path / "run", tmp_path / "cache", tmp_path / "logs"
+    err = logs / "first.err"
+    assert start(pruned_argv(corpus_file, cache, out, 4, 4), err).wait(timeout=300) == 0, err.read_text()
+    assert [k for k in assert_kept_consistent(out) if k != "best"] == [1, 2, 3, 4]
+
+    # keep 1 from now on: step 5 prunes steps 1-4, killed after the first removal; step 6 prunes 2-5, killed after
+    # the third
+    for k, (steps, after) in enumerate([(5, 1), (6, 3)]):
+        err, argv = logs / f"prune-{k}.err", pruned_argv(corpus_file, cache, out, steps, 1)
+        with err.open("w") as handle:
+            process = subprocess.Popen([sys.executable, "-c", PRUNE_CODE, *argv], cwd=REPO,
+                                       env={**os.environ, **OFFLINE_ENV, "S2HC_KILL_AFTER": str(after)},
+                                       stdout=subprocess.DEVNULL, stderr=handle, start_new_session=True)
+        assert process.wait(timeout=300) == -signal.SIGKILL, err.read_text()
+        kept = assert_kept_consistent(out)
+        assert steps in kept and len([k for k in kept if k != "best"]) > 1  # the new one kept, the pruning cut short
+
+    # random moments while every step is kept, evaluated and pruned
+    landed = 0
+    for k, steps in enumerate((12,)):
+        err = logs / f"random-{k}.err"
+        process, began = start(pruned_argv(corpus_file, cache, out, steps, 2), err), saved_step(out)
+        landed += kill_9(process, lambda began=began: saved_step(out) > began, rng.uniform(0, 0.3), err)
+        assert_kept_consistent(out)
+    assert landed >= 1, "the kill came too late: the run had finished"
+
+    err = logs / "last.err"
+    assert start(pruned_argv(corpus_file, cache, out, 14, 2), err).wait(timeout=300) == 0, err.read_text()
+    kept = assert_kept_consistent(out)
+    assert list(kept) == [13, 14, "best"]
+    assert not [p for p in (out / "checkpoints").iterdir() if p.name.startswith(".")]
+    from s2hc.rundir import read_metrics
+
+    steps = [r["step"] for r in read_metrics(out) if "loss" in r]
+    assert steps == list(range(1, 15))  # each step once: a resume cuts the metrics back to its checkpoint
