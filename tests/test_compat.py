@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import einops
 import pytest
 import torch
@@ -270,3 +272,84 @@ def test_branch_changing_shape_is_refused():
     init = compat.get_init_and_expand_reduce_stream_functions(STREAMS, dim=DIM)[0]
     with pytest.raises(ValueError, match="branch must return the shape"):
         init(branch=lambda h: h[..., :1, :])(torch.randn(2 * STREAMS, 2, 3, DIM))
+
+
+# Every family option is checked at the factory, by the family's own checks: one line naming the option, its value
+# and what is allowed, not an error at the first init() or the first forward.
+BAD_FAMILY_OPTIONS = [
+    ("mhc", {"iterations": "x"}, "iterations must be an integer in [1, 10000], got 'x'"),
+    ("mhc", {"iterations": 0}, "iterations must be an integer in [1, 10000], got 0"),
+    ("mhc", {"iterations": 2.5}, "iterations must be an integer"),
+    ("mhc", {"variant": "v3"}, "variant must be one of ['paper', 'deepseek-v4'], got 'v3'"),
+    ("mhc", {"alpha": "x"}, "alpha must be a finite number, got 'x'"),
+    ("mhc", {"alpha": float("nan")}, "alpha must be a finite number, got nan"),
+    ("mhc", {"hc_eps": 1e-6}, "hc_eps is DeepSeek-V4's constant and needs variant='deepseek-v4'"),
+    ("mhc", {"variant": "deepseek-v4", "hc_eps": -1.0}, "hc_eps must be a finite number >= 0, got -1.0"),
+    ("hc", {"projection": "dense"}, "projection must be one of"),
+    ("s2hc", {"rotation": ["cayley"]}, "rotation must be one of ['cayley', 'expm'], got ['cayley']"),
+    ("s2hc", {"exact_identity_init": "yes"}, "exact_identity_init must be true or false, got 'yes'"),
+    ("mhc-lite", {"allow_large": 1}, "allow_large must be true or false, got 1"),
+    ("kromhc", {"off_identity_bias": "x"}, "off_identity_bias must be a finite number or 'n-independent'"),
+    ("orthogonal", {"alpha": True}, "alpha must be a finite number, got True"),
+]
+
+
+@pytest.mark.parametrize("family, options, message", BAD_FAMILY_OPTIONS)
+def test_bad_family_option_values_are_refused_at_the_factory(family, options, message):
+    with pytest.raises(ValueError) as error:
+        compat.get_init_and_expand_reduce_stream_functions(STREAMS, family=family, **options)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"num_streams": 1000}, "num_streams must be at most 64"),
+    ({"num_streams": STREAMS, "dim": "16"}, "dim must be an integer >= 1, got '16'"),
+    ({"num_streams": STREAMS, "dim": 0}, "dim must be an integer >= 1, got 0"),
+    ({"num_streams": STREAMS, "disable": "no"}, "disable must be true or false, got 'no'"),
+])
+def test_bad_factory_arguments_are_refused_at_the_factory(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        compat.get_init_and_expand_reduce_stream_functions(**kwargs)
+
+
+def test_a_good_option_string_and_sizes_still_build():
+    """The factory's check builds the family on the meta device only: init builds it for real, at s·f slots."""
+    init, _, _ = compat.get_init_and_expand_reduce_stream_functions(2, num_fracs=2, dim=DIM, family="mhc-lite")
+    assert init(branch=nn.Identity()).hc.n_streams == 4
+    init = compat.get_init_and_expand_reduce_stream_functions(STREAMS, dim=DIM, family="mhc", iterations=3)[0]
+    assert init(branch=nn.Identity()).hc.mixer.iterations == 3
+
+
+# What a call is given is checked first: one line saying what was expected, with the shape received.
+BAD_CALLS = [  # (what is called, its argument, error, message)
+    ("expand", torch.tensor(1.0), ValueError, "x must have shape (batch, ..., dim), got shape ()"),
+    ("expand", [1.0, 2.0], TypeError, "x must be a torch.Tensor of shape (batch, ..., dim), got list"),
+    ("reduce", torch.tensor(1.0), ValueError, "residual must have shape (batch * streams, ..., dim), got shape ()"),
+    ("reduce", [1.0], TypeError, "residual must be a torch.Tensor"),
+    ("connection", torch.tensor(1.0), ValueError, "residual must have shape (batch * streams, ..., dim), got shape ()"),
+    ("connection", torch.zeros(2 * STREAMS, 3, DIM - 1), ValueError,
+     f"residual must have shape (batch * streams, ..., dim) with dim={DIM}, got shape (8, 3, {DIM - 1})"),
+    ("connection", torch.zeros(2 * STREAMS, 3, DIM, dtype=torch.long), TypeError,
+     "residual must be a floating-point tensor, got dtype torch.int64"),
+    ("connection", torch.zeros(2 * STREAMS, 3, DIM, device="meta"), ValueError,
+     "x is on device meta, the module's parameters on cpu"),
+    ("split", torch.zeros(2 * STREAMS, 3, DIM + 1), ValueError, f"with dim={DIM}, got shape (8, 3, {DIM + 1})"),
+]
+
+
+@pytest.mark.parametrize("called, argument, error, message", BAD_CALLS)
+def test_bad_call_arguments_are_one_line(called, argument, error, message):
+    init, expand, reduce = compat.get_init_and_expand_reduce_stream_functions(STREAMS, dim=DIM)
+    call = {"expand": expand, "reduce": reduce, "connection": init(branch=nn.Identity()), "split": init()}[called]
+    with pytest.raises(error) as caught:
+        call(argument)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("argument", ["branch", "residual_transform", "depth_residual_fn"])
+def test_a_branch_that_is_not_callable_is_refused_at_init(argument):
+    init = compat.get_init_and_expand_reduce_stream_functions(STREAMS, dim=DIM)[0]
+    with pytest.raises(TypeError, match=f"{argument} must be a callable"):
+        init(**{argument: 3})
+    with pytest.raises(TypeError, match="branch must be a callable"):
+        init().decorate_branch("not a function")

@@ -300,3 +300,50 @@ def test_projection_width_of_forms_without_a_projection_and_bad_input():
         s2hc.connection.projection_width("nope", 4)
     with pytest.raises(ValueError, match="n_streams"):
         s2hc.connection.projection_width("s2hc", 0)
+
+
+# ------------------------------------------------------------------------------ the device of the streams
+
+
+def test_a_connection_built_on_meta_works_out_shapes_on_meta():
+    with torch.device("meta"):
+        hc, gated, head = HyperConnection(8, 4, family="mhc"), s2hc.GatedResidual(8, 4, rank=4), s2hc.HyperHead(8, 4)
+        branch = nn.Linear(8, 8)
+    x = torch.zeros(2, 3, 4, 8, device="meta")
+    assert hc(x, branch).shape == gated(x, branch).shape == x.shape
+    assert head(x).shape == (2, 3, 8)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: HyperConnection(8, 4, family="mhc"), lambda: HyperConnection(8, 4, family="hc"),
+    lambda: s2hc.GatedResidual(8, 4, rank=4), lambda: s2hc.connection.WideResidual(8, 4),
+])
+@pytest.mark.parametrize(("x_device", "module_device"), [("meta", "cpu"), ("cpu", "meta")])
+def test_streams_on_another_device_than_the_connection_are_one_line(build, x_device, module_device):
+    with torch.device(module_device):
+        connection = build()
+    x = torch.zeros(2, 3, 4, 8, device=x_device)
+    with pytest.raises(ValueError) as error:
+        connection(x, nn.Identity())
+    message = str(error.value)
+    assert f"x is on device {x_device}, the module's parameters on {module_device}" in message and "\n" not in message
+
+
+def test_heads_and_scaling_check_their_input():
+    x = torch.zeros(2, 3, 4, 8, device="meta")
+    for module in (s2hc.HyperHead(8, 4), s2hc.GatedHead(8, 4, rank=4), s2hc.connection.StreamScaling(8, 4)):
+        with pytest.raises(ValueError, match="x is on device meta, the module's parameters on cpu"):
+            module(x)
+    with pytest.raises(TypeError, match=r"x must be a floating-point torch.Tensor .* got dtype torch.int64"):
+        s2hc.connection.StreamScaling(8, 4)(torch.zeros(2, 3, 4, 8, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"x must be a torch.Tensor of shape \(batch, time, n_streams, dim\), got list"):
+        reduce_streams([1.0, 2.0])
+
+
+def test_set_connection_options_checks_its_values_without_connections():
+    with pytest.raises(ValueError, match="fused must be True or False, got 'yes'"):
+        s2hc.connection.set_connection_options(nn.Linear(2, 2), fused="yes")
+    with pytest.raises(ValueError, match=r"kernels must be one of \['torch', 'triton'\], got 'cuda'"):
+        s2hc.connection.set_connection_options(nn.Linear(2, 2), kernels="cuda")
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got int"):
+        s2hc.connection.set_connection_options(3, fused=True)

@@ -531,3 +531,42 @@ def test_unknown_option_and_bad_option_values():
 def test_wrong_input_width():
     with pytest.raises(ValueError, match=r"d_res must have last dimension K=9 .* got shape \(2, 8\)"):
         mixers.build("s2hc", 4)(torch.zeros(2, 8))
+
+
+@pytest.mark.parametrize("name", list(mixers.REGISTRY))
+@pytest.mark.parametrize("method", ["mix", "mix_fused", "__call__"])
+def test_every_entry_point_checks_the_input_width(name, method):
+    """A family's own ``mix`` and ``mix_fused``, not only the module's call, say what width they expected."""
+    mixer = mixers.build(name, 4)
+    wrong = torch.zeros(2, mixer.num_inputs + 1)
+    with pytest.raises(ValueError) as error:
+        getattr(mixer, method)(wrong)
+    assert f"d_res must have last dimension K={mixer.num_inputs}" in str(error.value)
+    assert f"got shape (2, {mixer.num_inputs + 1})" in str(error.value)
+    with pytest.raises(TypeError, match=r"d_res must be a floating-point torch.Tensor .* got dtype torch.int64"):
+        getattr(mixer, method)(torch.zeros(2, mixer.num_inputs, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"d_res must be a floating-point torch.Tensor .* got list"):
+        getattr(mixer, method)([0.0] * mixer.num_inputs)
+
+
+@pytest.mark.parametrize(("name", "options", "message"), [
+    ("mhc", {"alpha": "x"}, "alpha must be a finite number, got 'x'"),
+    ("s2hc", {"alpha": float("inf")}, "alpha must be a finite number, got inf"),
+    ("hc", {"alpha": None}, "alpha must be a finite number, got None"),
+    ("s2hc", {"exact_identity_init": "no"}, "exact_identity_init must be true or false, got 'no'"),
+    ("mhc-lite", {"allow_large": "yes"}, "allow_large must be true or false, got 'yes'"),
+    ("kromhc", {"allow_large": 0}, "allow_large must be true or false, got 0"),
+    ("orthogonal", {"rotation": {"chart": "cayley"}}, "rotation must be one of ['cayley', 'expm']"),
+    ("isometric", {"rotation": None}, "rotation must be one of ['cayley', 'expm'], got None"),
+])
+def test_every_option_value_is_checked_by_the_family(name, options, message):
+    with pytest.raises(ValueError) as error:
+        mixers.build(name, 4, **options)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_family_runs_on_the_meta_device():
+    """Shapes without data: nothing to turn off on a device without autocast."""
+    with torch.device("meta"):
+        mixer = mixers.build("s2hc", 4)
+        assert mixer(torch.zeros(3, mixer.num_inputs)).shape == (3, 4, 4)

@@ -74,9 +74,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import mixers
-from .checks import check_int
+from .checks import check_bool, check_int, check_streams
 from .connection import HyperConnection
-from .mixers.base import coefficient_dtype, scale_parameter
+from .mixers.base import autocast_off, coefficient_dtype, scale_parameter
 
 __all__ = ["CompatHyperConnection", "ExpandStreams", "ReduceStreams", "get_init_and_expand_reduce_stream_functions"]
 
@@ -98,8 +98,30 @@ def _package_only(names) -> None:
                              f"support: {PACKAGE_ONLY[name]}")
 
 
+def _check_family_options(family: str, num_streams: int, family_options: dict[str, Any]) -> None:
+    """ValueError (one line, naming the option, its value and what is allowed) for an unknown family, an option it
+    does not take, or a value it refuses: the family is built once on the meta device (nothing allocated) at
+    ``num_streams`` streams, the fewest slots an ``init`` builds, so its own checks run here."""
+    mixers.check_options(family, family_options)
+    with torch.device("meta"):
+        try:
+            mixers.build(family, num_streams, **family_options)
+        except TypeError as error:  # a value of a type the family's own checks did not expect
+            raise ValueError(f"family_options {family_options!r} of family {family!r}: {error}") from None
+
+
+def _check_callable(name: str, value: Any) -> None:
+    """TypeError unless ``value`` is None or callable (a module or a function)."""
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be a callable (a module or a function) or None, got {type(value).__name__} "
+                        f"{value!r}")
+
+
 def _split_leading(residual: torch.Tensor, n_streams: int) -> int:
-    """The batch size b of a folded residual ``(b*s, ..., d)``; ValueError if it is not one."""
+    """The batch size b of a folded residual ``(b*s, ..., d)``; TypeError or ValueError if it is not one."""
+    if not isinstance(residual, torch.Tensor):
+        raise TypeError(f"residual must be a torch.Tensor of shape (batch * streams, ..., dim), got "
+                        f"{type(residual).__name__}")
     if residual.dim() < 2:
         raise ValueError(f"residual must have shape (batch * streams, ..., dim), got shape {tuple(residual.shape)}")
     if residual.shape[0] % n_streams:
@@ -127,11 +149,14 @@ class ExpandStreams(nn.Module):
             self.stream_embed = nn.Parameter(torch.zeros(num_streams, dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        width = "dim" if self.stream_embed is None else self.stream_embed.shape[-1]
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a torch.Tensor of shape (batch, ..., {width}), got {type(x).__name__}")
+        if x.dim() < 2 or (self.stream_embed is not None and x.shape[-1] != width):
+            raise ValueError(f"x must have shape (batch, ..., {width}), got shape {tuple(x.shape)}")
         out = x.repeat_interleave(self.num_streams, dim=0)
         if self.stream_embed is None:
             return out
-        if x.dim() < 2 or x.shape[-1] != self.stream_embed.shape[-1]:
-            raise ValueError(f"x must have shape (batch, ..., {self.stream_embed.shape[-1]}), got {tuple(x.shape)}")
         embed = self.stream_embed.view(self.num_streams, *([1] * (x.dim() - 2)), -1).to(out.dtype)
         return (out.unflatten(0, (x.shape[0], self.num_streams)) + embed).flatten(0, 1)
 
@@ -164,7 +189,7 @@ def _first_and_rest(out: Any) -> tuple[torch.Tensor, Callable[[torch.Tensor], An
 
 def _streams_precision(x: torch.Tensor):
     """Stream operations run in the streams' dtype, outside autocast, as in :class:`s2hc.HyperConnection`."""
-    return torch.autocast(x.device.type, enabled=False)
+    return autocast_off(x)
 
 
 class _Gates(nn.Module):
@@ -255,6 +280,9 @@ class CompatHyperConnection(nn.Module):
         num_fracs: int = 1,
     ):
         super().__init__()
+        callables = {"branch": branch, "residual_transform": residual_transform, "depth_residual_fn": depth_residual_fn}
+        for name, value in callables.items():
+            _check_callable(name, value)
         self.branch, self.residual_transform, self.depth_residual_fn = branch, residual_transform, depth_residual_fn
         self.disabled, self.hc, self.gates = disable, None, None
         if disable:
@@ -272,6 +300,7 @@ class CompatHyperConnection(nn.Module):
         if dim % num_fracs:
             raise ValueError(f"dim={dim} must be divisible by num_fracs={num_fracs}")
         self.num_streams, self.num_fracs, self.num_input_views = num_streams, num_fracs, num_input_views
+        self.dim = dim
         self.channel_first, self.add_branch_out_to_residual = channel_first, add_branch_out_to_residual
         self.layer_index = layer_index
         self.dropout = nn.Dropout(dropout) if dropout else None
@@ -312,6 +341,13 @@ class CompatHyperConnection(nn.Module):
         """
         n = self.num_streams
         batch = _split_leading(residual, n)
+        if not residual.is_floating_point():
+            raise TypeError(f"residual must be a floating-point tensor, got dtype {residual.dtype}")
+        width = residual.shape[1] if self.channel_first else residual.shape[-1]
+        if width != self.dim:
+            layout = "(batch * streams, dim, ...)" if self.channel_first else "(batch * streams, ..., dim)"
+            raise ValueError(f"residual must have shape {layout} with dim={self.dim}, got shape "
+                             f"{tuple(residual.shape)}")
         if self.channel_first:
             residual = residual.movedim(1, -1)
         mid, dim = residual.shape[1:-1], residual.shape[-1]
@@ -444,6 +480,7 @@ class CompatHyperConnection(nn.Module):
         """``fn(residual, *args, **kwargs)``: the connection around ``branch`` (only when init had no branch)."""
         if self.branch is not None:
             raise ValueError("decorate_branch needs a connection built without a branch; this one wraps one already")
+        _check_callable("branch", branch)
 
         def forward_and_add_residual(residual: torch.Tensor, *args, **kwargs):
             branch_input, add_residual = self(residual)
@@ -479,12 +516,16 @@ def get_init_and_expand_reduce_stream_functions(
     stream instead. ``expand_stream`` maps ``(b, ..., d) -> (b*s, ..., d)`` (copies, streams inner) and
     ``reduce_stream`` ``(b*s, ..., d) -> (b, ..., d)`` (sum over streams).
     """
-    check_int("num_streams", num_streams)
+    check_streams("num_streams", num_streams)
     check_int("num_fracs", num_fracs)
+    if dim is not None:
+        check_int("dim", dim)
     if not isinstance(add_stream_embed, bool):
         raise ValueError(f"add_stream_embed must be True or False, got {add_stream_embed!r}")
+    if disable is not None:
+        check_bool("disable", disable)
     _package_only(family_options)
-    mixers.check_options(family, family_options)  # fail at the factory, not at the first init()
+    _check_family_options(family, num_streams, family_options)  # fail at the factory, not at the first init()
     if disable is None:
         disable = num_streams == 1 and num_fracs == 1
     default_dim, default_fracs = dim, num_fracs

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import torch
 
+from ..mixers.base import autocast_off
+
 
 def _stream_precision(x: torch.Tensor):
     """A context in which the stream operations on ``x`` run in ``x``'s dtype: autocast off for its device.
 
     Autocast would run ``H_res X`` and the projection in bfloat16 and round the whole residual stream at
     every sublayer; only the branch, called outside this context, should see autocast."""
-    return torch.autocast(x.device.type, enabled=False)
+    return autocast_off(x)
 
 
-def check_stream_tensor(x: torch.Tensor, n_streams: int, dim: int) -> None:
+def check_stream_tensor(x: torch.Tensor, n_streams: int, dim: int, module: torch.nn.Module | None = None) -> None:
     """TypeError for anything but a floating tensor, ValueError for a shape other than ``(B, T, n_streams, dim)``
-    (what every connection's ``forward`` checks first)."""
+    or, with ``module``, a device other than that of the module's parameters (what every connection's ``forward``
+    checks first)."""
     if not isinstance(x, torch.Tensor):
         hint = " (convert it with torch.from_numpy)" if type(x).__module__ == "numpy" else ""
         raise TypeError(f"x must be a torch.Tensor of shape (batch, time, n_streams, dim), got "
@@ -35,6 +38,19 @@ def check_stream_tensor(x: torch.Tensor, n_streams: int, dim: int) -> None:
             f"x must have n_streams={n_streams} and dim={dim} in its last two dimensions, "
             f"got shape {tuple(x.shape)}"
         )
+    if module is not None:
+        check_device(x, module)
+
+
+def check_device(x: torch.Tensor, module: torch.nn.Module, name: str = "x") -> None:
+    """ValueError when ``x`` is on another device than ``module``'s parameters (a ``meta`` tensor given to a
+    module on the CPU, or the reverse), before any operation mixes the two."""
+    if torch.compiler.is_compiling():
+        return
+    parameter = next(module.parameters(), None)
+    if parameter is not None and parameter.device != x.device:
+        raise ValueError(f"{name} is on device {x.device}, the module's parameters on {parameter.device}; move "
+                         f"one to the other (module.to({name}.device)) before the call")
 
 
 def as_batch_time(x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ from . import forms
 from .forms import AttnResConnection, AttnResHead, WideResidual
 from .gated import GatedHead, GatedResidual
 from .module import COMPUTE_OPTIONS, HyperConnection
+from .paths import KERNELS
 from .streams import HyperHead
 
 #: The connections around a branch: the papers' form (the residual and every mixing family), Qwen's gated
@@ -54,9 +55,16 @@ def set_connection_options(model: nn.Module, **options: Any) -> nn.Module:
     """:meth:`HyperConnection.set_options` (``fused``, ``recompute``, ``kernels``) on every mixing connection
     of ``model``; returns ``model``. How the connections compute is not part of a model's configuration:
     a checkpoint trained with ``kernels="triton"`` on a GPU loads and runs anywhere."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     unknown = sorted(set(options) - set(COMPUTE_OPTIONS))
     if unknown:
         raise ValueError(f"unknown connection options {unknown}; allowed: {list(COMPUTE_OPTIONS)}")
+    for name in ("fused", "recompute"):  # checked even where the model has no connection to set them on
+        if name in options and not isinstance(options[name], bool):
+            raise ValueError(f"{name} must be True or False, got {options[name]!r}")
+    if "kernels" in options and options["kernels"] not in KERNELS:
+        raise ValueError(f"kernels must be one of {list(KERNELS)}, got {options['kernels']!r}")
     connections = [module for module in model.modules() if isinstance(module, CONNECTIONS)]
     fixed = sorted({module.family for module in connections if not forms.get(module.family).compute_options})
     if options and fixed:

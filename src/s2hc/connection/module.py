@@ -183,7 +183,7 @@ class HyperConnection(nn.Module):
         return select_path(fused, self.kernels, x.device, torch.compiler.is_compiling())
 
     def _check_streams(self, x: torch.Tensor) -> None:
-        check_stream_tensor(x, self.n_streams, self.dim)
+        check_stream_tensor(x, self.n_streams, self.dim, self)
 
     def _call_branch(self, branch, h: torch.Tensor, args, kwargs) -> torch.Tensor:
         return call_branch(branch, h, args, kwargs)

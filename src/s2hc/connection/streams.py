@@ -13,7 +13,7 @@ from torch import nn
 from ..checks import check_float, check_int, check_streams
 from ..init_rng import Draw
 from ..mixers.base import coefficient_dtype, scale_parameter
-from .base import _stream_precision
+from .base import _stream_precision, check_device
 
 
 def expand_streams(h: torch.Tensor, n_streams: int) -> torch.Tensor:
@@ -51,10 +51,14 @@ class StreamScaling(nn.Module):
         return {"scale": Draw("uniform", math.sqrt(6.0 / (self.n_streams + self.dim)), self.init)}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.dim() != 4 or x.shape[-2:] != (self.n_streams, self.dim):
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            got = f"dtype {x.dtype}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"x must be a floating-point torch.Tensor of shape (batch, time, n_streams, dim), got "
+                            f"{got}")
+        if x.dim() != 4 or x.shape[-2:] != (self.n_streams, self.dim):
             raise ValueError(f"x must have shape (batch, time, n_streams={self.n_streams}, dim={self.dim}), "
-                             f"got {shape}")
+                             f"got {tuple(x.shape)}")
+        check_device(x, self)
         return x * self.scale.to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -63,6 +67,8 @@ class StreamScaling(nn.Module):
 
 def reduce_streams(x: torch.Tensor) -> torch.Tensor:
     """Sum streams ``x`` ``(B, T, n, C)`` into ``(B, T, C)`` (before the final norm)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor of shape (batch, time, n_streams, dim), got {type(x).__name__}")
     if x.dim() != 4:
         raise ValueError(f"x must have shape (batch, time, n_streams, dim), got shape {tuple(x.shape)}")
     return x.sum(dim=-2)
@@ -100,6 +106,7 @@ class HyperHead(nn.Module):
         if x.dim() != 4 or x.shape[-2:] != (self.n_streams, self.dim):
             raise ValueError(f"x must have shape (batch, time, n_streams={self.n_streams}, dim={self.dim}), "
                              f"got shape {tuple(x.shape)}")
+        check_device(x, self)
 
     def weights(self, x: torch.Tensor) -> torch.Tensor:
         """The per-token stream weights ``w`` ``(B, T, n)`` for streams ``x``, in at least float32."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from ..checks import check_streams
+from ..checks import check_float, check_streams
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -28,6 +30,15 @@ class Guarantees:
 def coefficient_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype the coefficient path runs in: at least float32 (float64 stays float64 for gradcheck)."""
     return torch.promote_types(dtype, torch.float32)
+
+
+def autocast_off(x: torch.Tensor):
+    """A context in which operations on ``x`` run in their own dtype: autocast off for ``x``'s device; nothing to
+    turn off on a device without autocast (``meta``, where shapes are worked out without data)."""
+    device = x.device.type
+    if device in ("cpu", "cuda") or torch.amp.is_autocast_available(device):
+        return torch.autocast(device, enabled=False)
+    return contextlib.nullcontext()
 
 
 class Mixer(nn.Module):
@@ -92,19 +103,36 @@ class Mixer(nn.Module):
         self.n_streams = n_streams
         self.num_inputs = 0
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        """Every family's own :meth:`mix` and :meth:`mix_fused` check their input first (:meth:`check_inputs`), so
+        that a call with the wrong width says so instead of failing inside the family's reshapes."""
+        super().__init_subclass__(**kwargs)
+        for name in ("mix", "mix_fused"):
+            method = cls.__dict__.get(name)
+            if method is not None:
+                setattr(cls, name, _checking_inputs(method))
+
+    def check_inputs(self, d_res: torch.Tensor) -> None:
+        """TypeError unless ``d_res`` is a floating-point tensor, ValueError unless its last dimension is K."""
+        if not isinstance(d_res, torch.Tensor) or not d_res.is_floating_point():
+            got = f"dtype {d_res.dtype}" if isinstance(d_res, torch.Tensor) else type(d_res).__name__
+            raise TypeError(f"d_res must be a floating-point torch.Tensor of shape (..., K={self.num_inputs}) for "
+                            f"family {self.name!r}, got {got}")
+        if d_res.shape[-1:] != (self.num_inputs,):
+            raise ValueError(
+                f"d_res must have last dimension K={self.num_inputs} for family {self.name!r} "
+                f"with n_streams={self.n_streams}, got shape {tuple(d_res.shape)}"
+            )
+
     def forward(self, d_res: torch.Tensor, fused: bool = False) -> torch.Tensor:
         """Map the raw dynamic projection ``d_res`` of shape ``(..., K)`` to ``H_res`` ``(..., n, n)``.
 
         ``fused=True`` runs :meth:`mix_fused`, the same map written without batched tiny matrix products
         (``tests/test_fastpath.py`` checks it equals :meth:`mix`, values and gradients).
         """
-        if d_res.shape[-1:] != (self.num_inputs,):
-            raise ValueError(
-                f"d_res must have last dimension K={self.num_inputs} for family {self.name!r} "
-                f"with n_streams={self.n_streams}, got shape {tuple(d_res.shape)}"
-            )
+        self.check_inputs(d_res)
         d_res = d_res.to(coefficient_dtype(d_res.dtype))
-        with torch.autocast(d_res.device.type, enabled=False):  # the guarantees need float32 products
+        with autocast_off(d_res):  # the guarantees need float32 products
             return self.mix_fused(d_res) if fused else self.mix(d_res)
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
@@ -136,6 +164,17 @@ class Mixer(nn.Module):
         return f"n_streams={self.n_streams}, num_inputs={self.num_inputs}"
 
 
+def _checking_inputs(method):
+    """``method`` (a family's ``mix`` or ``mix_fused``) calling :meth:`Mixer.check_inputs` on its input first."""
+
+    @functools.wraps(method)
+    def checked(self: Mixer, d_res: torch.Tensor) -> torch.Tensor:
+        self.check_inputs(d_res)
+        return method(self, d_res)
+
+    return checked
+
+
 def small_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` for tiny matrices ``(..., p, q) @ (..., q, r)`` as q broadcast multiply-adds.
 
@@ -149,10 +188,11 @@ def small_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def scale_parameter(value: float = 0.01) -> nn.Parameter:
-    """A learnable scale (``α``: docs/design.md starts every one at 0.01), of shape ``(1,)``.
+def scale_parameter(value: float = 0.01, name: str = "alpha") -> nn.Parameter:
+    """A learnable scale (``α``: docs/design.md starts every one at 0.01), of shape ``(1,)``; ValueError naming
+    ``name`` (the option it comes from) unless ``value`` is a finite number.
 
     One element rather than a 0-d scalar: FSDP2's ``fully_shard`` refuses 0-d parameters; ``(1,)``
     broadcasts the same way.
     """
-    return nn.Parameter(torch.full((1,), float(value)))
+    return nn.Parameter(torch.full((1,), check_float(name, value)))

@@ -9,6 +9,7 @@ import numbers
 import torch
 from torch import nn
 
+from ..checks import check_bool
 from .base import Guarantees, Mixer, scale_parameter
 from .mhc import OFF_DIAGONAL_BIAS
 
@@ -52,7 +53,8 @@ def permutation_limit_error(what: str, size: int, built: bool) -> ValueError | N
 def check_permutation_size(n: int, allow_large: bool, what: str) -> None:
     """ValueError for a mixture of ``n`` streams s2hc does not build: above :func:`permutation_size_limit` always
     (the meta device's larger limit when building there), above :data:`MAX_PERMUTATION_STREAMS` without
-    ``allow_large``."""
+    ``allow_large`` (which must be True or False)."""
+    check_bool("allow_large", allow_large)
     error = permutation_limit_error(f"{what}={n}", n, built=torch.empty(0).device.type != "meta")
     if error is not None:
         raise error

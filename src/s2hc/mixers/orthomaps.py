@@ -109,7 +109,7 @@ ROTATIONS = {"cayley": cayley, "expm": matrix_exp_rotation}
 
 def rotation_map(name: str):
     """The chart called ``name`` (``"cayley"`` or ``"expm"``); ValueError for anything else."""
-    if name not in ROTATIONS:
+    if not isinstance(name, str) or name not in ROTATIONS:
         raise ValueError(f"rotation must be one of {sorted(ROTATIONS)}, got {name!r}")
     return ROTATIONS[name]
 

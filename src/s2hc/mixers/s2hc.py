@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..checks import check_bool
 from .base import Guarantees, Mixer, scale_parameter, small_matmul
 from .orthomaps import Rotation, helmert_basis
 
@@ -99,7 +100,7 @@ class S2HCMixer(ZeroSumMixer):
         alpha: float = 0.01,
     ):
         super().__init__(n_streams, rotation, alpha)
-        self.exact_identity_init = bool(exact_identity_init)
+        self.exact_identity_init = check_bool("exact_identity_init", exact_identity_init)
         self.num_inputs = self.m * self.m
         self.spectrum_alpha = scale_parameter(alpha)
         bias = 0.0 if self.exact_identity_init else SPECTRUM_BIAS

@@ -50,7 +50,7 @@ class WideResidual(nn.Module):
         """What the stream diagnostics read, per token (the same for every token): ``pre`` ``(B, T, n)``, the norm
         ratio of each block of the read ``‖R_s‖_F / ‖[I]‖_F``; ``post`` ``(B, T, n)``, the same of the write;
         ``res`` the identity."""
-        check_stream_tensor(x, self.n_streams, self.dim)
+        check_stream_tensor(x, self.n_streams, self.dim, self)
         n, c = self.n_streams, self.dim
         unit = c**0.5
         pre = self.read.detach().float().view(c, n, c).norm(dim=(0, 2)) / unit
@@ -61,7 +61,7 @@ class WideResidual(nn.Module):
                 "res": eye.expand(*x.shape[:2], n, n)}
 
     def forward(self, x: torch.Tensor, branch: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
-        check_stream_tensor(x, self.n_streams, self.dim)
+        check_stream_tensor(x, self.n_streams, self.dim, self)
         with _stream_precision(x):
             h = x.flatten(-2) @ self.read.to(x.dtype).T
         out = call_branch(branch, h, args, kwargs)  # the one part that runs under autocast
