@@ -221,3 +221,61 @@ def test_diagnostics_of_one_stream_of_a_mixing_family():
     summary = summarize(res, torch.ones(2, 5, 1), torch.ones(2, 5, 1), family="mhc")
     assert summary["deviation_singular_values"]["p10"] == [[], []]
     assert summary["headline"]["smallest_deviation_singular_value_mean"] is None
+
+
+# ------------------------------------------------------ the options of the new families, bounded by the model
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("0", "family option 'rank' of 'gated-residual' must be an integer >= 1, got 0"),
+    ("-3", "family option 'rank' of 'gated-residual' must be an integer >= 1, got -3"),
+    ("1.5", "family option 'rank' of 'gated-residual' must be an integer >= 1, got 1.5"),
+    ("abc", "family option 'rank' of 'gated-residual' must be an integer >= 1, got 'abc'"),
+    ("1000000000", "family option 'rank' of 'gated-residual' must be an integer in [1, 320] (at most the n·C = "
+                   "4·32 = 128 features the read gates see, or the default 320), got 1000000000"),
+])
+def test_the_gated_residuals_rank_is_bounded(value, fragment, tmp_path, capsys):
+    assert_refused(["train", "--family", "gated-residual", "--streams", "4", "--family-option", f"rank={value}",
+                    "--set", SMALL, "--out", str(tmp_path / "run")], capsys, fragment)
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_rank_bound_follows_the_width():
+    """Up to n·C, or transformers' default 320 where n·C is smaller; nothing is allocated for a refused rank."""
+    assert s2hc.GatedResidual(16, 4, rank=64).rank == 64
+    assert s2hc.GatedResidual(4, 2).rank == 320  # the default at any width
+    assert s2hc.GatedResidual(128, 4, rank=512).rank == 512
+    with pytest.raises(ValueError, match=r"rank must be an integer in \[1, 512\] .* got 513"):
+        s2hc.GatedResidual(128, 4, rank=513)
+    with pytest.raises(ValueError, match=r"rank must be an integer in \[1, 320\] .* got 10000000000"):
+        s2hc.GatedHead(8, 4, rank=10**10)
+    with pytest.raises(ValueError, match=r"^rank must be an integer >= 1, got True$"):
+        s2hc.GatedHead(8, 4, rank=True)
+    with pytest.raises(ValueError, match=r"family option 'rank' of 'gated-residual' must be an integer in \[1, 320\]"):
+        TrainConfig(family="gated-residual", n_streams=2, family_options={"rank": 321},
+                    model_overrides=SMALL_MODEL).model_config()
+
+
+def test_qwen4_exp_hc_lowrank_is_bounded():
+    from s2hc.hf.qwen4_exp import connection_options
+
+    config = {"hidden_size": 16, "hc_count": 2, "hc_lowrank": 10**9, "rms_norm_eps": 1e-6}
+    with pytest.raises(ValueError, match=r"hc_lowrank must be an integer in \[1, 320\] .* got 1000000000"):
+        connection_options(config)
+    assert connection_options({**config, "hc_lowrank": 32})["rank"] == 32
+
+
+@pytest.mark.parametrize(("value", "fragment"), [
+    ("0", "family option 'block_size' of 'attn-res' must be an integer >= 1, got 0"),
+    ("x", "family option 'block_size' of 'attn-res' must be an integer >= 1, got 'x'"),
+    ("5", "family option 'block_size' of 'attn-res' must be an integer in [1, 4], got 5"),  # 2 layers: 4 sublayers
+    ("1000000000000", "family option 'block_size' of 'attn-res' must be an integer in [1, 4], got 1000000000000"),
+])
+def test_attn_res_block_size_is_bounded_by_the_sublayers(value, fragment, tmp_path, capsys):
+    assert_refused(["train", "--family", "attn-res", "--family-option", f"block_size={value}", "--set", SMALL,
+                    "--out", str(tmp_path / "run")], capsys, fragment)
+
+
+def test_the_wide_residual_takes_no_option(tmp_path, capsys):
+    assert_refused(["train", "--family", "wide-residual", "--family-option", "rank=4", "--set", SMALL,
+                    "--out", str(tmp_path / "run")], capsys, "family='wide-residual' takes no family_options")

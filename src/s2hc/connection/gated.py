@@ -44,6 +44,19 @@ GATE_INIT_STD = 0.02
 GATED_OPTIONS = tuple(sorted({*GATED_RESIDUAL_OPTIONS, "eps"}))
 
 
+def check_rank(rank: object, n_streams: int, dim: int, name: str = "rank") -> int:
+    """``rank`` if it is an integer in ``[1, max(n·C, 320)]``: the read gates' MLP maps the n·C normalised features
+    through r, so a rank above n·C is no bottleneck, only n·C·r more parameters each way (``rank=10**9`` would ask
+    for terabytes before the first step); transformers' default 320 stays allowed at any width. ValueError naming
+    ``name``, the value and the range otherwise."""
+    default = GATED_RESIDUAL_OPTIONS["rank"]
+    maximum = max(n_streams * dim, default)
+    if check_int(name, rank) > maximum:
+        raise ValueError(f"{name} must be an integer in [1, {maximum}] (at most the n·C = {n_streams}·{dim} = "
+                         f"{n_streams * dim} features the read gates see, or the default {default}), got {rank!r}")
+    return int(rank)
+
+
 class GatedHead(nn.Module):
     """The gated read of streams ``x`` ``(B, T, n, C)`` into ``(B, T, C)``: transformers' ``Qwen4ExpTextGatedResidual``
     with ``use_combine=False`` (the ``hyper_connection_mixer`` that ends a ``qwen4_exp`` model).
@@ -67,7 +80,7 @@ class GatedHead(nn.Module):
         if n_streams < 2:
             raise ValueError(f"n_streams must be at least 2 for family={GATED_RESIDUAL!r} (one stream has nothing to "
                              f"gate; use family='residual'), got {n_streams}")
-        self.rank = check_int("rank", rank)
+        self.rank = check_rank(rank, n_streams, dim)
         self.eps = check_float("eps", eps, positive=True)
         width = n_streams * dim
         self.norm_weight = nn.Parameter(torch.zeros(width))
@@ -83,7 +96,7 @@ class GatedHead(nn.Module):
         return {name: Draw("normal", GATE_INIT_STD) for name in self.projections}
 
     def _check_streams(self, x: torch.Tensor) -> None:
-        check_stream_tensor(x, self.n_streams, self.dim)
+        check_stream_tensor(x, self.n_streams, self.dim, self)
 
     def normed(self, x: torch.Tensor) -> torch.Tensor:
         """``X̃``: every stream RMS-normalised alone, times ``1 + w``: ``(B, T, n, C)`` in at least float32."""

@@ -44,6 +44,7 @@ from torch import nn
 
 from ..checks import MAX_STREAMS, check_float, check_int
 from ..connection import GatedHead, GatedResidual
+from ..connection.gated import check_rank
 from .deepseek_v4 import _as_state, _checked
 
 __all__ = [
@@ -90,12 +91,14 @@ def connection_options(hf_config: Any) -> dict[str, Any]:
     computes: ``dim``, ``n_streams``, ``rank``, ``eps``. ``hf_config``: a ``Qwen4ExpTextConfig``, a
     ``Qwen4ExpConfig`` (its ``text_config`` is read) or a mapping with their keys, each checked under its own
     name before anything is built: ``hc_count`` in [2, :data:`s2hc.checks.MAX_STREAMS`] (transformers refuses
-    ``hc_count <= 1`` too)."""
+    ``hc_count <= 1`` too), ``hc_lowrank`` as :func:`s2hc.connection.gated.check_rank` bounds it."""
     text = _text_config(hf_config)
+    dim = check_int("hidden_size", _get(text, "hidden_size"))
+    n_streams = check_int("hc_count", _get(text, "hc_count"), minimum=2, maximum=MAX_STREAMS)
     return dict(
-        dim=check_int("hidden_size", _get(text, "hidden_size")),
-        n_streams=check_int("hc_count", _get(text, "hc_count"), minimum=2, maximum=MAX_STREAMS),
-        rank=check_int("hc_lowrank", _get(text, "hc_lowrank")),
+        dim=dim,
+        n_streams=n_streams,
+        rank=check_rank(_get(text, "hc_lowrank"), n_streams, dim, "hc_lowrank"),
         eps=check_float("rms_norm_eps", _get(text, "rms_norm_eps"), positive=True),
     )
 

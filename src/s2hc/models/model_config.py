@@ -266,6 +266,7 @@ class ModelConfig:
                                  f"{self.lss_init!r} (leave it None or choose a multi-stream family)")
             self.lss_init = _check_float("lss_init", self.lss_init)
         form.check_options(self.family_options)
+        form.check_sizes(self.family_options, dim=self.dim, n_streams=self.n_streams, n_sublayers=2 * self.n_layers)
         if isinstance(form, forms.HyperConnectionForm):
             self._check_initialisation()
 

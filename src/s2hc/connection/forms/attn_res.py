@@ -36,7 +36,7 @@ from torch import nn
 
 from ...checks import check_float, check_int
 from ...mixers.base import coefficient_dtype
-from ..base import _stream_precision, call_branch
+from ..base import _stream_precision, call_branch, check_device
 from .base import ConnectionForm
 
 #: The paper's Block AttnRes: about eight blocks over the depth (``block_size=None`` chooses the size for that).
@@ -78,6 +78,7 @@ class DepthAttention(nn.Module):
         self.key_norm_weight = nn.Parameter(torch.ones(dim))
 
     def weights(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        check_device(sources[0], self, "sources")
         dtype = coefficient_dtype(sources[0].dtype)
         scaled_query = self.query.to(dtype) * self.key_norm_weight.to(dtype)
         logits = [(v @ scaled_query) * torch.rsqrt(v.square().mean(-1) + self.eps)
@@ -160,9 +161,10 @@ class AttnResHead(DepthAttention):
         return self.weights(_check_sources(sources, None, self.dim, type(self).__name__))
 
 
-def block_size_for(variant: str, block_size: int | None, n_sublayers: int) -> int:
+def block_size_for(variant: str, block_size: int | None, n_sublayers: int, bounded: bool = False) -> int:
     """Sublayers per block: 1 for ``"full"``; for ``"block"`` ``block_size``, or ``⌈n_sublayers / 8⌉`` when None
-    (the paper's eight blocks)."""
+    (the paper's eight blocks). ``bounded``: ``block_size`` at most ``n_sublayers`` (a larger block is the one block
+    of ``n_sublayers``, the same model under another name)."""
     if variant not in VARIANTS:
         raise ValueError(f"family option 'variant' of 'attn-res' must be one of {list(VARIANTS)}, got {variant!r}")
     if variant == "full":
@@ -171,7 +173,7 @@ def block_size_for(variant: str, block_size: int | None, n_sublayers: int) -> in
         return 1
     if block_size is None:
         return max(1, math.ceil(n_sublayers / DEFAULT_BLOCKS))
-    return check_int("family option 'block_size' of 'attn-res'", block_size)
+    return check_int("family option 'block_size' of 'attn-res'", block_size, maximum=n_sublayers if bounded else None)
 
 
 class AttnResForm(ConnectionForm):
@@ -190,6 +192,9 @@ class AttnResForm(ConnectionForm):
     def check_options(self, options: Mapping[str, Any], what: str = "family_options") -> None:
         super().check_options(options, what)
         block_size_for(options.get("variant", "block"), options.get("block_size"), 1)
+
+    def check_sizes(self, options: Mapping[str, Any], *, dim: int, n_streams: int, n_sublayers: int) -> None:
+        block_size_for(options.get("variant", "block"), options.get("block_size"), n_sublayers, bounded=True)
 
     def build(self, dim: int, n_streams: int, layer_index: int = 0, *, sublayer: int = 0, n_sublayers: int = 1,
               **options: Any) -> nn.Module:

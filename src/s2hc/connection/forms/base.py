@@ -80,6 +80,10 @@ class ConnectionForm:
         if unknown:
             raise ValueError(f"unknown {what} {unknown} for family {self.name!r}; allowed: {self.allowed_options()}")
 
+    def check_sizes(self, options: Mapping[str, Any], *, dim: int, n_streams: int, n_sublayers: int) -> None:
+        """ValueError (one line, naming the option, its value and the range) for an option whose value the model's
+        sizes bound: the gated residual's ``rank``, AttnRes's ``block_size``. Nothing to check by default."""
+
     def check_streams(self, n_streams: int, argument: str = "n_streams") -> int:
         """``n_streams`` when the form accepts it; ValueError naming the form and the accepted range otherwise."""
         check_int(argument, n_streams)

@@ -8,7 +8,7 @@ from typing import Any
 from torch import nn
 
 from ..gated import GATED_RESIDUAL as NAME
-from ..gated import GATED_RESIDUAL_OPTIONS, GatedHead, GatedResidual
+from ..gated import GATED_RESIDUAL_OPTIONS, GatedHead, GatedResidual, check_rank
 from .base import ConnectionForm
 
 
@@ -25,6 +25,10 @@ class GatedResidualForm(ConnectionForm):
 
     def options(self) -> dict[str, Any]:
         return dict(GATED_RESIDUAL_OPTIONS)
+
+    def check_sizes(self, options: Mapping[str, Any], *, dim: int, n_streams: int, n_sublayers: int) -> None:
+        if "rank" in options:
+            check_rank(options["rank"], n_streams, dim, f"family option 'rank' of {self.name!r}")
 
     def build(self, dim: int, n_streams: int, layer_index: int = 0, *, sublayer: int = 0, n_sublayers: int = 1,
               **options: Any) -> nn.Module:
