@@ -35,7 +35,7 @@ import torch
 import yaml
 
 from .. import __version__
-from ..config import BEFORE_FIELD, load_yaml, shown_fields
+from ..config import BEFORE_FIELD, load_yaml_config, shown_fields
 from ..devices import resolve_device
 from ..extras import check_available
 from ..io import atomic_write_text, check_output_dir, read_json_object
@@ -132,7 +132,7 @@ def _state(run: Run, spec: StudySpec) -> str:
         return "measured"
     if not holds_run(run.run_dir):
         return "new"
-    if saved_step(run.run_dir) == load_yaml(run.config_path.read_text())["max_steps"]:
+    if saved_step(run.run_dir) == load_yaml_config(run.config_path).get("max_steps"):  # a damaged one: one line
         return "finished"
     with contextlib.suppress(ValueError):
         if any("diverged" in r for r in read_metrics(run.run_dir)):
