@@ -346,11 +346,11 @@ def open_run_directory(out: str | Path, *, resume: bool = False, overwrite: bool
     lock = RunLock(path).acquire(log)
     try:
         _check_contents(path, out, resume, overwrite)  # again, now that no other process can change it
+        if not overwrite:  # --overwrite removes a link in its place
+            kept_directory(path)  # ValueError when checkpoints/ is a link: nothing outside the run is read or written
         clean_interrupted_saves(path, log)
         if overwrite:
             clear_run(path, log)
-        if not overwrite:  # --overwrite removes a link in its place
-            kept_directory(path)  # ValueError when checkpoints/ is a link: nothing outside the run is read or written
         yield path
     finally:
         lock.release()
