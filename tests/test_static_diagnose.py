@@ -239,7 +239,7 @@ def _not_safetensors(directory):
     (_residual_export, "holds no hyper-connection tensors"),
     (_no_config, "no config.json with an 's2hc' entry"),
     (_misshapen, "layers.0.ffn_hc: DeepSeek-V4 connection state: tensor 'base' has shape (7,)"),
-    (_not_safetensors, "cannot read"),
+    (_not_safetensors, "model.safetensors' is not a readable safetensors file (damaged, truncated or another format)"),
     (lambda d: d / "missing", "does not exist"),
 ])
 def test_bad_checkpoints_get_one_line_and_nothing_is_written(make, message, tmp_path, capsys):
@@ -248,6 +248,91 @@ def test_bad_checkpoints_get_one_line_and_nothing_is_written(make, message, tmp_
     assert main(["diagnose", "--static", str(source), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+    assert not out.exists()
+
+
+# A damaged file: one line naming the file and what is wrong with it, never what failed inside s2hc.
+
+
+def _export(directory):
+    return save(hyper_model("mhc"), directory)
+
+
+def _edit_config(change):
+    def make(directory):
+        _export(directory)
+        change(directory / "config.json")
+        return directory
+    return make
+
+
+def _integer_tensors(directory):
+    _export(directory)
+    file = directory / "model.safetensors"
+    tensors = safetensors_torch.load_file(str(file))
+    tensors["model.blocks.0.attn_hc.bias_pre"] = tensors["model.blocks.0.attn_hc.bias_pre"].round().to(torch.int64)
+    safetensors_torch.save_file(tensors, str(file), metadata={"format": "pt"})
+    return directory
+
+
+def _truncated(directory):
+    _export(directory)
+    file = directory / "model.safetensors"
+    file.write_bytes(file.read_bytes()[:-100])
+    return directory
+
+
+def _sharded(change):
+    def make(directory):
+        save(hyper_model("s2hc"), directory, max_shard_size="20KB")
+        index = directory / "model.safetensors.index.json"
+        data = json.loads(index.read_text())
+        change(directory, data["weight_map"])
+        index.write_text(json.dumps(data))
+        return directory
+    return make
+
+
+def _missing_shard(directory, weight_map):
+    shard = weight_map["model.blocks.0.attn_hc.bias_pre"]
+    (directory / shard).unlink()
+
+
+def _tensor_not_in_its_shard(directory, weight_map):
+    weight_map["model.blocks.0.attn_hc.bias_pre"] = next(s for s in weight_map.values()
+                                                   if s != weight_map["model.blocks.0.attn_hc.bias_pre"])
+
+
+def _s2hc_entry(value):
+    return _edit_config(lambda path: path.write_text(json.dumps({**json.loads(path.read_text()), "s2hc": value})))
+
+
+DAMAGED = [  # (how the checkpoint is damaged, the file the line names, what it says is wrong)
+    (_integer_tensors, "source",
+     "tensor model.blocks.0.attn_hc.bias_pre has dtype int64; a checkpoint's hyper-connection tensors are floating"),
+    (_truncated, "source/model.safetensors", "is not a readable safetensors file (damaged, truncated"),
+    (_edit_config(lambda path: path.write_text("[1, 2]")), "source/config.json", "holds an array, not a JSON object"),
+    (_edit_config(lambda path: path.write_text("{not json")), "source/config.json", "is not JSON (Expecting"),
+    (_edit_config(lambda path: path.write_bytes(b"\xff\xfe{}")), "source/config.json", "is not UTF-8 text"),
+    (_edit_config(lambda path: (path.unlink(), path.mkdir())), "source/config.json", "is a directory"),
+    (_s2hc_entry([1]), "source", "config.json's 's2hc' entry is an array, not the object of model settings"),
+    (_s2hc_entry({"family": "sinkhorn"}), "source",
+     "config.json's 's2hc' entry is not a model s2hc builds: family must be one of"),
+    (_s2hc_entry({"family": "mhc", "dim": "wide"}), "source",
+     "config.json's 's2hc' entry is not a model s2hc builds: dim must be an integer >= 1, got 'wide'"),
+    (_sharded(_missing_shard), "source/model.safetensors.index.json", "which is not in"),
+    (_sharded(_tensor_not_in_its_shard), "source/model", "holds no tensor 'model.blocks.0.attn_hc.bias_pre', which"),
+]
+
+
+@pytest.mark.parametrize("make, named, fragment", DAMAGED)
+def test_a_damaged_checkpoint_is_one_line_naming_the_file_and_the_defect(make, named, fragment, tmp_path, capsys):
+    source, out = make(tmp_path / "source"), tmp_path / "out"
+    capsys.readouterr()
+    assert main(["diagnose", "--static", str(source), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"'{tmp_path / named}" in err and fragment in err, err
     assert not out.exists()
 
 

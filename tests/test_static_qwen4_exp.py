@@ -197,6 +197,35 @@ def test_the_multimodal_prefix_and_config_are_read(qwen_model, tmp_path):
     check_weights(result, tensors, QWEN_NAMES, N, DIM, connections, f"{prefix}hyper_connection_mixer")
 
 
+@pytest.mark.parametrize("nested", [False, True])
+def test_eps_comes_from_the_place_model_type_names_and_is_recorded(qwen_model, nested, tmp_path):
+    """rms_norm_eps is read where the other settings are: under text_config for "qwen4_exp", at the top for
+    "qwen4_exp_text". A value in the other place (a hand-merged config.json) is not read; the one used is what every
+    connection and the head compute with and what the result records."""
+    tensors, config = multimodal(qwen_model)
+    text = {**config["text_config"], "rms_norm_eps": 1e-5}
+    if nested:
+        config = {**config, "text_config": text, "rms_norm_eps": 1e-2}  # the top-level value is not the text model's
+    else:
+        tensors = {name.replace("model.language_model.", "model.", 1): value for name, value in tensors.items()}
+        config = {**text, "model_type": "qwen4_exp_text", "text_config": {**text, "rms_norm_eps": 1e-2}}
+    directory = write_by_hand(tmp_path / "model", tensors, config)
+    checkpoint = read_static(directory)
+    assert {connection.eps for _, connection in checkpoint.connections} == {checkpoint.head.eps} == {1e-5}
+    assert checkpoint.family_options == {"rank": RANK, "eps": 1e-5}
+    assert diagnose_static(directory)["family_options"]["eps"] == 1e-5
+
+
+def test_integer_tensors_are_one_line(qwen_model, tmp_path, capsys):
+    tensors = {name: value.round().to(torch.int32) if any(part in name for part in HYPER) else value
+               for name, value in qwen_model.state_dict().items()}
+    directory = write_by_hand(tmp_path / "ints", tensors, tiny_config().to_dict())
+    assert main(["diagnose", "--static", str(directory), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and repr(str(directory)) in err and "has dtype int32" in err, err
+    assert "floating point" in err and not (tmp_path / "out").exists()
+
+
 def test_an_s2hc_gated_residual_export_reads_the_same_way(tmp_path):
     torch.manual_seed(0)
     config = ModelConfig(vocab_size=64, **SMALL_MODEL, family="gated-residual", n_streams=4,

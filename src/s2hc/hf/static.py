@@ -21,8 +21,9 @@ Three layouts are recognised, by tensor name (any prefix before them, e.g. ``mod
   ``layers.L.mlp_hyper_connection.*`` and ``hyper_connection_mixer.*`` (prefix ``model.``, or
   ``model.language_model.`` for the multimodal model), with ``config.json``'s ``model_type`` ``"qwen4_exp"`` or
   ``"qwen4_exp_text"`` and its ``hc_count``, ``hc_lowrank``, ``hidden_size``, ``rms_norm_eps`` and
-  ``num_hidden_layers`` (under ``text_config`` for ``"qwen4_exp"``); and an s2hc export of
-  ``family="gated-residual"``.
+  ``num_hidden_layers`` (under ``text_config`` for ``"qwen4_exp"``, at the top for ``"qwen4_exp_text"``, and only
+  there: ``rms_norm_eps`` in the other place is not read; the eps used is the one ``family_options`` records); and
+  an s2hc export of ``family="gated-residual"``.
 
 Only the tensors the static matrices need are read (biases and scales; not the projections, whose term is
 zero here, nor anything else): a sharded checkpoint's index says which shards hold them, and only those are
@@ -49,7 +50,7 @@ from ..connection import GatedHead, GatedResidual, HyperConnection, HyperHead, b
 from ..connection.gated import GATED_RESIDUAL
 from ..diagnostics import report as diagnostics_report
 from ..diagnostics.summary import summarize
-from ..io import json_loads
+from ..io import json_kind, read_json_object
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
 from ..reports import number, table
@@ -125,22 +126,30 @@ class StaticCheckpoint:
 
 
 def _config(directory: Path) -> dict[str, Any]:
+    """``config.json`` beside the weights as a dict, ``{}`` when there is none; ValueError naming the file and its
+    defect (a directory, unreadable, not UTF-8, not JSON, not a JSON object)."""
     path = directory / "config.json"
-    if not path.is_file():
+    if not path.exists():
         return {}
+    remedy = "config.json beside the weights must be the model's config, a JSON object"
+    if path.is_dir():
+        raise ValueError(f"{str(path)!r} is a directory; {remedy}")
     try:
-        config = json_loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise ValueError(f"cannot read {str(path)!r}: {error}") from None
-    return config if isinstance(config, dict) else {}
+        return read_json_object(path, remedy)
+    except OSError as error:
+        raise ValueError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
 
 
 def _check_finite(source: str, tensors: dict[str, torch.Tensor]) -> None:
-    """ValueError naming the first tensor that holds NaN or an infinity: its static matrices would be NaN, and a
-    report of ``nan`` everywhere says nothing about where the checkpoint went wrong."""
+    """ValueError naming the first tensor that is not floating point (a connection's weights and biases are; an
+    integer or boolean one is a damaged or foreign checkpoint) or holds NaN or an infinity: its static matrices
+    would be NaN, and a report of ``nan`` everywhere says nothing about where the checkpoint went wrong."""
     for name in sorted(tensors):
         tensor = tensors[name]
-        bad = int((~torch.isfinite(tensor)).sum()) if tensor.is_floating_point() else 0
+        if not tensor.is_floating_point():
+            raise ValueError(f"{source!r}: tensor {name} has dtype {str(tensor.dtype).removeprefix('torch.')}; a "
+                             "checkpoint's hyper-connection tensors are floating point (float32, bfloat16, ...)")
+        bad = int((~torch.isfinite(tensor)).sum())
         if bad:
             raise ValueError(f"{source!r}: tensor {name} holds {bad} non-finite value(s) (NaN or infinity) of "
                              f"{tensor.numel()}; a checkpoint's hyper-connection tensors must be finite")
@@ -174,10 +183,16 @@ def _s2hc_family(config: dict[str, Any]) -> str | None:
 
 def _s2hc_connections(source: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
     settings = config.get("s2hc")
+    if settings is not None and not isinstance(settings, dict):
+        raise ValueError(f"{source!r}: config.json's 's2hc' entry is {json_kind(settings)}, not the object of model "
+                         "settings `s2hc export` writes")
     if not isinstance(settings, dict):
         raise ValueError(f"{source!r} has s2hc hyper-connection tensors but no config.json with an 's2hc' entry "
                          "beside them (an `s2hc export` directory has one); the family cannot be known without it")
-    model = ModelConfig.from_dict(settings)
+    try:
+        model = ModelConfig.from_dict(settings)
+    except (ValueError, TypeError) as error:
+        raise ValueError(f"{source!r}: config.json's 's2hc' entry is not a model s2hc builds: {error}") from None
     gated = model.family == GATED_RESIDUAL
     grouped: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     head: dict[str, torch.Tensor] = {}
@@ -289,8 +304,8 @@ def _qwen_settings(source: str, config: dict[str, Any]) -> tuple[dict[str, Any],
         if text.get(key) is None:
             raise ValueError(f"{source!r}: config.json has no {where}{key} (model_type {model_type!r}); the qwen4_exp "
                              f"layout needs {', '.join(QWEN4_EXP_SETTINGS)}")
-    try:
-        options = qwen4_exp.connection_options(text)
+    try:  # only the settings of the one place model_type names: a text_config beside top-level settings is not read
+        options = qwen4_exp.connection_options({key: text[key] for key in QWEN4_EXP_SETTINGS})
         layers = check_int("num_hidden_layers", text["num_hidden_layers"], maximum=MAX_LAYERS)
     except ValueError as error:
         raise ValueError(f"{source!r}: config.json: {where}{error}") from None

@@ -117,11 +117,25 @@ def read_safetensors(
         names_by_file = {file: None for file in files}
     tensors, opened = {}, []
     for file, names in names_by_file.items():
+        if not file.is_file():  # a shard the index names
+            shard = str(file.relative_to(directory))
+            raise ValueError(f"{str(directory / INDEX)!r} names shard {shard!r}, which is not in {str(directory)!r}; "
+                             "the checkpoint is incomplete (download the shard again)")
         try:
-            with safe_open(str(file), framework="pt") as handle:
-                opened.append(str(file))
-                for name in names if names is not None else [k for k in handle.keys() if wanted(k)]:  # noqa: SIM118
-                    tensors[name] = handle.get_tensor(name)
+            handle_context = safe_open(str(file), framework="pt")
         except (OSError, SafetensorError) as error:
-            raise ValueError(f"cannot read {str(file)!r}: {error}") from None
+            raise ValueError(f"{str(file)!r} is not a readable safetensors file (damaged, truncated or another "
+                             f"format): {error}") from None
+        with handle_context as handle:
+            opened.append(str(file))
+            present = set(handle.keys())  # noqa: SIM118 - a safe_open handle, not a dict
+            for name in names if names is not None else sorted(k for k in present if wanted(k)):
+                if name not in present:
+                    raise ValueError(f"{str(file)!r} holds no tensor {name!r}, which {str(directory / INDEX)!r} "
+                                     "places there; the index and its shards do not match")
+                try:
+                    tensors[name] = handle.get_tensor(name)
+                except (OSError, SafetensorError) as error:
+                    raise ValueError(f"{str(file)!r}: tensor {name!r} cannot be read (the file is damaged or "
+                                     f"truncated): {error}") from None
     return tensors, opened, directory
