@@ -89,7 +89,7 @@ def test_a_study_grows_by_a_setting(tmp_path):
     (["lr=1e-3"], "settings[0]: expected a mapping of TrainConfig keys, got 'lr=1e-3'"),
     ([{"seed": 3}], "settings[0] sets ['seed'], which the grid sets"),
     ([{"family": "mhc"}], "settings[0] sets ['family'], which the grid sets"),
-    ([{"lr": 1e-3}, {"lr": 1e-3}], "settings[1] repeats an earlier entry"),
+    ([{"lr": 1e-3}, {"lr": 1e-3}], "settings[1] repeats settings[0]"),
     ([{"model_overrides": 8}], "model_overrides must be a non-empty mapping of ModelConfig keys, got 8"),
     ([{"lr": -1}], "residual [lr=-1]: lr must be"),
     ([{"model_overrides": {"n_layer": 3}}], "residual [n_layer=3]: "),
@@ -98,6 +98,33 @@ def test_bad_settings_are_refused_naming_the_entry(settings_value, message):
     with pytest.raises(ValueError) as error:
         parse_spec({"families": ["residual", "mhc"], "settings": settings_value})
     assert message in str(error.value)
+
+
+# Two settings entries that train the same runs are refused, naming both entries: written alike, in another key
+# order, as a YAML 1.1 string, as the value train: or the default already gives, or as the model's own size.
+DUPLICATE_SETTINGS = [  # (train:, settings:, the indices named)
+    ({}, [{"lr": 1e-3, "weight_decay": 0.1}, {"weight_decay": 0.1, "lr": 1e-3}], "settings[1] repeats settings[0]"),
+    ({}, [{"model_overrides": {"n_layers": 2}}, {"model_overrides.n_layers": 2}], "settings[1] repeats settings[0]"),
+    ({}, [{"weight_decay_on": "all"}, {"lr": 1e-3}, {"weight_decay_on": "all"}], "settings[2] repeats settings[0]"),
+    ({}, [{"lr": 1e-3}, {"lr": "1e-3"}], "settings[0] and settings[1] train the same runs"),
+    ({"lr": 1e-3}, [{"lr": 1e-3}, {}], "settings[0] and settings[1] train the same runs"),
+    ({}, [{"weight_decay_on": "all"}, {"weight_decay_on": "matrices"}, {}], "settings[1] and settings[2] train"),
+    ({}, [{"model_overrides": {"n_layers": 4}}, {}], "settings[0] and settings[1] train the same runs"),  # tiny's 4
+]
+
+
+@pytest.mark.parametrize("train, settings_value, message", DUPLICATE_SETTINGS)
+def test_duplicate_settings_are_refused_naming_each_index(train, settings_value, message):
+    with pytest.raises(ValueError) as error:
+        parse_spec({"train": {"preset": "tiny", **train}, "families": ["residual", "mhc"], "settings": settings_value})
+    assert message in str(error.value) and "list each setting once" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_settings_that_differ_only_for_some_families_are_kept():
+    """A setting that changes every run is no duplicate, whatever the order of the entries."""
+    spec = parse_spec({"families": ["residual", "mhc"], "settings": [{}, {"lr": 1e-3}, {"weight_decay_on": "all"}]})
+    assert len(spec.configurations) == 6
 
 
 def test_a_configuration_is_paired_with_the_baseline_of_its_own_settings():

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -284,13 +285,15 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
     given = _n_streams(values, source)
     default_streams = _streams([4] if given is None else given, f"{source}: n_streams")
     configurations: list[Configuration] = []
-    for settings, setting_seeds in _settings(values.get("settings"), source):
+    setting_index: list[int] = []  # which settings entry each configuration comes from
+    for number, (settings, setting_seeds) in enumerate(_settings(values.get("settings"), source)):
         for index, entry in enumerate(families):
             for configuration in _entry(entry, default_streams, f"{source}: families[{index}]"):
                 configuration = dataclasses.replace(configuration, settings=settings, seeds=setting_seeds)
                 if configuration in configurations:
                     raise ValueError(f"{source}: {configuration.label!r} is listed twice")
                 configurations.append(configuration)
+                setting_index.append(number)
     baselines = values.get("baselines", list(DEFAULT_BASELINES))
     if not isinstance(baselines, list):
         raise ValueError(f"{source}: 'baselines' must be a list of families, got {baselines!r}")
@@ -306,17 +309,22 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
         nproc=check_int(f"{source}: nproc", values.get("nproc", 1), maximum=MAX_NPROC),
         title=title,
     )
-    seen: dict[tuple, Configuration] = {}
-    for configuration in spec.configurations:  # every family option checked as the run will check it
+    seen: dict[tuple, tuple[Configuration, int]] = {}
+    for configuration, number in zip(spec.configurations, setting_index):  # every option checked as the run will
         try:
             config = spec.run_config(configuration, spec.seeds_of(configuration)[0], "unused")
         except ValueError as error:
             raise ValueError(f"{source}: {configuration.label}: {error}") from None
-        model = (_model_key(config), configuration.settings)
+        model = (_model_key(config), _training_key(config))
+        if model in seen and seen[model][1] != number:
+            raise ValueError(f"{source}: settings[{seen[model][1]}] and settings[{number}] train the same runs once "
+                             f"train: and the defaults are applied ({seen[model][0].label!r} and "
+                             f"{configuration.label!r}); list each setting once")
         if model in seen:
-            raise ValueError(f"{source}: {seen[model].label!r} and {configuration.label!r} are the same configuration "
-                             "once the family's defaults are applied (it would be trained twice); list it once")
-        seen[model] = configuration
+            raise ValueError(f"{source}: {seen[model][0].label!r} and {configuration.label!r} are the same "
+                             "configuration once the family's defaults are applied (it would be trained twice); list "
+                             "it once")
+        seen[model] = (configuration, number)
     designs = parse_designs(values.get("factorial"), spec.configurations,
                             lambda configuration, key: configuration_value(spec, configuration, key), source)
     registered = parse_preregistered(values.get("preregistered"), spec.configurations,
@@ -357,8 +365,9 @@ def _settings(value: Any, source: str) -> list[tuple[tuple[tuple[str, Any], ...]
                 pairs += [(f"{MODEL_OVERRIDES}.{k}", v) for k, v in setting.items()]
             else:
                 pairs.append((str(key), setting))
-        if any(tuple(pairs) == earlier for earlier, _ in out):
-            raise ValueError(f"{where} repeats an earlier entry: {entry!r}")
+        for earlier, (pairs_before, _) in enumerate(out):
+            if sorted(pairs, key=repr) == sorted(pairs_before, key=repr):
+                raise ValueError(f"{where} repeats settings[{earlier}]: {entry!r}; list each setting once")
         out.append((tuple(pairs), seeds))
     return out
 
@@ -396,6 +405,16 @@ def _model_key(config: TrainConfig) -> tuple:
     defaults = _option_defaults(config.family)
     effective = {**defaults, **config.family_options}
     return config.family, config.n_streams, tuple(sorted((k, repr(v)) for k, v in effective.items()))
+
+
+def _training_key(config: TrainConfig) -> str:
+    """What tells two grid points' training apart besides the family and its options (:func:`_model_key`): every
+    other setting as the run resolves it (``lr: 1e-3`` and ``lr: 0.001``, a value equal to ``train:``'s or to the
+    default, keys in any order are one setting) and the model it builds; the seed and the run directory aside."""
+    aside = ("seed", "out", "family_options", MODEL_OVERRIDES)  # the last two: in the model, resolved
+    settings = {k: v for k, v in config.to_dict().items() if k not in aside}
+    model = {k: v for k, v in config.model_config().to_dict().items() if k != "family_options"}
+    return json.dumps({"train": settings, "model": model}, sort_keys=True, default=repr)
 
 
 def _check_init_from(path: str, configurations: tuple[Configuration, ...], source: str) -> None:
