@@ -50,7 +50,7 @@ def test_the_shipped_depth_study_grows_from_the_committed_one():
     spec = parse_spec(yaml.safe_load(config_path("study-depth").read_text()))
     assert _grows(committed, json.loads(json.dumps(spec.grid())))
     deep = [c for c in spec.configurations if dict(c.settings).get("model_overrides.n_layers") == 32]
-    assert deep and all(len(spec.seeds_of(c)) >= 4 for c in deep)
+    assert deep and all(len(spec.seeds_of(c)) > len(spec.seeds) for c in deep)  # the deepest cells: more seeds
 
 
 @pytest.mark.parametrize("seeds, message", [
