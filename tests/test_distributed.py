@@ -23,7 +23,9 @@ MODEL = {"dim": 32, "n_layers": 2, "n_heads": 2, "n_kv_heads": 2, "ffn_dim": 64}
 # those entries cannot agree. Over the whole parameter vector the noise is small: measured
 # ‖θ₂ − θ₁‖ / ‖θ₁‖ = 2.5e-6 after 6 steps (DDP), losses equal to 1e-6. Training on other data or
 # dropping a micro-step moves θ by ~lr · steps = 2e-2 in every learning weight: relative ~1e-2.
-PARAM_RTOL = 2e-5
+# On this machine's current environment the same test at an unchanged commit measures 3.5e-5 (DDP): rounding still,
+# and three orders of magnitude below what a real defect moves (~1e-2), so the bound leaves room for that spread.
+PARAM_RTOL = 1e-4
 LOSS_RTOL = 1e-5
 
 pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed is not built")
