@@ -403,13 +403,12 @@ class Study:
                 raise ValueError(f"study {self.name!r}: too few seeds for its pre-registered test")
             holm = entry["p"]  # one test: nothing to adjust
         else:
-            named = {entry["name"]: entry for entry in test["secondary"]}
-            pairs = {first: named[f"{first} − {second}"] for first, second in test["contrasts"]
-                     if f"{first} − {second}" in named}
+            pairs = {entry["contrast"][0]: entry for entry in test["secondary"]}
             if contrast not in pairs:
                 raise KeyError(f"study {self.name!r}: no registered contrast starts with {contrast!r}; "
                                f"registered: {list(pairs)}")
-            entry, against = pairs[contrast], dict(test["contrasts"])[contrast]
+            entry = pairs[contrast]
+            against = entry["contrast"][1]
             holm = entry["p_holm"]
         return Comparison(self.name, entry["name"], against, entry["mean"], *entry["ci95"], entry["p"],
                           entry["seeds"], entry["per_seed"], "pre-registered", holm)

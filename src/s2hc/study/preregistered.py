@@ -132,7 +132,7 @@ def evaluate(results: dict[str, Any]) -> dict[str, Any] | None:
         pooled = {s: statistics.fmean(d[s] for d in differences) for s in common}
         out["primary"] = _entry("mean of the contrasts", pooled, alternative, alpha)
     if registered["secondary"] == "holm":
-        tests = [_entry(f"{first} − {second}", d, alternative, alpha)
+        tests = [{**_entry(f"{first} − {second}", d, alternative, alpha), "contrast": [first, second]}
                  for (first, second), d in zip(registered["contrasts"], differences) if len(d) >= 2]
         for test, adjusted in zip(tests, stats.holm([t["p"] for t in tests])):
             test.update(p_holm=adjusted, rejected=adjusted < alpha)
