@@ -73,11 +73,13 @@ class Branch(torch.nn.Module):
         return torch.tanh(self.linear(h))
 
 
-def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-5) -> None:
-    """Equal to ``tol`` relative to ``expected``'s largest entry (at least 1): for results of sums, whose
-    rounding errors grow with the size of the sum, not of each entry."""
+def assert_close_to_scale(actual: torch.Tensor, expected: torch.Tensor, tol: float = 1e-5,
+                          scale: float = 1.0) -> None:
+    """Equal to ``tol`` relative to ``expected``'s largest entry (at least ``scale``): for results of sums, whose
+    rounding errors grow with the size of the sum, not of each entry. Pass ``scale`` where a result is a small
+    difference of larger terms, whose rounding errors grow with those terms."""
     assert actual.dtype == expected.dtype and actual.shape == expected.shape
-    scale = max(1.0, expected.abs().max().item()) if expected.numel() else 1.0
+    scale = max(scale, expected.abs().max().item()) if expected.numel() else scale
     torch.testing.assert_close(actual, expected, atol=tol * scale, rtol=tol)
 
 

@@ -9,7 +9,7 @@ import copy
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 pytest.importorskip("triton")
@@ -50,14 +50,27 @@ def values_and_grads(fn, inputs, weights):
     return [o.detach() for o in outputs], list(torch.autograd.grad(loss, inputs))
 
 
-def assert_same(kernel_fn, reference_fn, inputs, generator):
+def assert_same(kernel_fn, reference_fn, inputs, generator, scales=None):
+    """The kernel's outputs and input gradients equal the reference's to 1e-5 of their scale; ``scales(inputs,
+    weights)`` may give a larger scale per compared tensor (outputs, then gradients; None keeps the default)."""
     with torch.no_grad():
         shapes = [o.shape for o in as_tuple(reference_fn(*inputs))]
     weights = [torch.randn(s, generator=generator, dtype=torch.float64).to(DEVICE) for s in shapes]
     out_k, grads_k = values_and_grads(kernel_fn, inputs, weights)
     out_r, grads_r = values_and_grads(reference_fn, inputs, weights)
-    for a, b in zip(out_k + grads_k, out_r + grads_r):
-        assert_close_to_scale(a, b)
+    minimum = scales(inputs, weights) if scales else [None] * len(out_r + grads_r)
+    for a, b, scale in zip(out_k + grads_k, out_r + grads_r, minimum, strict=True):
+        assert_close_to_scale(a, b, scale=1.0 if scale is None else max(1.0, scale))
+
+
+def norm_project_scales(inputs, weights):
+    """The gradient of the normalised input is ``rstd · (ĝ − x̂ · mean(x̂ ĝ))`` with ``ĝ = weights · Wᵀ``: a
+    difference of terms of size ``rstd · |ĝ|``, so its rounding error grows with them, not with the (possibly
+    tiny) difference. At one feature the difference is zero up to the epsilon and only rounding remains."""
+    x, weight = (t.double() for t in inputs)
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    g_hat = weights[0] @ weight.T
+    return [None, (rstd * g_hat.abs()).max().item(), None]
 
 
 def randn(generator, *shape, dtype=torch.float32):
@@ -73,12 +86,13 @@ mixing_shapes = st.tuples(st.integers(1, 6), st.integers(1, 8), st.integers(1, 1
 
 
 @given(projection_shapes, st.integers(0, 2**16))
+@example(shape=(1, 1, 1, 64), seed=100)  # one feature: the input's gradient is rounding alone (see above)
 def test_norm_project_equals_reference(shape, seed):
     tokens, n, c, k = shape
     g = torch.Generator().manual_seed(seed)
     x, weight = randn(g, tokens, n * c), randn(g, n * c, k)
     assert_same(lambda x, w: triton_kernels.norm_project(x, w, 1e-6),
-                lambda x, w: reference_norm_project(x, w, 1e-6), (x, weight), g)
+                lambda x, w: reference_norm_project(x, w, 1e-6), (x, weight), g, norm_project_scales)
 
 
 @given(mixing_shapes, st.integers(0, 2**16))
@@ -124,7 +138,7 @@ def test_norm_project_at_the_families_k(k):
     g = torch.Generator().manual_seed(k)
     x, weight = randn(g, 19, 8 * 12), randn(g, 8 * 12, k)
     assert_same(lambda x, w: triton_kernels.norm_project(x, w, 1e-6),
-                lambda x, w: reference_norm_project(x, w, 1e-6), (x, weight), g)
+                lambda x, w: reference_norm_project(x, w, 1e-6), (x, weight), g, norm_project_scales)
 
 
 def test_float64_gradcheck_of_the_wide_kernels():
