@@ -97,6 +97,15 @@ def test_let_binds_a_name_and_leaves_no_line():
     assert render({"t": text}, {"toy": _study(VALUES)})["t"].startswith("The gap is +0.107 [")
 
 
+def test_a_claim_the_data_no_longer_make_stops_the_rendering_at_its_line():
+    text = ('Residual ends lowest.\n{{ claim(toy.loss("residual") < toy.loss("s2hc n=4"), "residual lowest") }}\n'
+            'mHC ends lowest.\n{{ claim(toy.loss("mhc n=4") < toy.loss("residual"), "mhc lowest") }}\n')
+    with pytest.raises(ValueError, match=r"^t:4: .*no longer say .*'mhc lowest'"):
+        render({"t": text}, {"toy": _study(VALUES)})
+    held = render({"t": text.split("mHC")[0]}, {"toy": _study(VALUES)})["t"]
+    assert held == "Residual ends lowest.\n"  # a claim that holds leaves no line
+
+
 def test_numbers_format_as_the_pages_write_them():
     assert Number(-0.0164).s(3) == "−0.016" and Number(8e-11).g(2) == "8e-11" and Number(8121.4).n() == "8 121"
     assert str(Number(5.17285)) == "5.173" and (Number(0.5) / Number(0.25)).f(1) == "2.0"

@@ -8,7 +8,8 @@ renders ``+0.028 [−0.011, +0.066]``. The names a template sees (:func:`namespa
 directory of ``docs/`` that holds a ``results.json`` (``start``, ``recipe``, ``gated_lss``, ...; ``-`` becomes
 ``_``), :data:`LEVEL` as ``level`` (95), ``num`` (a literal number that is not a measurement, e.g. a count of
 configurations, rendered as it is given), ``cite`` (a number quoted from a paper, with its source) and the
-formatting helpers of :class:`Number`.
+formatting helpers of :class:`Number`. A line ``{{ claim(condition, "...") }}`` guards the words beside it: when
+the JSON no longer makes the condition true (a study grew, a row changed), rendering stops and names the line.
 
 Two kinds of comparison (:meth:`Study.diff`):
 
@@ -599,7 +600,8 @@ def num(value: Any) -> str:
 def namespace(studies: dict[str, Study], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a template's expressions may name."""
     return {**studies, "level": LEVEL, "cite": cite, "num": num, "Number": Number, "same_runs": same_runs,
-            "min": min, "max": max, "len": len, "abs": abs, "round": round, "sorted": sorted, **(extra or {})}
+            "min": min, "max": max, "all": all, "any": any, "len": len, "abs": abs, "round": round, "sorted": sorted,
+            **(extra or {})}
 
 
 def check_template(text: str, where: str) -> None:
@@ -614,19 +616,26 @@ def check_template(text: str, where: str) -> None:
                              "write it as an expression over the committed JSON ({{ ... }}), or in code")
 
 
-_LET = re.compile(r"\{\{\s*let\(.*\)\s*\}\}")
+_BINDING = re.compile(r"\{\{\s*(?:let|claim)\(.*\)\s*\}\}")
 
 
 def _evaluate(text: str, names: dict[str, Any], where: str) -> str:
-    """``text`` with its expressions' values; a line holding only ``{{ let("name", expression) }}`` binds ``name``
-    for the expressions after it and is left out of the page."""
+    """``text`` with its expressions' values. A line holding only ``{{ let("name", expression) }}`` binds ``name``
+    for the expressions after it; one holding only ``{{ claim(condition, "what the prose says") }}`` stops the
+    rendering when the condition is false (the data no longer say what the words beside it do). Both are left out of
+    the page."""
     names = dict(names)
 
     def let(name: str, value: Any) -> str:
         names[name] = value
         return ""
 
-    names["let"] = let
+    def claim(condition: Any, statement: str) -> str:
+        if not condition:
+            raise ValueError(f"the data no longer say what the prose does: {statement!r}; rewrite the prose")
+        return ""
+
+    names["let"], names["claim"] = let, claim
     out = []
     for number, line in enumerate(text.splitlines(keepends=True), 1):
 
@@ -639,7 +648,7 @@ def _evaluate(text: str, names: dict[str, Any], where: str) -> str:
                     from None
 
         rendered = _EXPRESSION.sub(one, line)
-        if not _LET.fullmatch(line.strip()):
+        if not _BINDING.fullmatch(line.strip()):
             out.append(rendered)
     return "".join(out)
 
