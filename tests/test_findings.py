@@ -106,6 +106,16 @@ def test_a_claim_the_data_no_longer_make_stops_the_rendering_at_its_line():
     assert held == "Residual ends lowest.\n"  # a claim that holds leaves no line
 
 
+def test_a_measure_of_one_seed_is_that_seeds_value():
+    study = _study(VALUES)
+    for row in study.results["rows"]:
+        row["grad_norm"] = {"max": 2 * row["val_loss"]}
+    assert float(study.measure("mhc n=4", "grad_max", seed=1)) == 2 * VALUES["mhc n=4"][1]
+    assert float(study.measure("mhc n=4", "grad_max")) == pytest.approx(2 * sum(VALUES["mhc n=4"].values()) / 3)
+    with pytest.raises(ValueError, match="no finished run of seed 7 has 'grad_max'"):
+        study.measure("mhc n=4", "grad_max", seed=7)
+
+
 def test_numbers_format_as_the_pages_write_them():
     assert Number(-0.0164).s(3) == "−0.016" and Number(8e-11).g(2) == "8e-11" and Number(8121.4).n() == "8 121"
     assert str(Number(5.17285)) == "5.173" and (Number(0.5) / Number(0.25)).f(1) == "2.0"

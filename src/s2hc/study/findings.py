@@ -329,18 +329,19 @@ class Study:
         """The standard deviation over seeds (sample)."""
         return _num(statistics.stdev(finished_values(self.runs(label), key).values()))
 
-    def measure(self, label: str, key: str, combine: Callable = statistics.fmean) -> Number:
+    def measure(self, label: str, key: str, combine: Callable = statistics.fmean, seed: int | None = None) -> Number:
         """A trained-model measure (a diagnostics headline key, or ``smallest_sigma``, ``grad_max``, ``spike``,
         ``step_time`` against residual, ``read``/``write``/``output``/``output_dominant_share`` stream usage),
-        ``combine`` over seeds (mean by default; ``max``, ``min``)."""
-        runs = [r for r in self.runs(label) if r["status"] == "finished"]
+        ``combine`` over seeds (mean by default; ``max``, ``min``), or of ``seed`` alone."""
+        runs = [r for r in self.runs(label) if r["status"] == "finished" and seed in (None, r["seed"])]
         if key == "step_time":
             reference = self.groups.get(_baseline_label("residual", runs, self.groups))
             return _num(_step_time_ratio(runs, reference))
         values = [self._row_measure(r, key) for r in runs]
         values = [v for v in values if v is not None and not math.isnan(v)]
         if not values:
-            raise ValueError(f"study {self.name!r}, {label!r}: no run has {key!r}")
+            which = "no run" if seed is None else f"no finished run of seed {seed}"
+            raise ValueError(f"study {self.name!r}, {label!r}: {which} has {key!r}")
         return _num(combine(values))
 
     def _row_measure(self, row: dict[str, Any], key: str) -> float | None:
