@@ -44,7 +44,7 @@ def test_a_study_grows_by_the_seeds_of_one_setting(tmp_path):
 
 
 def test_the_shipped_depth_study_grows_from_the_committed_one():
-    """The committed docs/depth grid (seed 0 at every depth) is kept whole by the shipped config that gives the
+    """The committed docs/depth grid is kept whole by the shipped config (a study may only grow), which gives the
     32-layer cells their own seeds."""
     committed = json.loads((DOCS / "depth" / "study.json").read_text())["grid"]
     spec = parse_spec(yaml.safe_load(config_path("study-depth").read_text()))
