@@ -44,13 +44,13 @@ def test_a_study_grows_by_the_seeds_of_one_setting(tmp_path):
 
 
 def test_the_shipped_depth_study_grows_from_the_committed_one():
-    """The committed docs/depth grid is kept whole by the shipped config (a study may only grow), which gives the
-    32-layer cells their own seeds."""
+    """The committed docs/depth grid is kept whole by the shipped config (a study may only grow), whose 32-layer
+    cells have their own seeds, more than the grid's default."""
     committed = json.loads((DOCS / "depth" / "study.json").read_text())["grid"]
     spec = parse_spec(yaml.safe_load(config_path("study-depth").read_text()))
     assert _grows(committed, json.loads(json.dumps(spec.grid())))
     deep = [c for c in spec.configurations if dict(c.settings).get("model_overrides.n_layers") == 32]
-    assert deep and all(len(spec.seeds_of(c)) > len(spec.seeds) for c in deep)  # the deepest cells: more seeds
+    assert deep and all(len(spec.seeds_of(c)) > len(spec.seeds) for c in deep)  # their own seeds
 
 
 @pytest.mark.parametrize("seeds, message", [
