@@ -647,6 +647,23 @@ def test_eval_batches():
     assert sorted(torch.cat([x[:, 0] for s in shards for x, _ in s]).tolist()) == list(range(0, 950, 10))
 
 
+def test_eval_batches_depend_on_the_global_batch_alone():
+    """1 process of batch 6 and 2 or 3 of batch 3 or 2: the same windows in the same global batches, each rank
+    taking its share of each, and as many batches on every rank (a share of the last may be empty)."""
+    tokens = np.arange(10 * 95 + 1)
+    for max_batches in (None, 4):
+        one = [x[:, 0].tolist() for x, _ in eval_batches(tokens, 10, 6, max_batches)]
+        for world_size, batch_size in ((2, 3), (3, 2)):
+            shares = [list(eval_batches(tokens, 10, batch_size, max_batches, rank=r, world_size=world_size))
+                      for r in range(world_size)]
+            assert len({len(s) for s in shares}) == 1
+            merged = [sum((s[b][0][:, 0].tolist() for s in shares), []) for b in range(len(shares[0]))]
+            assert merged == one
+    tiny = np.arange(2 * 10 + 1)  # 2 windows for 3 ranks: one rank's share is empty, yet it has its batch
+    shares = [list(eval_batches(tiny, 10, 1, rank=r, world_size=3)) for r in range(3)]
+    assert [[x.shape for x, _ in s] for s in shares] == [[(0, 10)], [(1, 10)], [(1, 10)]]
+
+
 def test_end_to_end_embedded_val(tmp_path):
     val = prepare_tokens("embedded", "s2hc-bpe-4k", tmp_path, "val", progress=False)
     assert 100_000 < len(val) < 300_000 and val.dtype == np.uint16

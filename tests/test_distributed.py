@@ -183,3 +183,25 @@ def _workers(launcher_pid: int) -> list[int]:
             break
         level = deeper
     return sorted(level)
+
+
+def val_losses(run_dir):
+    return [r["val_loss"] for r in read_metrics(run_dir) if "val_loss" in r]
+
+
+def test_validation_loss_does_not_depend_on_the_process_count(data, tmp_path):
+    """1 process of batch 4 and 2 of batch 2 evaluate the same global batches of validation windows: every rank
+    takes its share, the losses summed over the ranks, so the validation losses agree to rounding. (The residual
+    family: none of its gradients is at noise level at init, so the two runs' weights agree to a few ulps.)"""
+    def run(out, batch_size, nproc):
+        argv = args(data, out, batch_size=batch_size, max_steps=2, extra=["--eval-every", "1"])
+        argv[argv.index("s2hc")] = "residual"  # the family, with one stream
+        argv[argv.index("--streams") + 1] = "1"
+        argv[argv.index("eval_batches=2")] = "eval_batches=3"
+        result = run_s2hc(argv, nproc=nproc)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return val_losses(out)
+
+    one, two = run(tmp_path / "one", 4, None), run(tmp_path / "two", 2, 2)
+    assert len(one) == 2
+    torch.testing.assert_close(two, one, rtol=1e-6, atol=0)

@@ -318,11 +318,16 @@ def eval_batches(
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Fixed validation batches ``(x, y)``, int64 ``(≤ batch_size, seq_len)``: the same on every call, in order.
 
-    Uses all ``n_windows = (len(tokens) - 1) // seq_len`` windows, or, with ``max_batches``, ``max_batches *
-    batch_size`` of them spread evenly over the whole array (window ``i·n_windows // n_used``), so a capped
-    evaluation still samples every part of the validation text. The last batch may be smaller. With
-    ``world_size > 1``, rank ``r`` yields batches ``r, r + world_size, ...``. ``ValueError`` naming the sizes when
-    the array holds fewer than ``seq_len + 1`` tokens."""
+    The windows are laid out in *global* batches of ``batch_size × world_size``, as :class:`TokenBatches` lays out
+    training batches, so the validation set depends on the global batch alone, never on the process count: all
+    ``n_windows = (len(tokens) - 1) // seq_len`` windows, or, with ``max_batches``, ``max_batches`` global batches
+    of them spread evenly over the whole array (window ``i·n_windows // n_used``), so a capped evaluation still
+    samples every part of the validation text. Rank ``r`` yields its share of each global batch of ``m`` windows:
+    windows ``[r·m // world_size, (r+1)·m // world_size)`` of it (``[r·batch_size, (r+1)·batch_size)`` of a full
+    one). Every rank yields the same number of batches; only the last global batch may be smaller, and a rank's
+    share of it may then be empty (``(0, seq_len)`` tensors: a rank that runs a sharded model must still take part in
+    that forward pass). Summed over the ranks, the token losses are those of one process with the global batch.
+    ``ValueError`` naming the sizes when the array holds fewer than ``seq_len + 1`` tokens."""
     arr = _as_array(tokens)
     seq_len, batch_size, rank, world_size = _check_layout(seq_len, batch_size, rank, world_size)
     if max_batches is not None:
@@ -331,12 +336,18 @@ def eval_batches(
     if n < seq_len + 1:
         raise ValueError(f"validation tokens too few: {n} tokens, but seq_len={seq_len} needs at least {seq_len + 1}")
     n_windows = (n - 1) // seq_len
-    n_used = n_windows if max_batches is None else min(n_windows, max_batches * batch_size)
+    global_batch = batch_size * world_size
+    n_used = n_windows if max_batches is None else min(n_windows, max_batches * global_batch)
     windows = (np.arange(n_used, dtype=np.int64) * n_windows) // n_used
 
     def gen():
-        for b, start in enumerate(range(0, n_used, batch_size)):
-            if b % world_size == rank:
-                yield _windows(arr, windows[start : start + batch_size] * seq_len, seq_len)
+        for start in range(0, n_used, global_batch):
+            m = min(global_batch, n_used - start)
+            mine = windows[start + rank * m // world_size : start + (rank + 1) * m // world_size]
+            if len(mine):
+                yield _windows(arr, mine * seq_len, seq_len)
+            else:
+                empty = torch.empty((0, seq_len), dtype=torch.int64)
+                yield empty, empty.clone()
 
     return gen()

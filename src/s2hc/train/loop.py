@@ -233,18 +233,30 @@ def _schedule_notice(before: dict, config: TrainConfig, step: int) -> str | None
 
 
 @torch.no_grad()
-def evaluate(model, batches, device, amp_dtype) -> float:
-    """Mean cross-entropy over fixed validation batches ``[(x, y), ...]``."""
+def evaluate(model, batches, device, amp_dtype, ctx: distributed.Context | None = None) -> float:
+    """Mean cross-entropy per token over fixed validation batches ``[(x, y), ...]``: this rank's share of the
+    validation set (:func:`s2hc.data.loader.eval_batches`), summed over all ranks of ``ctx``, so the result is the
+    same on every rank and equals one process's over the whole set. A rank whose share of a batch is empty still
+    runs the model (on a placeholder window, counted nowhere), since a sharded model's forward pass needs every
+    rank."""
     model.eval()
-    total, count = 0.0, 0
+    total = torch.zeros(2, dtype=torch.float64, device=device)  # the summed loss and the tokens it sums over
     for x, y in batches:
+        empty = not len(x)
+        if empty:
+            x = y = torch.zeros((1, x.shape[1]), dtype=torch.int64)
         x, y = x.to(device), y.to(device)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
             logits = model(x)
-        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten()).item()
-        count += 1
+        if not empty:
+            losses = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="none")
+            total[0] += losses.double().sum()
+            total[1] += y.numel()
     model.train()
-    return total / max(count, 1)
+    if ctx is not None:
+        distributed.sum_across_ranks_(total, ctx)
+    loss, count = total.tolist()
+    return loss / max(count, 1)
 
 
 def train(config: TrainConfig, resume: bool = False, overwrite: bool = False) -> RunResult:
@@ -539,7 +551,7 @@ class _Run:
         """A run from another run's weights first measures them: its curve starts at the source's loss (an
         upcycled model's equals the residual source's, which is the point of upcycling)."""
         if self.config.init_from and self.step == 0 and self.config.eval_every:
-            self.history.val_loss = evaluate(self.forward, self.validation, self.device, self.amp_dtype)
+            self.history.val_loss = evaluate(self.forward, self.validation, self.device, self.amp_dtype, self.ctx)
             if self.metrics:
                 self.metrics.write(step=0, val_loss=self.history.val_loss, train_seconds=0.0)
 
@@ -631,7 +643,7 @@ class _Run:
         if not ((every and self.step % every == 0) or self.step == self.config.max_steps):
             return False
         self.read_steps()  # a non-finite step stops the run before it is evaluated
-        val_loss = evaluate(self.forward, self.validation, self.device, self.amp_dtype)
+        val_loss = evaluate(self.forward, self.validation, self.device, self.amp_dtype, self.ctx)
         if distributed.mean_across_ranks(float(not math.isfinite(val_loss)), self.ctx) > 0:  # all ranks stop
             raise self.diverged(f"non-finite validation loss ({val_loss}) at step {self.step}", self.step)
         self.history.val_loss = val_loss
@@ -740,14 +752,16 @@ def _data(config: TrainConfig, tokenizer, ctx: distributed.Context):
     :func:`s2hc.data.stream.should_stream`): rank 0 tokenises it once, the others map its shards. A streamed
     training split: every process reads it chunk by chunk as it trains (:class:`~s2hc.data.loader.StreamBatches`;
     the others wait for rank 0's chunks in a shared cache); a streamed validation split: its first
-    ``eval_batches × batch_size`` windows (rank 0 first)."""
+    ``eval_batches`` global batches of windows (rank 0 first). The validation set is the same whatever the
+    process count (:func:`~s2hc.data.loader.eval_batches`: ``eval_batches`` global batches of ``batch_size ×
+    processes`` windows, each rank taking its share of each)."""
     options, progress = config.token_options(), config.progress and ctx.is_main
     stream_train = should_stream(config.streaming, config.data)
 
     def tokens(split: str):
         if split == "val":
             return validation_tokens(config.data, tokenizer, config.cache_dir, streaming=config.streaming,
-                                     seq_len=config.seq_len, batch_size=config.batch_size,
+                                     seq_len=config.seq_len, batch_size=config.batch_size * ctx.world_size,
                                      eval_batches=config.eval_batches, progress=progress, **options)
         return prepare_tokens(config.data, tokenizer, config.cache_dir, split, progress=progress, **options)
 
@@ -769,4 +783,6 @@ def _data(config: TrainConfig, tokenizer, ctx: distributed.Context):
     else:
         loader = TokenBatches(train_tokens, config.seq_len, config.batch_size, seed=data_seed,
                               rank=ctx.rank, world_size=ctx.world_size)
-    return loader, list(eval_batches(val_tokens, config.seq_len, config.batch_size, config.eval_batches))
+    validation = eval_batches(val_tokens, config.seq_len, config.batch_size, config.eval_batches, rank=ctx.rank,
+                              world_size=ctx.world_size)
+    return loader, list(validation)
