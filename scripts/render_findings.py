@@ -3,8 +3,8 @@
     python scripts/render_findings.py           # write the pages that differ
     python scripts/render_findings.py --check   # exit 1 naming the pages that differ (what the test suite checks)
 
-Templates: docs/findings/*.md (s2hc.study.findings says what they may write between double braces). A number in
-a finding is never typed: edit a template, or commit a study's JSON, then render.
+Templates: docs/findings/*.md, Jinja2 (scripts/findings.py says what they may name). A number in a finding is never
+typed: edit a template, or commit a study's JSON, then render.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def main(argv: list[str] | None = None) -> int:
-    from s2hc.study.findings import render_pages
+    if str(ROOT / "scripts") not in sys.path:
+        sys.path.insert(0, str(ROOT / "scripts"))
+    from findings import render_pages
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page differs")

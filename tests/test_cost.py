@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from s2hc.study import cost
 from s2hc.study.report import verdicts, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))  # scripts/findings.py, the findings pages' renderer
 #: A baseline's validation curve: (tokens, loss), with a rise at 300 tokens. Its running minimum is
 #: 5.0, 4.0, 4.0, 3.0.
 CURVE = [(100, 5.0), (200, 4.0), (300, 4.2), (400, 3.0)]
@@ -162,8 +164,8 @@ def test_results_without_the_cost_have_no_verdicts(tmp_path):
 
 
 def test_a_findings_page_reads_the_verdicts_the_report_gives():
-    """s2hc.study.findings' ``Study.verdict``: the report's verdict entry, its texts and numbers."""
-    from s2hc.study.findings import Study
+    """scripts/findings.py's ``Study.verdict``: the report's verdict entry, its texts and numbers."""
+    from findings import Study
 
     study = Study("hand", hand_results())
     fast = study.verdict("fast", "residual")
@@ -179,7 +181,7 @@ def test_a_findings_page_reads_the_verdicts_the_report_gives():
 
 
 def test_a_findings_page_tabulates_the_verdicts():
-    from s2hc.study.findings import Study
+    from findings import Study
 
     table = Study("hand", hand_results()).verdict_table("residual").splitlines()
     assert table[0].startswith("| configuration | Δ validation loss") and len(table) == 6

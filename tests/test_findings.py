@@ -1,19 +1,22 @@
 """The findings pages (docs/results.md, README.md's results) are rendered from the committed JSON: the committed pages
 are what their templates give, a number edited by hand or typed into a template is caught, and the comparisons
-they cite are computed (and adjusted) as the pages say."""
+they cite are computed (and adjusted) as the pages say. The renderer is the repository's tooling, scripts/findings.py
+(Jinja2), not a module of the package."""
 
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 import scipy.stats
 
 from s2hc.study import stats
-from s2hc.study.findings import PAGES, Number, Study, check_template, render, render_pages
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from findings import PAGES, Number, Study, check_template, render, render_pages  # noqa: E402
 
 
 def _copy_repository(tmp_path: Path) -> Path:
@@ -48,7 +51,8 @@ def test_a_number_typed_into_the_prose_is_refused(line):
 
 @pytest.mark.parametrize("line", ["`--max-steps 300` in code", "[a link](docs/study-0.12b.md)",
                                   "s2hc, gpt2, bf16, H200", "seed 0 and seeds 1 and 2", "<!-- a comment 12 -->",
-                                  "{{ num(4) }} streams"])
+                                  "{{ num(4) }} streams", "{% set n = 4 %}", "{# 4 streams #}",
+                                  '{% for seed in (0, 1) %}{% do claim(seed < 2, "two") %}{% endfor %}'])
 def test_names_code_links_and_expressions_may_hold_digits(line):
     check_template(line + "\n", "results")
 
@@ -92,15 +96,26 @@ def test_an_unknown_configuration_names_those_there_are():
         render({"t": '{{ toy.loss("hc n=4") }}'}, {"toy": _study(VALUES)})
 
 
-def test_let_binds_a_name_and_leaves_no_line():
-    text = '{{ let("gap", toy.diff("s2hc n=4", "residual")) }}\nThe gap is {{ gap }}.\n'
+def test_set_binds_a_name_and_leaves_no_line():
+    text = '{% set gap = toy.diff("s2hc n=4", "residual") %}\nThe gap is {{ gap }}.\n'
     assert render({"t": text}, {"toy": _study(VALUES)})["t"].startswith("The gap is +0.107 [")
 
 
+def test_a_line_of_statements_leaves_no_line_and_a_name_the_template_lacks_is_an_error():
+    text = ('{% set costs = [] %}\n  {% for label in ("mhc n=4", "s2hc n=4") %}{% do costs.append(toy.loss(label)) '
+            '%}{% endfor %}\nLowest {{ min(costs).f(2) }}.\n')
+    assert render({"t": text}, {"toy": _study(VALUES)})["t"] == "Lowest 5.21.\n"
+    with pytest.raises(ValueError, match=r"^t:2: The gap is \{\{ gap \}\}\.: UndefinedError: 'gap' is undefined"):
+        render({"t": "First.\nThe gap is {{ gap }}.\n"}, {"toy": _study(VALUES)})
+    with pytest.raises(ValueError, match=r"^t:1: "):
+        render({"t": "{% for %}\n"}, {"toy": _study(VALUES)})
+
+
 def test_a_claim_the_data_no_longer_make_stops_the_rendering_at_its_line():
-    text = ('Residual ends lowest.\n{{ claim(toy.loss("residual") < toy.loss("s2hc n=4"), "residual lowest") }}\n'
-            'mHC ends lowest.\n{{ claim(toy.loss("mhc n=4") < toy.loss("residual"), "mhc lowest") }}\n')
-    with pytest.raises(ValueError, match=r"^t:4: .*no longer say .*'mhc lowest'"):
+    text = ('Residual ends lowest.\n{% do claim(toy.loss("residual") < toy.loss("s2hc n=4"), "residual lowest") %}\n'
+            'mHC ends lowest.\n{% for label in ("mhc n=4", "s2hc n=4") %}\n'
+            '{% do claim(toy.loss(label) < toy.loss("residual"), "mhc lowest") %}\n{% endfor %}\n')
+    with pytest.raises(ValueError, match=r"^t:5: .*no longer say .*'mhc lowest'"):
         render({"t": text}, {"toy": _study(VALUES)})
     held = render({"t": text.split("mHC")[0]}, {"toy": _study(VALUES)})["t"]
     assert held == "Residual ends lowest.\n"  # a claim that holds leaves no line

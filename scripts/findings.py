@@ -1,15 +1,20 @@
 """Findings pages rendered from committed study JSON: no number in a finding is typed by hand.
 
-A findings template is Markdown with expressions in double braces, evaluated over the committed studies::
+The repository's own tooling (scripts/render_findings.py renders with it); not part of the installed package.
+
+A findings template is Markdown rendered by Jinja2 over the committed studies::
 
     From the papers' start s²HC ends {{ start.diff("s2hc n=4", "residual") }} above residual ...
 
 renders ``+0.028 [−0.011, +0.066]``. The names a template sees (:func:`namespace`): one :class:`Study` per
 directory of ``docs/`` that holds a ``results.json`` (``start``, ``recipe``, ``gated_lss``, ...; ``-`` becomes
 ``_``), :data:`LEVEL` as ``level`` (95), ``num`` (a literal number that is not a measurement, e.g. a count of
-configurations, rendered as it is given), ``cite`` (a number quoted from a paper, with its source) and the
-formatting helpers of :class:`Number`. A line ``{{ claim(condition, "...") }}`` guards the words beside it: when
-the JSON no longer makes the condition true (a study grew, a row changed), rendering stops and names the line.
+configurations, rendered as it is given), ``cite`` (a number quoted from a paper, with its source), the formatting
+helpers of :class:`Number` and Python's ``min``, ``max``, ``all``, ``any``, ``len``, ``abs``, ``round`` and
+``sorted``. Jinja's statements bind names and loop (``{% set gap = study.diff(...) %}``, ``{% for label in ... %}``);
+a line holding only statements leaves nothing in the page. A statement ``{% do claim(condition, "...") %}`` guards
+the words beside it: when the JSON no longer makes the condition true (a study grew, a row changed), rendering
+stops and names the line.
 
 Two kinds of comparison (:meth:`Study.diff`):
 
@@ -18,9 +23,10 @@ Two kinds of comparison (:meth:`Study.diff`):
 - **exploratory**: any other pair, Holm-adjusted over every exploratory comparison of that study the page cites
   (two passes: the first collects them, the second renders with the adjusted p).
 
-:func:`check_template` refuses a template whose prose holds a digit outside an expression, a code span, a link
-target or a comment, so that a figure cannot enter a finding by hand. :func:`render_pages` renders every page of
-:data:`PAGES`; the test suite fails when a committed page differs from what its template and JSON give.
+:func:`check_template` refuses a template whose prose holds a digit outside a Jinja tag (``{{ }}``, ``{% %}``,
+``{# #}``), a code span, a link target or a comment, so that a figure cannot enter a finding by hand.
+:func:`render_pages` renders every page of :data:`PAGES`; the test suite fails when a committed page differs from
+what its template and JSON give.
 """
 
 from __future__ import annotations
@@ -34,13 +40,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..io import atomic_write_text
-from . import cost, stats
-from .factorial import effects
-from .preregistered import evaluate as evaluate_registered
-from .report import _baseline_label, _headline_value, _step_time_ratio, _stream_reduce
-from .report import verdicts as report_verdicts
-from .rows import by_configuration, finished_values, per_seed, smallest_deviation_sigma, stream_usage
+import jinja2
+
+from s2hc.io import atomic_write_text
+from s2hc.study import cost, stats
+from s2hc.study.factorial import effects
+from s2hc.study.preregistered import evaluate as evaluate_registered
+from s2hc.study.report import _baseline_label, _headline_value, _step_time_ratio, _stream_reduce
+from s2hc.study.report import verdicts as report_verdicts
+from s2hc.study.rows import by_configuration, finished_values, per_seed, smallest_deviation_sigma, stream_usage
 
 __all__ = ["PAGES", "Comparison", "Number", "Study", "check_template", "namespace", "render", "render_pages"]
 
@@ -49,7 +57,8 @@ LEVEL = round(stats.LEVEL * 100)
 #: Template -> page (relative to the repository root); ``README.md`` is rendered between its markers only.
 PAGES = {"docs/findings/results.md": "docs/results.md", "docs/findings/readme.md": "README.md"}
 README_START, README_END = "<!-- findings: rendered from docs/findings/readme.md -->", "<!-- /findings -->"
-_EXPRESSION = re.compile(r"\{\{(.+?)\}\}")
+# Jinja's tags: an expression, a statement, a comment.
+_TAG = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.S)
 # A digit that starts a number, not one inside a name (s2hc, gpt2, bf16, H200, sm_90).
 _LOOSE_DIGIT = re.compile(r"(?<![A-Za-z_0-9])[0-9]")
 # Code, link targets, comments, table separator rows, and seeds named by number (a seed is a run's name, not a value).
@@ -598,17 +607,25 @@ def num(value: Any) -> str:
     return str(value)
 
 
+def claim(condition: Any, statement: str) -> str:
+    """``{% do claim(condition, "what the prose says") %}``: stops the rendering when the condition is false (the data
+    no longer say what the words beside it do)."""
+    if not condition:
+        raise ValueError(f"the data no longer say what the prose does: {statement!r}; rewrite the prose")
+    return ""
+
+
 def namespace(studies: dict[str, Study], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a template's expressions may name."""
-    return {**studies, "level": LEVEL, "cite": cite, "num": num, "Number": Number, "same_runs": same_runs,
-            "min": min, "max": max, "all": all, "any": any, "len": len, "abs": abs, "round": round, "sorted": sorted,
-            **(extra or {})}
+    return {**studies, "level": LEVEL, "cite": cite, "num": num, "claim": claim, "Number": Number,
+            "same_runs": same_runs, "min": min, "max": max, "all": all, "any": any, "len": len, "abs": abs,
+            "round": round, "sorted": sorted, **(extra or {})}
 
 
 def check_template(text: str, where: str) -> None:
-    """ValueError naming ``where`` and the line when a digit stands in the prose outside ``{{ }}``, code, a link
+    """ValueError naming ``where`` and the line when a digit stands in the prose outside a Jinja tag, code, a link
     target, a comment or a table's separator row: every figure in a finding comes from an expression."""
-    literal = _EXPRESSION.sub(lambda m: " " * len(m.group(0)), text)
+    literal = _TAG.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
     literal = _EXEMPT.sub(lambda m: re.sub(r"\S", " ", m.group(0)), literal)
     for number, line in enumerate(literal.splitlines(), 1):
         match = _LOOSE_DIGIT.search(line)
@@ -617,54 +634,44 @@ def check_template(text: str, where: str) -> None:
                              "write it as an expression over the committed JSON ({{ ... }}), or in code")
 
 
-_BINDING = re.compile(r"\{\{\s*(?:let|claim)\(.*\)\s*\}\}")
+def _environment(texts: dict[str, str], names: dict[str, Any]) -> jinja2.Environment:
+    """Jinja2 over ``texts`` (``{where: text}``): Markdown out (no escaping), a name a template does not have is an
+    error, and a line holding only statements (``{% set %}``, ``{% for %}``, ``{% do %}``) leaves no line."""
+    environment = jinja2.Environment(loader=jinja2.FunctionLoader(lambda where: (texts[where], where, lambda: True)),
+                                     undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True,
+                                     trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.do"])
+    environment.globals.update(names)
+    return environment
 
 
-def _evaluate(text: str, names: dict[str, Any], where: str) -> str:
-    """``text`` with its expressions' values. A line holding only ``{{ let("name", expression) }}`` binds ``name``
-    for the expressions after it; one holding only ``{{ claim(condition, "what the prose says") }}`` stops the
-    rendering when the condition is false (the data no longer say what the words beside it do). Both are left out of
-    the page."""
-    names = dict(names)
-
-    def let(name: str, value: Any) -> str:
-        names[name] = value
-        return ""
-
-    def claim(condition: Any, statement: str) -> str:
-        if not condition:
-            raise ValueError(f"the data no longer say what the prose does: {statement!r}; rewrite the prose")
-        return ""
-
-    names["let"], names["claim"] = let, claim
-    out = []
-    for number, line in enumerate(text.splitlines(keepends=True), 1):
-
-        def one(match: re.Match, number=number) -> str:
-            expression = match.group(1).strip()
-            try:
-                return str(eval(expression, {"__builtins__": {}, **names}))  # noqa: S307 - the repository's templates
-            except Exception as error:
-                raise ValueError(f"{where}:{number}: {{{{ {expression} }}}}: {type(error).__name__}: {error}") \
-                    from None
-
-        rendered = _EXPRESSION.sub(one, line)
-        if not _BINDING.fullmatch(line.strip()):
-            out.append(rendered)
-    return "".join(out)
+def _evaluate(environment: jinja2.Environment, where: str) -> str:
+    """The template ``where`` rendered; ValueError naming it, the line and what failed there."""
+    try:
+        return environment.get_template(where).render()
+    except jinja2.TemplateSyntaxError as error:
+        raise ValueError(f"{where}:{error.lineno}: {error.message}") from None
+    except Exception as error:
+        number, trace = None, error.__traceback__
+        while trace is not None:  # Jinja gives the template's frames its name and lines
+            if trace.tb_frame.f_code.co_filename == where:
+                number = trace.tb_lineno
+            trace = trace.tb_next
+        line = environment.loader.get_source(environment, where)[0].splitlines()[number - 1].strip() if number else ""
+        raise ValueError(f"{where}:{number}: {line}: {type(error).__name__}: {error}") from None
 
 
 def render(texts: dict[str, str], studies: dict[str, Study], extra: dict[str, Any] | None = None) -> dict[str, str]:
-    """Every template of ``texts`` (``{where: text}``) with its expressions evaluated: a first pass over all of them
-    collects the exploratory comparisons, a second renders them Holm-adjusted over every page. ValueError for a typed
-    number (:func:`check_template`) or a failing expression, naming the template and line."""
-    names = namespace(studies, extra)
+    """Every template of ``texts`` (``{where: text}``) rendered by Jinja2: a first pass over all of them collects the
+    exploratory comparisons, a second renders them Holm-adjusted over every page. ValueError for a typed number
+    (:func:`check_template`) or a failing expression, statement or claim, naming the template and line."""
     for where, text in texts.items():
         check_template(text, where)
-        _evaluate(text, names, where)
+    environment = _environment(texts, namespace(studies, extra))
+    for where in texts:
+        _evaluate(environment, where)
     for study in studies.values():
         study.adjust()
-    return {where: _evaluate(text, names, where) for where, text in texts.items()}
+    return {where: _evaluate(environment, where) for where in texts}
 
 
 def render_pages(root: Path, write: bool = False) -> dict[str, str]:
