@@ -65,3 +65,32 @@ def test_a_path_is_still_a_path(tmp_path):
     config.write_text("max_steps: 9\n")
     assert config_path(str(config)) == config
     assert parsed_config(["train", "--config", str(config)]).max_steps == 9
+
+
+@pytest.mark.parametrize("argv", [["train", "--config", ""], ["compare", "--config", " "], ["study", "", "--out", "o"]])
+def test_an_empty_config_is_refused_in_one_line(argv, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, *(["--max-steps", "1", "--out", "run"] if argv[0] != "study" else [])]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"s2hc {argv[0]}: error: the config is empty" in err
+    assert list(tmp_path.iterdir()) == []  # nothing trained
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["train", "--config", "study-smoke"], "study-smoke is a study config: s2hc study study-smoke --out DIR"),
+    (["compare", "--config", "study-smoke"], "study-smoke is a study config: s2hc study study-smoke --out DIR"),
+    (["study", "demo-tiny", "--out", "o"], "demo-tiny is a training config: s2hc train --config demo-tiny"),
+    (["train", "--config", "demo-tinyy"], "is not the name of a shipped config; did you mean 'demo-tiny'?"),
+    (["train", "--set", "lrr=1"], "unknown config key(s) ['lrr'] (did you mean 'lr'?)"),
+    (["study", "study-smoke", "--set", "max_step=3", "--out", "o"],
+     "unknown config key(s) ['max_step'] (did you mean 'max_steps'?)"),
+    (["study", "study-smoke", "--set", "family=mhc", "--out", "o"], "error: study-smoke: train sets ['family']"),
+])
+def test_a_config_of_the_other_kind_or_a_misspelt_name_says_what_was_meant(argv, expected, tmp_path, monkeypatch,
+                                                                          capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and expected in err, err
+    assert "site-packages" not in err and "/configs/" not in err  # a shipped config by its name, not its path

@@ -6,8 +6,10 @@ One helper per kind of value: :func:`check_int`, :func:`check_float`, :func:`che
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
+from collections.abc import Iterable
 from typing import Any
 
 #: The most streams a connection is built with: the papers use 4 to 8; s²HC's map has (n−1)² inputs per token
@@ -87,6 +89,18 @@ def check_bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ValueError(f"{name} must be true or false, got {value!r}")
     return value
+
+
+def did_you_mean(words: str | Iterable[str], choices: Iterable[str]) -> str:
+    """What a misspelt name (or each of several) was probably meant to be: ``"did you mean 'lr'?"``, or
+    ``"did you mean 'lr' for 'lrr', 'seed' for 'sed'?"``; ``""`` when no choice is close (difflib's ratio)."""
+    words, choices = ([words] if isinstance(words, str) else list(words)), [str(c) for c in choices]
+    close = {word: match[0] for word in words if (match := difflib.get_close_matches(str(word), choices, n=1))}
+    if not close:
+        return ""
+    if len(words) == 1:
+        return f"did you mean {next(iter(close.values()))!r}?"
+    return "did you mean " + ", ".join(f"{match!r} for {word!r}" for word, match in close.items()) + "?"
 
 
 def check_str(name: str, value: Any, *, empty: bool = False) -> str:

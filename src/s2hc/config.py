@@ -24,7 +24,7 @@ import torch
 import yaml
 
 from . import mixers
-from .checks import check_bool, check_float, check_int, check_str, check_streams
+from .checks import check_bool, check_float, check_int, check_str, check_streams, did_you_mean
 from .connection import COMPUTE_OPTIONS, KERNELS, forms
 from .connection.forms import check_family, default_streams
 from .data.sources import required_packages as data_packages
@@ -341,7 +341,8 @@ class TrainConfig:
         allowed = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - allowed)
         if unknown:
-            raise ValueError(f"unknown config key(s) {unknown}; allowed: {sorted(allowed)}")
+            hint = f" ({did_you_mean(unknown, allowed)})" if did_you_mean(unknown, allowed) else ""
+            raise ValueError(f"unknown config key(s) {unknown}{hint}; allowed: {sorted(allowed)}")
         return cls(**values)
 
     def replace(self, **changes: Any) -> TrainConfig:
@@ -489,7 +490,10 @@ def config_path(text: str | Path) -> Path:
     when such a path exists, or ``text.yaml`` (an edited copy, ``s2hc configs NAME > NAME.yaml``), so a file of
     that name in the working directory comes first; else the shipped config of that name (``demo-tiny`` or
     ``demo-tiny.yaml``, as :func:`shipped_configs` and ``s2hc configs`` name them); ValueError in one line naming
-    the shipped ones when it is neither."""
+    the shipped ones (and the one meant, when close) when it is neither, or when ``text`` is empty."""
+    if not str(text).strip():
+        raise ValueError(f"the config is empty ({str(text)!r}); name a YAML file or a shipped config such as "
+                         "demo-tiny (`s2hc configs` lists them)")
     path = Path(text).expanduser()
     for candidate in (path, path.with_name(path.name + ".yaml")):
         if candidate.exists():
@@ -498,8 +502,10 @@ def config_path(text: str | Path) -> Path:
     shipped = shipped_configs()
     if name in shipped:
         return Path(str(resources.files(__package__).joinpath("configs").joinpath(f"{name}.yaml")))
-    raise ValueError(f"config file {str(text)!r} does not exist and is not the name of a shipped config (shipped: "
-                     f"{', '.join(shipped)}; `s2hc configs` says what each is for)")
+    hint = did_you_mean(name, shipped)
+    raise ValueError(f"config file {str(text)!r} does not exist and is not the name of a shipped config"
+                     f"{f'; {hint}' if hint else ''} (shipped: {', '.join(shipped)}; `s2hc configs` says what each "
+                     "is for)")
 
 
 #: The most values a YAML text may hold once its aliases (``*name``) are expanded: a config holds a few hundred.

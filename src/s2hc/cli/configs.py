@@ -43,8 +43,35 @@ def _command(text: str) -> str:
     """The command that reads a config: a study grid has a ``train`` mapping; the others are TrainConfigs."""
     from ..config import load_yaml
 
-    values = load_yaml(text)
-    return "study" if isinstance(values, dict) and "train" in values else "train"
+    return config_kind(load_yaml(text))
+
+
+def config_kind(values) -> str:
+    """``"study"`` for the values of a study grid (a ``train`` mapping or a ``families`` list), else ``"train"``."""
+    return "study" if isinstance(values, dict) and ("train" in values or "families" in values) else "train"
+
+
+def read_config(text: str, command: str) -> tuple[dict, str]:
+    """``(values, source)`` of the config a command's config argument ``text`` names
+    (:func:`s2hc.config.config_path`): ``source`` is how messages name it (a shipped config by its name, not its
+    path inside the installed package). ValueError in one line when ``text`` names a config of the other kind
+    (``command`` ``"train"`` for ``s2hc train``/``compare``, ``"study"`` for ``s2hc study``), saying which command
+    reads it."""
+    from importlib import resources
+
+    from ..config import config_path, load_yaml_config
+
+    path = config_path(text)
+    name = str(text).removesuffix(".yaml")
+    shipped = str(path) == str(resources.files("s2hc").joinpath("configs", f"{name}.yaml"))
+    source = name if shipped else str(path)
+    values = load_yaml_config(path)
+    kind = config_kind(values)
+    if kind != command:
+        how = (f"s2hc study {text} --out DIR" if kind == "study" else
+               f"s2hc train --config {text} (or s2hc compare --config {text})")
+        raise ValueError(f"{source} is a {'study' if kind == 'study' else 'training'} config: {how}")
+    return values, source
 
 
 def run(args: argparse.Namespace) -> int:

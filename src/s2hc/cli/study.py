@@ -47,8 +47,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..config import config_path
-    from ..study import StudyFailed, StudyInterrupted, load_spec, print_commands, run_study, write_report
+    from ..study import StudyFailed, StudyInterrupted, print_commands, run_study, write_report
+    from ..study.spec import parse_spec
+    from .configs import read_config
 
     if args.report_only:
         if args.config or args.set or args.print_commands or args.logger:
@@ -56,10 +57,11 @@ def run(args: argparse.Namespace) -> int:
                                  "--print-commands")
         print(f"Report: {write_report(args.out)}")
         return 0
-    if not args.config:
+    if args.config is None:
         args.subparser.error("CONFIG is required (the study's YAML grid), unless --report-only")
     overrides = [*args.set, *([f"logger={args.logger}"] if args.logger is not None else [])]
-    spec = load_spec(config_path(args.config), overrides)
+    values, source = read_config(args.config, "study")
+    spec = parse_spec(values, overrides, source=source)
     if args.print_commands:
         commands = print_commands(spec, args.out)
         print("\n".join(commands) if commands else "# every run is finished")

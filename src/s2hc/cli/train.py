@@ -80,10 +80,11 @@ def training_config(args: argparse.Namespace, resume: bool = False, **fixed) -> 
     """TrainConfig from defaults < --init-from's model settings < --config file < --set < explicit flags < ``fixed``
     (None values skipped). With ``resume``, the run's own settings (in its ``out``) take the place of the defaults
     and of --init-from's: what is given is a change to them."""
-    from ..config import TrainConfig, config_path, load_yaml_config, option_fields, parse_assignment
+    from ..config import TrainConfig, option_fields, parse_assignment
     from ..train.init_from import inherit_model_settings, resumed_settings
+    from .configs import read_config
 
-    values = load_yaml_config(config_path(args.config)) if args.config else {}
+    values = read_config(args.config, "train")[0] if args.config is not None else {}
     values.update(parse_assignment(text) for text in args.set)
     for f in option_fields():
         if getattr(args, f.name) is not None:
