@@ -41,6 +41,7 @@ MISSING_EXTRA_CASES = [
     ("data", ["train", *TINY, "--max-steps", "2", "--data", "hf:roneneldan/TinyStories", "--out", "t-hf"], "t-hf"),
     ("data", ["train", *TINY, "--max-steps", "2", "--data", "docs.parquet", "--out", "t-parquet"], "t-parquet"),
     ("data", ["eval", "run", "--data", "docs.parquet", "--no-progress"], None),
+    ("data", ["train", *TINY, "--max-steps", "2", "--data", "docs.json", "--out", "t-json"], "t-json"),
     ("data", ["upcycle", "run", "--family", "s2hc", "--tokenizer", "gpt2", "--out", "up-gpt2"], "up-gpt2"),
     ("triton", ["train", *TINY, "--max-steps", "2", "--family", "s2hc", "--set", "connection={kernels: triton}",
                 "--out", "t-triton"], "t-triton"),
@@ -97,11 +98,12 @@ def check_package_data() -> list[str]:
 
 def prepare(workdir: Path, run: Runner) -> list[str]:
     """The inputs of the cases in ``workdir``: a 2-step run (the embedded corpus and tokenizer from the package),
-    a Parquet-named file, a Hugging Face directory's config, the shipped smoke study."""
+    a Parquet-named file, a JSON array, a Hugging Face directory's config, the shipped smoke study."""
     rc, out, err = run(["train", *TINY, "--max-steps", "2", "--out", "run"])
     problems = [] if rc == 0 and (workdir / "run" / "checkpoint.pt").is_file() else [
         f"s2hc train (2 steps) from {workdir}: exit {rc}: {err.strip()[-500:]}"]
     (workdir / "docs.parquet").write_bytes(b"PAR1")
+    (workdir / "docs.json").write_text('[{"text": "a document"}]')
     (workdir / "hf-model").mkdir(exist_ok=True)
     (workdir / "hf-model" / "config.json").write_text('{"model_type": "qwen3"}')
     rc, text, err = run(["configs", "study-smoke"])

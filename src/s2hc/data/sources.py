@@ -9,8 +9,9 @@
   near that point) is the validation split and the rest the training split.
 - a ``.jsonl`` / ``.jsonl.gz`` file: one JSON object per line, its ``text_field`` (default ``"text"``) a document.
 - a ``.json`` file: a JSON array of records (objects; each one's ``text_field`` a document) or of strings (each a
-  document). Unlike the others it is parsed whole, so it must fit in memory: use JSON Lines for large data.
-- a ``.parquet`` file: its ``text_field`` column (needs ``pyarrow``).
+  document; not both in one array), read by ``datasets``' JSON builder (needs the data extra). Unlike the others
+  it is parsed whole, so it must fit in memory: use JSON Lines for large data.
+- a ``.parquet`` file: its ``text_field`` column, read by ``datasets``' Parquet builder (needs the data extra).
 - a ``datasets.save_to_disk`` folder (recognised by its ``dataset_info.json`` and ``state.json``, or by the
   ``dataset_dict.json`` of a ``DatasetDict``, whose split ``hf_split`` is read): its ``text_field`` column,
   read from the memory-mapped Arrow files (needs ``datasets``).
@@ -175,15 +176,15 @@ def resolve_files(source: str | os.PathLike) -> list[Path]:
 
 def required_packages(source: str | os.PathLike | None) -> tuple[str, ...]:
     """The optional packages reading ``source`` needs (:mod:`s2hc.extras`), found without reading it: ``datasets``
-    for ``hf:`` and ``save_to_disk`` folders, ``pyarrow`` for Parquet files. A path that does not exist needs
-    nothing (it fails later, by name); nor does None (no source)."""
+    for ``hf:``, ``save_to_disk`` folders and ``.json`` files, ``datasets`` and its ``pyarrow`` for Parquet files.
+    A path that does not exist needs nothing (it fails later, by name); nor does None (no source)."""
     if source is None or source == EMBEDDED:
         return ()
     if _is_hf(source):
         return ("datasets",)
     path = Path(source).expanduser()
     if path.is_file():
-        return ("pyarrow",) if _kind(path) == "parquet" else ()
+        return {"parquet": ("datasets", "pyarrow"), "json": ("datasets",)}.get(_kind(path), ())
     if saved_dataset_kind(path):
         return ("datasets",)
     if not path.is_dir():
@@ -192,8 +193,8 @@ def required_packages(source: str | os.PathLike | None) -> tuple[str, ...]:
     for p in path.rglob("*"):
         kind = _entry_kind(p)
         if kind == "parquet" and p.is_file():
-            needs.add("pyarrow")
-        elif kind == "saved":
+            needs.update(("datasets", "pyarrow"))
+        elif kind == "saved" or (kind == "json" and p.is_file()):
             needs.add("datasets")
     return tuple(name for name in ("datasets", "pyarrow") if name in needs)
 
@@ -297,72 +298,159 @@ def _json_name(value: Any) -> str:
     return _JSON_NAMES.get(type(value), type(value).__name__)
 
 
-def _iter_json(path: Path, text_field: str) -> Iterator[str]:
-    """The documents of a ``.json`` file: a JSON array of records (objects holding ``text_field``) or of strings.
+class _Unreadable(Exception):
+    """What ``datasets`` raised reading a local file (None: it read something other than what the reader needs),
+    for the reader to explain by name."""
 
-    The array is parsed whole (``json.load``: the file must fit in memory, several times over); JSON Lines
-    (``.jsonl``) is read a line at a time. Records are numbered from 1 in the messages."""
+    def __init__(self, error: BaseException | None):
+        super().__init__(error)
+        self.error = error
+
+
+@contextlib.contextmanager
+def _builder_quiet(builder: str) -> Iterator[None]:
+    """``datasets``' packaged ``builder`` logs the error of a file it cannot read before raising it; the reader's
+    one-line message names the file, so that log is dropped (that builder's error records only, meanwhile)."""
+    import logging
+
+    logger = logging.getLogger(f"datasets.packaged_modules.{builder}.{builder}")
+
+    def drop(record: logging.LogRecord) -> bool:
+        return record.levelno < logging.ERROR
+
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
+
+
+def _streamed(path: Path, builder: str, **options: Any):
+    """The local file ``path`` as ``datasets``' packaged ``builder`` (``json``, ``parquet``) reads it:
+    ``load_dataset(builder, data_files=path, streaming=True)``, read lazily and copied into no cache. MissingExtra
+    without ``datasets``; _Unreadable for what it raises."""
+    datasets = require("datasets", f"reading {str(path)!r}")
+    try:
+        with _builder_quiet(builder):
+            return datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **options)
+    except (ImportError, KeyboardInterrupt):
+        raise
+    except Exception as e:
+        raise _Unreadable(e) from None
+
+
+def _tables(dataset, builder: str) -> Iterator[Any]:
+    """The rows of a :func:`_streamed` dataset as ``pyarrow`` tables of up to 1024 rows; _Unreadable for what
+    ``datasets`` raises reading them."""
+    with _builder_quiet(builder):
+        tables = iter(dataset.with_format("arrow").iter(batch_size=1024))
+        while True:
+            try:
+                table = next(tables)
+            except StopIteration:
+                return
+            except (ImportError, KeyboardInterrupt):
+                raise
+            except Exception as e:
+                raise _Unreadable(e) from None
+            yield table
+
+
+def _iter_json(path: Path, text_field: str) -> Iterator[str]:
+    """The documents of a ``.json`` file: a JSON array of records (objects holding ``text_field``) or of strings,
+    read by ``datasets``' JSON builder. The array is parsed whole (the file must fit in memory, several times
+    over); JSON Lines (``.jsonl``) is read a line at a time.
+
+    What the builder cannot read, or reads into other than strings (a record without the field, a value that is
+    not a string, an array of both records and strings, not an array at all), is said by
+    :func:`_json_array_defect`, naming the record (numbered from 1)."""
+    with open(path, "rb") as f:
+        head = f.read(103).removeprefix(b"\xef\xbb\xbf")[:100]  # a UTF-8 byte-order mark is allowed
+    if not head.lstrip().startswith(b"["):  # an object, JSON Lines, not JSON or not UTF-8: said without datasets
+        raise ValueError(_json_array_defect(path, text_field) or f"{str(path)!r} is not a JSON array")
+    # datasets' JSON builder reads an array of strings as the column "text" (its test: no "{" before the first '"')
+    column = text_field if b"{" in head.split(b'"', 1)[0] else "text"
+    try:
+        for table in _tables(_streamed(path, "json"), "json"):
+            values = table.column(column) if column in table.column_names else None
+            if values is None or not _holds_strings(values.type):
+                raise _Unreadable(None)
+            for text in values.to_pylist():
+                if text is None:  # a record without the field, or with null
+                    raise _Unreadable(None)
+                yield text
+    except _Unreadable as e:
+        said = "" if e.error is None else f" ({type(e.error).__name__}: {_first_line(e.error)})"
+        raise ValueError(_json_array_defect(path, text_field) or (
+            f"{str(path)!r}: datasets could not read it as a JSON array of records or of strings{said}; write it "
+            "as JSON Lines (.jsonl)")) from None
+
+
+def _holds_strings(arrow_type) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type)
+
+
+def _json_array_defect(path: Path, text_field: str) -> str | None:
+    """What makes a ``.json`` file other than a JSON array of records holding ``text_field`` as a string, or of
+    strings (the one-line message naming the file, and the record numbered from 1), or None when it is one.
+    Parsed whole here (``datasets`` read it first: this is the explanation of what it could not)."""
     try:
         with open(path, encoding="utf-8-sig") as f:  # a byte-order mark is allowed
             value = json_loads(f.read())
     except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{str(path)!r} is not UTF-8 text ({e.encoding} cannot decode it: {e.reason}); convert it to UTF-8"
-        ) from None
+        return f"{str(path)!r} is not UTF-8 text ({e.encoding} cannot decode it: {e.reason}); convert it to UTF-8"
     except json.JSONDecodeError as e:
         where = f"{e.msg} at line {e.lineno} column {e.colno}"
         if e.msg == "Extra data":
-            raise ValueError(
-                f"{str(path)!r} holds more than one JSON value ({where}): a file of one object per line is JSON "
-                "Lines, rename it .jsonl"
-            ) from None
-        raise ValueError(f"{str(path)!r} is not valid JSON ({where}); fix it or remove it from the source") from None
+            return (f"{str(path)!r} holds more than one JSON value ({where}): a file of one object per line is JSON "
+                    "Lines, rename it .jsonl")
+        return f"{str(path)!r} is not valid JSON ({where}); fix it or remove it from the source"
     if not isinstance(value, list):
         found = f"object (keys: {sorted(value)[:10]})" if isinstance(value, dict) else _json_name(value)
-        raise ValueError(
-            f"{str(path)!r} holds a JSON {found}, not an array of records or of strings; write its documents as "
-            "a JSON array, or one record per line as .jsonl"
-        )
+        return (f"{str(path)!r} holds a JSON {found}, not an array of records or of strings; write its documents as "
+                "a JSON array, or one record per line as .jsonl")
+    strings = bool(value) and isinstance(value[0], str)  # an array of strings, else of records: not both
     for number, item in enumerate(value, start=1):
+        if isinstance(item, str) and not strings:
+            return (f"element {number} of {str(path)!r} is a string but element 1 a record: an array holds records "
+                    "or strings, not both")
         if isinstance(item, str):
-            yield item
             continue
         if not isinstance(item, dict):
-            raise ValueError(
-                f"element {number} of {str(path)!r} is a JSON {_json_name(item)}, not a record (an object) or a string"
-            )
+            return (f"element {number} of {str(path)!r} is a JSON {_json_name(item)}, not a record (an object) or a "
+                    "string")
+        if strings:
+            return (f"element {number} of {str(path)!r} is a record but element 1 a string: an array holds records "
+                    "or strings, not both")
         if text_field not in item:
-            raise ValueError(
-                f"record {number} of {str(path)!r} has no field {text_field!r}; its fields: {_keys(item)}; "
-                "set --text-field"
-            )
+            return (f"record {number} of {str(path)!r} has no field {text_field!r}; its fields: {_keys(item)}; "
+                    "set --text-field")
         text = item[text_field]
         if not isinstance(text, str):
-            raise ValueError(
-                f"record {number} of {str(path)!r}: field {text_field!r} is a JSON {_json_name(text)}, not a string"
-            )
-        yield text
+            return f"record {number} of {str(path)!r}: field {text_field!r} is a JSON {_json_name(text)}, not a string"
+    return None
 
 
 def _iter_parquet(path: Path, text_field: str) -> Iterator[str]:
-    pq = require("pyarrow.parquet", f"reading {path}")
-    import pyarrow as pa
-
+    """The ``text_field`` column of a Parquet file, read by ``datasets``' Parquet builder in batches (that column
+    only)."""
     try:
-        pf = pq.ParquetFile(path)
-        names = pf.schema_arrow.names
-        if text_field not in names:
+        dataset = _streamed(path, "parquet", columns=[text_field])
+        if text_field not in (dataset.features or {}):
+            names = _streamed(path, "parquet").column_names
             raise ValueError(f"{path}: no column text_field={text_field!r} (columns: {names}); set --text-field")
-        for batch in pf.iter_batches(columns=[text_field], batch_size=1024):
-            for text in batch.column(0).to_pylist():
+        for table in _tables(dataset, "parquet"):
+            for text in table.column(text_field).to_pylist():
                 if text is not None and not isinstance(text, str):
                     raise ValueError(f"{path}: column {text_field!r} holds a JSON {_json_name(text)}, not strings")
                 if text is not None:
                     yield text
-    except (pa.ArrowException, OSError, EOFError) as e:  # a truncated or foreign file: ArrowInvalid, ArrowIOError
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    except _Unreadable as e:  # a truncated or foreign file
         raise ValueError(
-            f"{str(path)!r} is not a readable Parquet file ({first}); rewrite it or remove it from the source"
+            f"{str(path)!r} is not a readable Parquet file ({_first_line(e.error)}); rewrite it or remove it from "
+            "the source"
         ) from None
 
 
