@@ -24,8 +24,7 @@ import torch._inductor.config as inductor_config
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-from s2hc import HyperConnection
-from s2hc.connection import expand_streams, reduce_streams
+from s2hc import Connections
 
 
 class Stack(nn.Module):
@@ -33,16 +32,16 @@ class Stack(nn.Module):
 
     def __init__(self, family: str, dim: int, streams: int, layers: int, options: dict):
         super().__init__()
-        self.streams = 1 if family == "residual" else streams
-        self.hcs = nn.ModuleList(HyperConnection(dim, self.streams, family=family, layer_index=i,
-                                                 **({} if family == "residual" else options)) for i in range(layers))
+        residual = family == "residual"
+        self.hcs = Connections(dim, layers, family, n_streams=None if residual else streams, sublayers_per_layer=1,
+                               **({} if residual else options))
         self.scales = nn.ParameterList(nn.Parameter(torch.ones(dim)) for _ in range(layers))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        x = expand_streams(h, self.streams)
+        x = self.hcs.expand(h)
         for hc, w in zip(self.hcs, self.scales):
             x = hc(x, lambda b, w=w: b * w)
-        return reduce_streams(x)
+        return self.hcs.reduce(x)
 
 
 def parse_option(text: str) -> tuple[str, object]:
@@ -79,7 +78,7 @@ def main() -> None:
         stack = Stack(family, args.dim, args.streams, args.layers, options)
         with torch.no_grad():
             for hc in stack.hcs:
-                if not hc.is_residual:
+                if hasattr(hc, "projection"):  # a hyper-connection's, away from its zero start
                     hc.projection.normal_(0, 0.02, generator=g)
         compiled = torch.compile(stack)
 

@@ -20,7 +20,7 @@ VOCAB = 50
 
 
 class Stack(nn.Module):
-    """A hand-written model: an embedding, one branch per family each inside an s2hc.HyperConnection, the streams
+    """A hand-written model: an embedding, one branch per family each inside its connection, the streams
     summed into a linear head. ``forward(input_ids)``."""
 
     def __init__(self, families=("s2hc", "s2hc", "s2hc"), n=4, dim=16):
@@ -28,7 +28,7 @@ class Stack(nn.Module):
         self.n = n
         self.embed, self.head = nn.Embedding(VOCAB, dim), nn.Linear(dim, VOCAB)
         self.branches = nn.ModuleList(nn.Sequential(nn.Linear(dim, dim), nn.Tanh()) for _ in families)
-        self.connections = nn.ModuleList(s2hc.HyperConnection(dim, n, family=family, layer_index=i)
+        self.connections = nn.ModuleList(s2hc.connection.build_connection(dim, n, family, layer_index=i)
                                          for i, family in enumerate(families))
 
     def forward(self, input_ids):

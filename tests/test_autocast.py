@@ -166,8 +166,8 @@ def test_transposed_mhc_swaps_which_sums_are_exact():
 def test_transpose_res_is_checked_and_configurable():
     with pytest.raises(ValueError, match="transpose_res must be True or False, got 'yes'"):
         s2hc.HyperConnection(C, N, family="s2hc", transpose_res="yes")
-    with pytest.raises(ValueError, match=r"family='residual' takes no options, got \['transpose_res'\]"):
-        s2hc.HyperConnection(C, 1, family="residual", transpose_res=True)
+    with pytest.raises(ValueError, match=r"family='residual' takes no family_options, got \['transpose_res'\]"):
+        s2hc.Connections(C, 2, "residual", transpose_res=True)
     config = get_preset("tiny", family="s2hc", n_streams=4, family_options={"transpose_res": True}, n_layers=1)
     model = Transformer(config)
     assert all(m.transpose_res for m in model.modules() if isinstance(m, s2hc.HyperConnection))

@@ -9,6 +9,7 @@ from torch import nn
 
 import s2hc
 from s2hc import HyperConnection, expand_streams, reduce_streams
+from s2hc.connection import build_connection
 
 FAMILIES = list(s2hc.mixers.REGISTRY)
 
@@ -69,7 +70,7 @@ def test_forward_follows_the_equations(family):
 
 
 def test_residual_is_exactly_x_plus_branch():
-    hc = HyperConnection(8, 1, family="residual")
+    hc = build_connection(8, 1, "residual")
     branch = Scale(8)
     x = streams(n=1)
     assert torch.equal(hc(x, branch), x + branch(x[:, :, 0]).unsqueeze(2))
@@ -188,12 +189,13 @@ def test_compiled_connection_with_fullgraph_equals_eager():
     [
         (
             dict(dim=8, n_streams=4, family="sinkhorn"),
-            r"family must be one of \['residual', 'identity'.*got 'sinkhorn'",
+            r"family must be one of \['identity'.*got 'sinkhorn' \(every family, these and the forms of their own: "
+            r"s2hc.Connections\)",
         ),
         (dict(dim=8, n_streams=0), r"n_streams must be an integer >= 1, got 0"),
         (dict(dim=0, n_streams=4), r"dim must be an integer >= 1, got 0"),
         (dict(dim=8, n_streams=4, layer_index=-1), r"layer_index must be an integer >= 0, got -1"),
-        (dict(dim=8, n_streams=4, family="residual"), r"n_streams must be 1 for family='residual', got 4"),
+        (dict(dim=8, n_streams=4, family="residual"), r"family must be one of \['identity'.*got 'residual'"),
         (dict(dim=8, n_streams=8, family="mhc-lite"), r"n_streams=8 needs 40320 inputs"),
         (dict(dim=8, n_streams=4, family="mhc", rotation="cayley"), r"unknown option\(s\) \['rotation'\]"),
     ],
@@ -225,7 +227,7 @@ def test_streams_with_other_leading_dimensions(family, lead):
     ``(..., C)``, the caller's own layout."""
     n = 1 if family == "residual" else 4
     torch.manual_seed(0)
-    hc = HyperConnection(8, n, family=family, layer_index=1)
+    hc = build_connection(8, n, family, layer_index=1)
     with torch.no_grad():
         for p in hc.parameters():
             p.add_(0.3 * torch.randn_like(p))

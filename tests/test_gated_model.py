@@ -111,7 +111,7 @@ def test_bad_gated_modules_are_refused_in_one_line():
         s2hc.GatedResidual(8, 2, rank=0)
     with pytest.raises(ValueError, match=r"^n_streams must be at least 2 for family='gated-residual'"):
         s2hc.GatedHead(8, 1)
-    with pytest.raises(ValueError, match=r"HyperConnection, got .gated-residual. .*s2hc.connection.build_connection"):
+    with pytest.raises(ValueError, match=r"HyperConnection, got .gated-residual. .*s2hc.Connections"):
         s2hc.HyperConnection(8, 2, family="gated-residual")
     with pytest.raises(ValueError, match=r"^unknown option\(s\) \['gate_init'\] for family 'gated-residual'; "
                                          r"allowed: \['eps', 'rank'\]$"):

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from s2hc import HyperConnection, mixers
-from s2hc.connection import HyperHead
+from s2hc.connection import HyperHead, build_connection
 from s2hc.connection import init as connection_init
 from s2hc.models import ModelConfig, Transformer, get_preset, widen
 
@@ -260,6 +260,8 @@ def test_residual_gates_need_two_streams():
 
 
 def test_the_residual_family_takes_no_init_options():
-    with pytest.raises(ValueError, match=r"family='residual' takes no options, got \['gate_init', 'projection_init'\]"):
-        HyperConnection(32, 1, family="residual", gate_init="residual", projection_init="normal")
-    HyperConnection(32, 1, family="residual", gate_init="papers", projection_init="zero")  # the defaults are fine
+    refused = r"family='residual' takes no option\(s\), got \['gate_init', 'projection_init'\]"
+    with pytest.raises(ValueError, match=refused):
+        build_connection(32, 1, "residual", gate_init="residual", projection_init="normal")
+    with pytest.raises(ValueError, match=r"family must be one of \['identity'"):  # not a hyper-connection
+        HyperConnection(32, 1, family="residual")

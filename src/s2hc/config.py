@@ -14,28 +14,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 
-from . import mixers
 from .checks import check_bool, check_float, check_int, check_str, check_streams, did_you_mean
 from .connection import COMPUTE_OPTIONS, KERNELS, forms
 from .connection.forms import check_family, default_streams
+from .data.sources import MAX_VAL_FRACTION, STREAMING_CHOICES, SourceSpec
 from .data.sources import required_packages as data_packages
-from .data.stream import STREAMING_CHOICES
 from .data.tokenizer import required_packages as tokenizer_packages
 from .devices import AUTOCAST_NAMES, DEVICE_NAME
 from .extras import check_available
 from .init_rng import DEFAULT_INIT_RNG, check_init_rng
 from .loggers import logger_packages, parse_loggers
 from .models import PRESETS, get_preset
-from .params import check_countable
 
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
 #: Which parameters AdamW decays (s2hc.train.optim): weight matrices, embeddings and the connections' projections
@@ -66,11 +62,8 @@ FLOAT_RANGES: dict[str, dict[str, Any]] = {
     "beta1": dict(minimum=0.0, maximum=1.0, open_maximum=True),
     "beta2": dict(minimum=0.0, maximum=1.0, open_maximum=True),
     "grad_clip": dict(minimum=0.0),
-    "validation_fraction": dict(positive=True, maximum=0.5),
+    "validation_fraction": dict(positive=True, maximum=MAX_VAL_FRACTION),
 }
-# HyperConnection's own keywords, accepted in family_options beside the family's (see s2hc.models.ModelConfig).
-CONNECTION_OPTION_KINDS = {"eps": {"float"}, "transpose_res": {"bool"}, "projection_init": {"str"},
-                           "gate_init": {"str"}}
 
 
 # The groups of TrainConfig's fields (the metadata "group" of each): what makes the model, the residual family, the
@@ -359,24 +352,25 @@ class TrainConfig:
         overrides.update(family=self.family, n_streams=self.n_streams, family_options=dict(self.family_options))
         return get_preset(self.preset, **overrides)
 
-    def token_options(self) -> dict[str, Any]:
-        """The keyword arguments of :func:`s2hc.data.shards.prepare_tokens` for this run's data (besides ``source``,
-        ``tokenizer``, ``cache_dir`` and ``split``): every caller that tokenises the run's data passes them, so the
-        run's training and validation splits are the same everywhere (training, ``eval``, ``diagnose``, a
-        study's rows). ``validation_data`` -> ``val_source``, ``validation_text_field`` -> ``val_text_field``
-        (only when set, so the token caches of runs without it keep their keys), ``validation_fraction`` ->
-        ``val_fraction``,
-        ``data_split`` -> ``hf_split``; the others keep their names. All of them enter the token cache's key."""
-        return {
-            "text_field": self.text_field,
-            "val_source": self.validation_data,
-            **({"val_text_field": self.validation_text_field} if self.validation_text_field is not None else {}),
-            "val_fraction": self.validation_fraction,
-            "max_documents": self.max_documents,
-            "hf_split": self.data_split,
-            "data_files": self.data_files,
-            "max_tokens": self.max_tokens,
-        }
+    def source_spec(self) -> SourceSpec:
+        """How this run reads and tokenises its data (a :class:`~s2hc.data.sources.SourceSpec`, besides the source,
+        tokenizer, cache and split): every caller that tokenises the run's data passes it, so the run's training
+        and validation splits are the same everywhere (training, ``eval``, ``diagnose``, a study's rows).
+        ``validation_data`` -> ``val_source``, ``validation_text_field`` -> ``val_text_field``,
+        ``validation_fraction`` -> ``val_fraction``, ``data_split`` -> ``hf_split``; the others keep their names.
+        All but ``streaming`` enter the token cache's key (``val_text_field`` only when it differs from
+        ``text_field``, so the token caches of runs without it keep their keys)."""
+        return SourceSpec(
+            text_field=self.text_field,
+            val_source=self.validation_data,
+            val_text_field=self.validation_text_field,
+            val_fraction=self.validation_fraction,
+            max_documents=self.max_documents,
+            hf_split=self.data_split,
+            data_files=self.data_files,
+            max_tokens=self.max_tokens,
+            streaming=self.streaming,
+        )
 
 
 #: What s2hc computed before a field existed, where that is not (or may stop being) the field's default: a run
@@ -413,36 +407,6 @@ def _schedule(max_steps: int, schedule_steps: int | None, warmup_steps: int | No
     return span, min(MAX_DEFAULT_WARMUP, span // 10) if warmup_steps is None else warmup_steps
 
 
-def _option_kinds(family: str) -> dict[str, set[str]]:
-    """The types each option of ``family`` takes, from its constructor's annotation (``float | str`` ->
-    ``{"float", "str"}``), or from its default's type where there is no annotation."""
-    kinds = dict(CONNECTION_OPTION_KINDS)
-    for name, parameter in inspect.signature(mixers.get(family).__init__).parameters.items():
-        if name in ("self", "n_streams"):
-            continue
-        annotation = parameter.annotation
-        if isinstance(annotation, str) and annotation:
-            kinds[name] = {part.strip() for part in annotation.split("|")}
-        elif parameter.default is not inspect.Parameter.empty and parameter.default is not None:
-            kinds[name] = {type(parameter.default).__name__}
-    return kinds
-
-
-def _check_option(family: str, name: str, value: Any, allowed: set[str]) -> Any:
-    where = f"family option {name!r} of {family!r}"
-    if ("str" in allowed and isinstance(value, str)) or ("None" in allowed and value is None):
-        return value  # the family checks the string itself
-    if "bool" in allowed:
-        return check_bool(where, value)
-    if "float" in allowed:
-        return check_float(where, value, positive=name == "eps")
-    if "int" in allowed:
-        return check_int(where, value)
-    if "str" in allowed:
-        return check_str(where, value)
-    return value
-
-
 def check_seed_count(name: str, value: Any) -> int:
     """A number of seeds per configuration (``s2hc compare --seeds``, a study's ``seeds: N``): an integer in
     ``[1, MAX_SEEDS]``; ValueError naming ``name`` otherwise."""
@@ -455,26 +419,8 @@ def check_family_options(family: str, n_streams: int, options: dict[str, Any]) -
     meta device (nothing allocated), so that a value the family refuses (``rotation=foo``, n > 6 for mhc-lite
     without ``allow_large``) fails here, before any data is read. Returns the options, numeric strings of
     float options converted. Unknown options are left to :class:`~s2hc.models.ModelConfig`, which names them."""
-    form = forms.get(family)
-    if not isinstance(form, forms.HyperConnectionForm):  # no mixer to build: the options the form declares
-        checked = dict(options)
-        for name, kinds in form.option_kinds.items():
-            if name in checked:
-                checked[name] = _check_option(family, name, checked[name], kinds)
-        return checked
-    check_countable(family, n_streams, built=True)  # n! permutations refused before they are built, even on meta
-    kinds = _option_kinds(family)
-    checked = dict(options)
-    for name, value in options.items():
-        if name in kinds:
-            checked[name] = _check_option(family, name, value, kinds[name])
-    family_options = {k: v for k, v in checked.items() if k not in CONNECTION_OPTION_KINDS and k in kinds}
-    with torch.device("meta"):
-        try:
-            mixers.build(family, n_streams, **family_options)
-        except TypeError as error:  # a value of a type the family cannot take
-            raise ValueError(f"family_options {family_options!r} of {family!r}: {error}") from None
-    return checked
+    check_streams("n_streams", n_streams)
+    return forms.get(family).check_option_values(options, n_streams)
 
 
 def shipped_configs() -> dict[str, str]:

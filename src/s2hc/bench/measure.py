@@ -13,7 +13,7 @@ read from the allocator's own allocation and free events (``torch.profiler`` wit
 (``torch.cuda.max_memory_allocated``), which count the same thing (:func:`peak_step_bytes`).
 
 Activation checkpointing of whole blocks is measured the same way: a variant with
-``activation_checkpointing=true`` (or every variant's twin, ``benchmark_steps(activation_checkpointing=True)``)
+``activation_checkpointing=true`` (or every variant's twin, ``BenchSettings(activation_checkpointing=True)``)
 runs in the same repetitions as the variant without it, and its rows carry the ratios to it.
 
 Precision (``dtype``, the names of ``TrainConfig.dtype``): ``"float32"`` (the default) or ``"bfloat16"``,
@@ -44,14 +44,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import parse_assignment
-from ..connection import COMPUTE_OPTIONS, GatedResidual, HyperConnection, forms, set_connection_options
-from ..connection.forms import check_family
+from ..connection import COMPUTE_OPTIONS, forms, set_connection_options
+from ..connection.forms import CoefficientProbe, check_family
 from ..devices import autocast_dtype, cpu_model
 from ..extras import is_available, require
 from ..mixers import REFERENCE_FAMILY
-from ..mixers import get as mixer_class
 from ..models import Transformer, get_preset
 from ..reports import DASH, count, mib, ratio, table
+from .settings import BenchSettings
 
 PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the same model
 #: The bench's own option of a variant (``s2hc:activation_checkpointing=true``): whole blocks checkpointed
@@ -362,24 +362,15 @@ def precision_name(dtype: str, device: torch.device | str) -> str:
 
 
 def benchmark_steps(
-    preset: str,
+    settings: BenchSettings,
     variants: list[Variant],
     *,
-    batch_size: int = 8,
-    seq_len: int = 256,
-    compile: bool = False,
-    repeats: int = 3,
-    steps: int = 2,
-    warmup: int = 1,
-    memory: bool = True,
-    activation_checkpointing: bool = False,
-    overrides: dict | None = None,
-    device: torch.device | str = "cpu",
-    dtype: str = "float32",
     log: Callable[[str], None] | None = None,
     on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Time training steps of every variant on ``device``, interleaved, and return one row per variant.
+    """Time training steps of every variant as ``settings`` say (:class:`~s2hc.bench.settings.BenchSettings`: the
+    preset and its overrides, ``batch_size``, ``seq_len``, ``compile``, ``repeats``, ``steps``, ``warmup``,
+    ``memory``, ``activation_checkpointing``, ``device``, ``dtype``), interleaved, and return one row per variant.
 
     A plain ``residual`` (blocks not checkpointed) is added first if absent. With ``activation_checkpointing``
     every variant not checkpointed already gets a twin right after it whose blocks are
@@ -403,14 +394,15 @@ def benchmark_steps(
     """
     log = log or (lambda _: None)
     emit = on_event or (lambda _: None)
-    device = torch.device(device)
-    precision = precision_name(dtype, device)
-    if activation_checkpointing:
+    device, compile, repeats = settings.device, settings.compile, settings.repeats
+    precision = precision_name(settings.dtype, device)
+    if settings.activation_checkpointing:
         variants = [twin for v in variants
                     for twin in ([v] if v.activation_checkpointing else [v, v.with_activation_checkpointing(True)])]
     if not any(v.family == forms.RESIDUAL.name and not v.activation_checkpointing for v in variants):
         plain = Variant(forms.RESIDUAL.name, 1)
-        variants = [plain, *([plain.with_activation_checkpointing(True)] * activation_checkpointing), *variants]
+        twin = [plain.with_activation_checkpointing(True)] * settings.activation_checkpointing
+        variants = [plain, *twin, *variants]
     variants = list({_key(v): v for v in variants}.values())  # each variant once, where it first appears
     runners = []
     for variant in variants:
@@ -421,10 +413,10 @@ def benchmark_steps(
             log(
                 f"note: {variant.label} compiled runs the PyTorch forms (inductor's kernels), not s2hc's Triton kernels"
             )
-        runner = make_runner(preset, variant, batch_size=batch_size, seq_len=seq_len, compile=compile,
-                             overrides=overrides, device=device, dtype=dtype)  # fmt: skip
+        runner = make_runner(settings.preset, variant, batch_size=settings.batch_size, seq_len=settings.seq_len,
+                             compile=compile, overrides=settings.overrides, device=device, dtype=settings.dtype)
         try:
-            for _ in range(max(warmup, 2 if compile else 1)):  # compiles forward and backward on the first step
+            for _ in range(max(settings.warmup, 2 if compile else 1)):  # compiles forward and backward at step 1
                 runner.step()
         except ValueError as error:
             raise ValueError(f"{variant.label} failed its first training step on {device.type}: {error}") from error
@@ -438,7 +430,7 @@ def benchmark_steps(
     for rep in range(repeats):
         for i, runner in enumerate(runners):
             samples = []
-            for _ in range(steps):
+            for _ in range(settings.steps):
                 samples.append(timed(runner.step, device))
             times[i].append(statistics.median(samples))
         log(
@@ -451,6 +443,7 @@ def benchmark_steps(
     base = next(i for i, r in enumerate(runners) if _key(r.variant) == plain_residual)
     index = {_key(r.variant): i for i, r in enumerate(runners)}
     peaks = {}
+    memory = settings.memory
     if memory:
         for i, runner in enumerate(runners):
             peaks[i] = peak_step_bytes(runner.step, runner.model, runner.optimizer, device=device)
@@ -466,11 +459,12 @@ def benchmark_steps(
             plain = index.get(_key(variant.with_activation_checkpointing(False)))
         vs_plain = (None,) * 3 if plain is None else _spread([t / b for t, b in zip(times[i], times[plain])])
         rows.append({
-            "preset": preset, "family": variant.family, "label": variant.label,
-            "n_streams": variant.n_streams, "compiled": compile, "batch_size": batch_size, "seq_len": seq_len,
+            "preset": settings.preset, "family": variant.family, "label": variant.label,
+            "n_streams": variant.n_streams, "compiled": compile, "batch_size": settings.batch_size,
+            "seq_len": settings.seq_len,
             "activation_checkpointing": variant.activation_checkpointing,
             "step_s": step_s, "step_ratio_vs_residual": ratio, "step_ratio_min": low, "step_ratio_max": high,
-            "tokens_per_s": batch_size * seq_len / step_s,
+            "tokens_per_s": settings.batch_size * settings.seq_len / step_s,
             "peak_mem_bytes": peaks.get(i), "peak_mem_ratio_vs_residual": peaks[i] / peaks[base] if memory else None,
             "step_ratio_vs_without_ac": vs_plain[0], "step_ratio_vs_without_ac_min": vs_plain[1],
             "step_ratio_vs_without_ac_max": vs_plain[2],
@@ -501,9 +495,9 @@ def benchmark_coefficients(
 ) -> list[dict[str, Any]]:
     """Forward + backward time of the coefficient path alone (norm, projection, gates, constraint map) per
     token, for each family and implementation (``fused`` True: fast path, False: reference), on random
-    streams ``(tokens, 1, n_streams, dim)`` on ``device`` (synchronised around every timing on CUDA). The gated
-    residual's coefficient path is its norm and its two gates (:meth:`s2hc.GatedResidual.gates`), its one
-    implementation, timed once.
+    streams ``(tokens, 1, n_streams, dim)`` on ``device`` (synchronised around every timing on CUDA), as each
+    family's form probes it (:meth:`~s2hc.connection.forms.ConnectionForm.coefficient_probe`; the gated
+    residual's is its norm and its two gates, its one implementation, timed once).
 
     Interleaved like :func:`benchmark_steps`; ``ratio_vs_mhc`` compares with ``mhc``'s time of the same
     implementation in the same repetition (None without ``mhc``). The float32 streams' forward runs under
@@ -515,31 +509,21 @@ def benchmark_coefficients(
     emit = on_event or (lambda _: None)
     device = torch.device(device)
     amp_dtype, precision = autocast_dtype(dtype, device), precision_name(dtype, device)
-    names = [m for m in mixers if m != PEER and forms.get(m).coefficient_path is not None]
+    names = [m for m in mixers if m != PEER and forms.get(m).coefficient_paths]
     generator = torch.Generator().manual_seed(0)  # drawn on the CPU: the same values on every device
     x = torch.randn(tokens, 1, n_streams, dim, generator=generator).to(device).requires_grad_()
     cases = []
     for name in names:
         torch.manual_seed(0)
-        if forms.get(name).coefficient_path == "one path":  # the gated residual
-            hc = GatedResidual(dim, n_streams)  # its projections start random already
-        else:
-            options = mixer_class(name).options_for_size(n_streams)  # allow_large for big mixtures
-            hc = HyperConnection(dim, n_streams, family=name, **options)
-            with torch.no_grad():  # away from the zero initialisation, so no path is trivially skipped
-                hc.projection.normal_(0, 0.1, generator=generator)
-        hc.to(device)
-        for fused in fused_options[:1] if isinstance(hc, GatedResidual) else fused_options:  # it has one path
-            cases.append((name, fused, hc))
+        form = forms.get(name)
+        probe = form.coefficient_probe(dim, n_streams, generator)
+        probe.module.to(device)
+        for fused in (f for f in fused_options if f in form.coefficient_paths):
+            cases.append((name, fused, probe))
 
-    def run(hc: HyperConnection | GatedResidual, fused: bool) -> None:
+    def run(probe: CoefficientProbe, fused: bool) -> None:
         with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            if isinstance(hc, GatedResidual):
-                gates = hc.gates(x)
-                total = gates["read"].float().sum() + gates["write"].float().sum()
-            else:
-                pre, post, res = hc.coefficients(x, fused)
-                total = pre.float().sum() + post.float().sum() + res.float().square().sum()
+            total = probe.run(x, fused)
         total.backward()
 
     for _, fused, hc in cases:  # warm-up
@@ -619,7 +603,7 @@ def format_coefficient_table(rows: list[dict[str, Any]]) -> str:
         "time per token, median [min, max]",
         "",
     ]
-    one_path = {row["family"] for row in rows if forms.get(row["family"]).coefficient_path == "one path"}
+    one_path = {row["family"] for row in rows if len(forms.get(row["family"]).coefficient_paths) == 1}
     cells = [[row["family"], "one path" if row["family"] in one_path else "fast" if row["fused"] else "reference",
               f"{count(row['ns_per_token'])} [{count(row['ns_min'])}, {count(row['ns_max'])}]",
               ratio(row["ratio_vs_mhc"])] for row in rows]

@@ -12,7 +12,6 @@ import argparse
 import json
 import sys
 
-from ..extras import MissingExtra, check_available
 from .common import positive_int
 
 # torch and the library are imported inside the functions (s2hc.cli's start time).
@@ -91,72 +90,28 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ..bench import measure
-    from ..connection import forms
+    from ..bench.run import format_report, run_bench
+    from ..bench.settings import BenchSettings
     from ..devices import resolve_device
-    from ..mixers import REFERENCE_FAMILY
-    from ..models import get_preset
-    from ..params import format_table, param_table
 
     try:
         variants = [measure.parse_variant(t, args.streams) for t in args.families.split(",") if t.strip()]
-        overrides = {} if args.layers is None else {"n_layers": args.layers}
-        config = get_preset(args.preset, **overrides)
-        device = resolve_device(args.device, "argument --device")
+        settings = BenchSettings(
+            preset=args.preset, overrides={} if args.layers is None else {"n_layers": args.layers},
+            n_streams=args.streams, batch_size=args.batch_size, seq_len=args.seq_len, compile=args.compile,
+            activation_checkpointing=args.activation_checkpointing, repeats=args.repeats, steps=args.steps,
+            memory=not args.no_memory, coefficients=not args.no_coefficients, peer=not args.no_peer,
+            device=resolve_device(args.device, "argument --device"), dtype=args.dtype,
+        )  # fmt: skip
     except ValueError as error:
         args.subparser.error(str(error))
-    if any(v.family == measure.PEER for v in variants):  # named: required, before anything is built
-        check_available(("hyper_connections",), f"--families {measure.PEER}")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    peer_note = None
-    if not args.no_peer and not any(v.family == measure.PEER for v in variants):
-        if measure.peer_available():
-            variants.append(measure.Variant(measure.PEER, 4))
-        else:
-            peer_note = f"{measure.PEER}: absent ({MissingExtra('hyper_connections', 'the peer')})"
-    machine = measure.machine_description(device)
-    precision = measure.precision_name(args.dtype, device)
-    emit = _event_writer(args.jsonl)
-    log(f"machine: {machine}")
-    emit({"event": "start", "machine": machine, "device": device.type, "dtype": precision, "preset": args.preset,
-          "layers": config.n_layers, "n_streams": args.streams, "compiled": args.compile, "batch_size": args.batch_size,
-          "seq_len": args.seq_len, "repeats": args.repeats, "steps": args.steps,
-          "variants": [v.label for v in variants], "peer": peer_note or "present"})  # fmt: skip
     try:
-        steps = measure.benchmark_steps(
-            args.preset, variants, batch_size=args.batch_size, seq_len=args.seq_len, compile=args.compile,
-            repeats=args.repeats, steps=args.steps, memory=not args.no_memory,
-            activation_checkpointing=args.activation_checkpointing, overrides=overrides, device=device,
-            dtype=args.dtype, log=log, on_event=emit,
-        )  # fmt: skip
+        result = run_bench(settings, variants, log=log, on_event=_event_writer(args.jsonl))
     except ValueError as error:  # bad options, kernels=triton where it cannot run
         args.subparser.error(str(error))
-    families = list(dict.fromkeys(v.family for v in variants
-                                  if v.family != measure.PEER and forms.get(v.family).coefficient_path))
-    if REFERENCE_FAMILY not in families:  # the coefficient and parameter tables' ratios are to it
-        families.append(REFERENCE_FAMILY)
-    coefficients = [] if args.no_coefficients else measure.benchmark_coefficients(
-        families, n_streams=args.streams, dim=config.dim, repeats=max(3, args.repeats), device=device,
-        dtype=args.dtype, log=log, on_event=emit)  # fmt: skip
-    counted = [(v.family, v.family_options) for v in variants
-               if v.family != measure.PEER and forms.get(v.family) is not forms.RESIDUAL]
-    counted += [(REFERENCE_FAMILY, {})] * (REFERENCE_FAMILY not in {family for family, _ in counted})
-    params = param_table([(forms.RESIDUAL.name, {}), *counted], layers=config.n_layers, dim=config.dim,
-                         n_streams=args.streams)
-    emit({"event": "done"})
-    log("done")
-    if args.json:
-        print(json.dumps({"machine": machine, "device": device.type, "dtype": precision, "steps": steps,
-                          "coefficients": coefficients, "params": params, "peer": peer_note or "present"},
-                         indent=2))  # fmt: skip
-        return 0
-    print(f"Machine: {machine}\n")
-    print(measure.format_step_table(steps, peer_note))
-    if coefficients:
-        print()
-        print(measure.format_coefficient_table(coefficients))
-    print()
-    print(format_table(params))
+    print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
 
 

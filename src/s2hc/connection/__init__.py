@@ -33,11 +33,14 @@ The n-wide work (norm and projection, read and mix, write) has four implementati
 Measurements of each: ``docs/benchmarks.md``.
 
 Every family is a *connection form* (:mod:`~s2hc.connection.forms`: what the rest of s2hc asks about a family, and
-the module it builds): the plain residual and the hyper-connection over each mixing family (:class:`HyperConnection`),
-Qwen's gated residual (:class:`GatedResidual` with its final read :class:`GatedHead`, :mod:`~s2hc.connection.gated`:
-no compute paths, it has one), Attention Residuals (:class:`~s2hc.connection.forms.AttnResConnection`) and the wide
-residual (:class:`~s2hc.connection.forms.WideResidual`); :func:`build_connection` (:mod:`~s2hc.connection.build`)
-builds the right module for a family.
+the modules it builds): the plain residual (:class:`~s2hc.connection.forms.ResidualConnection`), the hyper-connection
+over each mixing family (:class:`HyperConnection`), Qwen's gated residual (:class:`GatedResidual` with its final read
+:class:`GatedHead`: no compute paths, it has one), Attention Residuals
+(:class:`~s2hc.connection.forms.AttnResConnection`) and the wide residual
+(:class:`~s2hc.connection.forms.WideResidual`);
+:func:`build_connection` (:mod:`~s2hc.connection.build`) builds the right module for a family, and
+:class:`Connections` (:mod:`~s2hc.connection.stack`) every module a model of one family needs. Every one of them is a
+:class:`ConnectionModule` (:class:`Connection` around a branch, :class:`StreamHead` as the final read).
 
 The modules: :mod:`~s2hc.connection.module` (:class:`HyperConnection` and its compute options),
 :mod:`~s2hc.connection.streams` (into and out of the streams), :mod:`~s2hc.connection.base` (what a compute
@@ -50,28 +53,22 @@ kernels; it needs ``triton`` and is imported only when ``kernels="triton"`` is f
 from __future__ import annotations
 
 from . import forms
-from .base import ComputePath
-from .build import (
-    CONNECTIONS,
-    HEADS,
-    build_connection,
-    is_mixing_connection,
-    projection_width,
-    set_connection_options,
-)
-from .forms import AttnResConnection, AttnResHead, WideResidual
+from .base import ComputePath, Connection, ConnectionModule, StreamHead
+from .build import build_connection, is_mixing_connection, projection_width, set_connection_options
+from .forms import AttnResConnection, AttnResHead, GatedHead, GatedResidual, ResidualConnection, WideResidual
 from .fused import CompiledPath, EagerPath, TritonPath
-from .gated import GatedHead, GatedResidual
 from .init import GATE_INITS, PROJECTION_INITS, gate_biases, projection_std, residual_targets, upcycling_biases
 from .module import COMPUTE_OPTIONS, HyperConnection
 from .paths import COMPILED, EAGER, KERNELS, REFERENCE, select_path
 from .reference import ReferencePath
+from .stack import Connections
 from .streams import HyperHead, StreamScaling, expand_streams, reduce_streams
 
 __all__ = [
-    "COMPILED", "COMPUTE_OPTIONS", "CONNECTIONS", "EAGER", "GATE_INITS", "HEADS", "KERNELS", "PROJECTION_INITS",
-    "REFERENCE", "AttnResConnection", "AttnResHead", "CompiledPath", "ComputePath", "EagerPath", "GatedHead",
-    "GatedResidual", "HyperConnection", "HyperHead", "ReferencePath", "StreamScaling", "TritonPath", "WideResidual",
+    "COMPILED", "COMPUTE_OPTIONS", "EAGER", "GATE_INITS", "KERNELS", "PROJECTION_INITS", "REFERENCE",
+    "AttnResConnection", "AttnResHead", "CompiledPath", "ComputePath", "Connection", "ConnectionModule",
+    "Connections", "EagerPath", "GatedHead", "GatedResidual", "HyperConnection", "HyperHead", "ReferencePath",
+    "ResidualConnection", "StreamHead", "StreamScaling", "TritonPath", "WideResidual",
     "build_connection", "expand_streams", "forms", "gate_biases", "is_mixing_connection", "projection_std",
     "projection_width", "reduce_streams", "residual_targets", "select_path", "set_connection_options",
     "upcycling_biases",

@@ -1,10 +1,14 @@
-"""What every compute path is (docs/design.md section 3): :class:`ComputePath`, the three n-wide operations
-a connection runs, and the precision they run in (:func:`_stream_precision`); what every connection form checks
+"""What every connection module is (:class:`ConnectionModule`, :class:`Connection`, :class:`StreamHead`); what every
+compute path is (docs/design.md section 3): :class:`ComputePath`, the three n-wide operations a connection runs,
+and the precision they run in (:func:`_stream_precision`); what every connection form checks
 (:func:`check_stream_tensor`, :func:`call_branch`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import nn
 
 from ..mixers.base import autocast_off
 
@@ -80,6 +84,69 @@ def call_branch(branch, h: torch.Tensor, args, kwargs) -> torch.Tensor:
     if out.shape != h.shape:
         raise ValueError(f"branch must return the shape it was given, {tuple(h.shape)}, got {tuple(out.shape)}")
     return out
+
+
+class ConnectionModule(nn.Module):
+    """Base of every module a connection form builds: the connections around a branch (:class:`Connection`), the
+    learned final reads (:class:`StreamHead`) and the learned stream scaling. What model-level tools ask of one is
+    declared here, so that none asks a module's class: whether a parameter belongs to the multi-stream machinery
+    (weight decay, Muon's routing, :meth:`s2hc.models.Transformer.num_connection_params`) is ``isinstance(module,
+    ConnectionModule)``.
+
+    ``projections``: the names of the parameters that are token-driven matrices, which weight decay's
+    ``"matrices"`` setting decays (the rest, gates' biases and scales, never). ``unit_parameters``: those whose
+    neutral value is 1 (a norm's weight applied as ``w``, not ``1 + w``), which weight decay's ``"all"`` setting
+    decays toward 1 instead of 0."""
+
+    projections: tuple[str, ...] = ()
+    unit_parameters: tuple[str, ...] = ()
+
+
+class Connection(ConnectionModule):
+    """Base of every connection around one branch: ``forward(state, branch, *args, **kwargs) -> state``, where the
+    state is what the form's :meth:`~s2hc.connection.forms.ConnectionForm.expand` made (streams ``(B, T, n, C)``,
+    or AttnRes's tuple of sources) and ``branch(h, *args, **kwargs)`` maps ``(B, T, C)`` to ``(B, T, C)``.
+
+    ``family`` names the connection's form (:func:`s2hc.connection.forms.get`)."""
+
+    family: str = ""
+
+    def set_options(self, fused: bool | None = None, recompute: bool | None = None, kernels: str | None = None):
+        """Change how the connection computes (:data:`s2hc.connection.COMPUTE_OPTIONS`). A form with one way to
+        compute refuses every option given a value; one with compute paths (:class:`s2hc.HyperConnection`)
+        overrides this."""
+        given = sorted(name for name, value in (("fused", fused), ("recompute", recompute), ("kernels", kernels))
+                       if value is not None)
+        if given:
+            raise ValueError(f"family {self.family!r} has one way to compute: connection options {given} do not "
+                             "apply to it")
+        return self
+
+    def start_as_residual(self, spread: float = 0.0) -> None:
+        """Set the connection to the start upcycling gives it (:func:`s2hc.models.widen.upcycle`): one at which the
+        model computes the residual model it was copied from. Nothing to do by default (a form that starts there
+        already); a form that cannot is refused before by its form's
+        :meth:`~s2hc.connection.forms.ConnectionForm.upcycle_refusal`."""
+
+    def measures(self) -> dict[str, Any]:
+        """What the connection's learned maps do, for a form without a residual matrix to measure (the wide
+        residual's read and write maps): a flat dict of numbers and lists for reports and loggers; ``{}`` when the
+        form has nothing of its own (its matrices are measured instead, or its diagnostics are elsewhere)."""
+        return {}
+
+
+class StreamHead(ConnectionModule):
+    """Base of the learned final reads (``stream_reduce="head"``): ``forward(state) -> (B, T, C)``.
+
+    ``output_read`` names how the diagnostics describe what the head takes from each stream (a key of
+    :data:`s2hc.diagnostics.summary.OUTPUT_READS`, or ``"unknown"``); a head that reads streams gives
+    :meth:`stream_contributions`."""
+
+    output_read: str = "unknown"
+
+    def stream_contributions(self, x: torch.Tensor) -> torch.Tensor:
+        """What the head takes from each stream of ``x`` ``(N, n, C)``, in size: ``(N, n)`` float64."""
+        raise ValueError(f"{type(self).__name__} does not read streams: it has no per-stream contributions")
 
 
 class ComputePath:

@@ -1,5 +1,6 @@
-"""Which module a family's connection is: :func:`build_connection`, and the module types every model-level tool
-recognises (:data:`CONNECTIONS`, :data:`HEADS`). Each family's form (:mod:`s2hc.connection.forms`) builds them."""
+"""Which module a family's connection is: :func:`build_connection`, built by each family's form
+(:mod:`s2hc.connection.forms`); and what model-level tools do to every connection of a model
+(:func:`set_connection_options`). Every module a form builds is a :class:`~s2hc.connection.base.ConnectionModule`."""
 
 from __future__ import annotations
 
@@ -9,17 +10,9 @@ from torch import nn
 
 from ..checks import check_streams
 from . import forms
-from .forms import AttnResConnection, AttnResHead, WideResidual
-from .gated import GatedHead, GatedResidual
-from .module import COMPUTE_OPTIONS, HyperConnection
+from .base import Connection
+from .module import COMPUTE_OPTIONS
 from .paths import KERNELS
-from .streams import HyperHead
-
-#: The connections around a branch: the papers' form (the residual and every mixing family), Qwen's gated
-#: residual, Attention Residuals and the wide residual.
-CONNECTIONS = (HyperConnection, GatedResidual, AttnResConnection, WideResidual)
-#: The learned final reads: DeepSeek-V4's HyperHead, Qwen's gated read and AttnRes's output query.
-HEADS = (HyperHead, GatedHead, AttnResHead)
 
 
 def build_connection(dim: int, n_streams: int, family: str = "s2hc", layer_index: int = 0, *, sublayer: int = 0,
@@ -35,7 +28,7 @@ def build_connection(dim: int, n_streams: int, family: str = "s2hc", layer_index
 def is_mixing_connection(module: nn.Module) -> bool:
     """Whether ``module`` is a connection over several streams whose ``matrices(x)`` the stream diagnostics read
     (its form's ``mixes_streams``; not the plain residual, not AttnRes)."""
-    return isinstance(module, CONNECTIONS) and forms.get(module.family).mixes_streams
+    return isinstance(module, Connection) and forms.get(module.family).mixes_streams
 
 
 def projection_width(family: str, n_streams: int, **family_options: Any) -> int | None:
@@ -65,12 +58,11 @@ def set_connection_options(model: nn.Module, **options: Any) -> nn.Module:
             raise ValueError(f"{name} must be True or False, got {options[name]!r}")
     if "kernels" in options and options["kernels"] not in KERNELS:
         raise ValueError(f"kernels must be one of {list(KERNELS)}, got {options['kernels']!r}")
-    connections = [module for module in model.modules() if isinstance(module, CONNECTIONS)]
+    connections = [module for module in model.modules() if isinstance(module, Connection)]
     fixed = sorted({module.family for module in connections if not forms.get(module.family).compute_options})
     if options and fixed:
         raise ValueError(f"family {fixed[0]!r} has one way to compute: connection options {sorted(options)} do not "
                          "apply to it")
     for module in connections:
-        if isinstance(module, HyperConnection) and not module.is_residual:
-            module.set_options(**options)
+        module.set_options(**options)
     return model

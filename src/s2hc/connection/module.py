@@ -16,12 +16,24 @@ from ..checks import check_float, check_int, check_streams
 from ..extras import check_available
 from ..init_rng import Draw
 from ..mixers.base import coefficient_dtype, scale_parameter
-from .base import ComputePath, _stream_precision, as_batch_time, call_branch, check_stream_tensor
-from .init import check_gate_init, check_projection_init, gate_biases, initial_projection, projection_draw
+from .base import ComputePath, Connection, _stream_precision, as_batch_time, call_branch, check_stream_tensor
+from .init import (
+    DEFAULT_SPREAD,
+    check_gate_init,
+    check_projection_init,
+    gate_biases,
+    initial_projection,
+    projection_draw,
+    upcycling_biases,
+)
 from .paths import KERNELS, select_path
 
 COMPUTE_OPTIONS = ("fused", "recompute", "kernels")  # how a connection computes, not what: HyperConnection.set_options
-RESIDUAL = "residual"  # the family HyperConnection computes without a mixer: x + F(x) (its form: forms.residual)
+#: HyperConnection's own keywords that a model's ``family_options`` may give beside the family's, and the types each
+#: takes (as a constructor's annotation writes them): its RMSNorm epsilon, mixing with ``H_resᵀ``, how its
+#: projection and its gates start. The one declaration the form, the configuration and the counts read.
+OPTION_KINDS: dict[str, set[str]] = {"eps": {"float"}, "transpose_res": {"bool"}, "projection_init": {"str"},
+                                     "gate_init": {"str"}}
 
 
 def _projects_per_stream(mixer: mixers.Mixer) -> bool:
@@ -33,14 +45,15 @@ def _mixer_projection_width(mixer: mixers.Mixer) -> int | None:
     return None if _projects_per_stream(mixer) else 2 * mixer.n_streams + mixer.num_inputs
 
 
-class HyperConnection(nn.Module):
+class HyperConnection(Connection):
     """A multi-stream residual connection around a branch, with the stream-mixing family ``family``.
 
     Args:
         dim: width C of one stream (the branch's input and output width).
-        n_streams: number of streams n (1 for ``family="residual"``), at most :data:`s2hc.checks.MAX_STREAMS`.
-        family: ``"residual"`` (plain ``x + F(x)``) or a mixing family (:func:`s2hc.mixers.mixing_families`; the
-            gated residual, ``"gated-residual"``, is :class:`s2hc.GatedResidual`).
+        n_streams: number of streams n, at most :data:`s2hc.checks.MAX_STREAMS`.
+        family: a mixing family (:func:`s2hc.mixers.mixing_families`). Every other family (the plain residual,
+            the gated residual, AttnRes, the wide residual) is a connection of its own: :class:`s2hc.Connections`
+            builds any family's, with the expansion and the read it needs.
         layer_index: the index of the block the connection is in (both sublayers of a block, attention and MLP,
             get the same one, as the s²HC authors' code and :class:`s2hc.models.Transformer` do); the read/write
             gates start favouring stream ``layer_index mod n``.
@@ -75,11 +88,14 @@ class HyperConnection(nn.Module):
     ``x`` may be any floating dtype (float32, bfloat16, float16, float64), whatever the parameters' dtype: the
     connection follows x's dtype (its coefficients in at least float32), as under autocast, and ``h`` has x's
     dtype; a non-tensor or an integer ``x`` is refused with TypeError, a branch returning anything but a tensor too.
-    ``self.family`` is the family's name, ``self.mixer`` its constraint map (a :class:`s2hc.mixers.Mixer`;
-    None for ``"residual"``). Two settings come from the mixer: ``mixer.pre_offset`` is added to ``H_pre`` after
+    ``self.family`` is the family's name, ``self.mixer`` its constraint map (a :class:`s2hc.mixers.Mixer`). Two
+    settings come from the mixer: ``mixer.pre_offset`` is added to ``H_pre`` after
     its gate and ``mixer.weighted_norm=False`` leaves the RMSNorm without a weight (``self.norm_weight`` is
     None); only ``family="mhc", variant="deepseek-v4"`` changes them (DeepSeek-V4's mHC).
     """
+
+    projections = ("projection",)
+    unit_parameters = ("norm_weight",)
 
     def __init__(
         self,
@@ -100,10 +116,9 @@ class HyperConnection(nn.Module):
         check_int("dim", dim)
         check_streams("n_streams", n_streams)  # before anything n-sized is built
         check_int("layer_index", layer_index, minimum=0)
-        if family != RESIDUAL and family not in mixers.REGISTRY:
-            raise ValueError(f"family must be one of {[RESIDUAL, *mixers.REGISTRY]} for a HyperConnection, got "
-                             f"{family!r} (every family, the connection forms of their own among them: "
-                             "s2hc.connection.build_connection)")
+        if family not in mixers.REGISTRY:
+            raise ValueError(f"family must be one of {list(mixers.REGISTRY)} for a HyperConnection, got {family!r} "
+                             "(every family, these and the forms of their own: s2hc.Connections)")
         eps = check_float("eps", eps, positive=True)  # 0, a negative or NaN eps gives NaN streams silently
         if not isinstance(transpose_res, bool):
             raise ValueError(f"transpose_res must be True or False, got {transpose_res!r}")
@@ -112,16 +127,6 @@ class HyperConnection(nn.Module):
         self.projection_init, self.gate_init = check_projection_init(projection_init), check_gate_init(gate_init)
         self.fused, self.recompute, self.kernels = True, False, "torch"
         self.set_options(fused=fused, recompute=recompute, kernels=kernels)
-        if family == RESIDUAL:
-            if n_streams != 1:
-                raise ValueError(f"n_streams must be 1 for family='residual', got {n_streams}")
-            connection_options = {"transpose_res": transpose_res, "projection_init": projection_init != "zero",
-                                  "gate_init": gate_init != "papers"}  # those given a value other than the default
-            if family_options or any(connection_options.values()):
-                options = sorted({*family_options, *(name for name, given in connection_options.items() if given)})
-                raise ValueError(f"family='residual' takes no options, got {options}")
-            self.mixer = None
-            return
         self.mixer = mixers.build(family, n_streams, **family_options)
         n, width = n_streams, n_streams * dim
         if self.per_stream:  # the HC paper's form: each stream normed and projected alone, by shared weights
@@ -143,10 +148,6 @@ class HyperConnection(nn.Module):
         self.bias_post = nn.Parameter(b_post)
 
     @property
-    def is_residual(self) -> bool:
-        return self.mixer is None
-
-    @property
     def per_stream(self) -> bool:
         """Whether the coefficients come from each stream alone (``hc`` with ``projection="per-stream"``)."""
         return _projects_per_stream(self.mixer)
@@ -154,7 +155,7 @@ class HyperConnection(nn.Module):
     def random_init(self) -> dict[str, Draw]:
         """The parameters that start random, and how (:mod:`s2hc.init_rng`): the projection with
         ``projection_init="normal"``; nothing else (the gates' biases and the mixer's start are constants)."""
-        if self.mixer is None or self.projection_init != "normal":
+        if self.projection_init != "normal":
             return {}
         return {"projection": projection_draw(self.dim)}
 
@@ -169,12 +170,21 @@ class HyperConnection(nn.Module):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
         if kernels not in KERNELS:
             raise ValueError(f"kernels must be one of {list(KERNELS)}, got {kernels!r}")
-        if kernels == "triton" and self.family != RESIDUAL:
+        if kernels == "triton":
             if not fused:
                 raise ValueError("kernels='triton' implements the fast path; it needs fused=True, got fused=False")
             check_available(("triton",), "kernels='triton'")
         self.fused, self.recompute, self.kernels = fused, recompute, kernels
         return self
+
+    @torch.no_grad()
+    def start_as_residual(self, spread: float = DEFAULT_SPREAD) -> None:
+        """Upcycling's start (:func:`s2hc.connection.init.upcycling_biases`): the projection zero and the gates'
+        biases such that the streams' mean follows the residual model the weights came from."""
+        pre, post = upcycling_biases(self.n_streams, self.layer_index, spread, self.mixer.pre_offset)
+        self.projection.zero_()
+        self.bias_pre.copy_(pre)
+        self.bias_post.copy_(post)
 
     def compute_path(self, x: torch.Tensor, fused: bool | None = None) -> ComputePath:
         """The :class:`ComputePath` a call on streams ``x`` takes (:func:`select_path` with this module's
@@ -196,12 +206,9 @@ class HyperConnection(nn.Module):
         ``pre`` ``(B, T, n)``, ``post`` ``(B, T, n)`` and ``res`` ``(B, T, n, n)``, in at least float32
         (x's dtype promoted to float32). ``fused`` (default: the module's setting) picks a fast path or the
         reference (:func:`select_path`). ``res`` is the matrix as applied, ``X' = res X`` (transposed with
-        ``transpose_res``). Computed without autocast. For ``family="residual"``: ones, with n = 1.
+        ``transpose_res``). Computed without autocast.
         """
         self._check_streams(x)
-        if self.is_residual:
-            ones = torch.ones(*x.shape[:2], 1, dtype=coefficient_dtype(x.dtype), device=x.device)
-            return ones, ones, ones.unsqueeze(-1)
         with _stream_precision(x):
             return self._coefficients_on(x, self.compute_path(x, fused))
 
@@ -243,8 +250,6 @@ class HyperConnection(nn.Module):
 
     def forward(self, x: torch.Tensor, branch: Callable[..., torch.Tensor], *args, **kwargs) -> torch.Tensor:
         self._check_streams(x)
-        if self.is_residual:
-            return x + self._call_branch(branch, x.squeeze(-2), args, kwargs).unsqueeze(-2)
         if x.dim() != 4:  # streams (..., n, C) with other leading dimensions: the branch sees (..., C)
             lead = x.shape[:-2]
 
@@ -305,10 +310,9 @@ class HyperConnection(nn.Module):
 
     def extra_repr(self) -> str:
         text = f"dim={self.dim}, n_streams={self.n_streams}, family={self.family!r}, layer_index={self.layer_index}"
-        if not self.is_residual:
-            text += f", fused={self.fused}" + (", recompute=True" if self.recompute else "")
-            text += ", kernels='triton'" if self.kernels == "triton" else ""
-            text += ", transpose_res=True" if self.transpose_res else ""
-            text += f", projection_init={self.projection_init!r}" if self.projection_init != "zero" else ""
-            text += f", gate_init={self.gate_init!r}" if self.gate_init != "papers" else ""
+        text += f", fused={self.fused}" + (", recompute=True" if self.recompute else "")
+        text += ", kernels='triton'" if self.kernels == "triton" else ""
+        text += ", transpose_res=True" if self.transpose_res else ""
+        text += f", projection_init={self.projection_init!r}" if self.projection_init != "zero" else ""
+        text += f", gate_init={self.gate_init!r}" if self.gate_init != "papers" else ""
         return text

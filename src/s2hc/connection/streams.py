@@ -13,7 +13,7 @@ from torch import nn
 from ..checks import check_float, check_int, check_streams
 from ..init_rng import Draw
 from ..mixers.base import coefficient_dtype, scale_parameter
-from .base import _stream_precision, check_device
+from .base import ConnectionModule, StreamHead, _stream_precision, check_device
 
 
 def expand_streams(h: torch.Tensor, n_streams: int) -> torch.Tensor:
@@ -26,7 +26,7 @@ def expand_streams(h: torch.Tensor, n_streams: int) -> torch.Tensor:
     return h.unsqueeze(-2).expand(*h.shape[:-1], n_streams, h.shape[-1]).contiguous()
 
 
-class StreamScaling(nn.Module):
+class StreamScaling(ConnectionModule):
     """Learned stream scaling (LSS; brain-lab-research/hc-stream-collapse, ``StreamExpandLSS``): the expanded
     streams ``x`` ``(B, T, n, C)`` times a learned scale ``λ`` ``(n, C)``, per stream and channel, so that the
     streams start different instead of as n copies (against "stream collapse", one stream carrying the signal).
@@ -74,7 +74,7 @@ def reduce_streams(x: torch.Tensor) -> torch.Tensor:
     return x.sum(dim=-2)
 
 
-class HyperHead(nn.Module):
+class HyperHead(StreamHead):
     """A learned reduction of streams ``x`` ``(B, T, n, C)`` into ``(B, T, C)``: DeepSeek-V4's ``HyperHead``.
 
     Per token, with ``x̃ = RMSNorm(vec(X))`` over all n·C features (no weight, ``eps``)::
@@ -89,6 +89,9 @@ class HyperHead(nn.Module):
     RMSNorm turns into the sum's output up to its ``eps``. The weights are computed in at least float32 and
     so is the weighted sum (once per model, as DeepSeek-V4 does), cast back to x's dtype; autocast off.
     """
+
+    projections: tuple[str, ...] = ("projection",)
+    output_read = "hyper-head"
 
     def __init__(self, dim: int, n_streams: int, eps: float = 1e-6, hc_eps: float = 1e-6):
         super().__init__()
@@ -116,6 +119,11 @@ class HyperHead(nn.Module):
             flat = x.flatten(-2).to(dtype)
             d = F.rms_norm(flat, (flat.shape[-1],), None, self.eps) @ self.projection.to(dtype)
             return torch.sigmoid(self.alpha.to(dtype) * d + self.bias.to(dtype)) + self.hc_eps
+
+    def stream_contributions(self, x: torch.Tensor) -> torch.Tensor:
+        """What the head takes from each stream of ``x`` ``(N, n, C)``: ``|w_s| ‖X_s‖``, ``(N, n)`` float64."""
+        weights = self.weights(x.unsqueeze(0))[0]
+        return weights.double().abs() * x.double().norm(dim=-1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weights(x)

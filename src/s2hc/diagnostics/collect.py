@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..connection import GatedHead, HyperConnection, HyperHead, is_mixing_connection
+from ..connection import Connection, StreamHead, is_mixing_connection
 from ..models import Transformer
 from . import measures
 from .depth import depth_modules
@@ -82,29 +82,21 @@ def _output_read(model: nn.Module) -> str:
     """How ``model``'s final read takes from its streams, a key of :data:`~s2hc.diagnostics.summary.OUTPUT_READS`."""
     if not isinstance(model, Transformer):
         return "unknown"
-    if isinstance(model.stream_head, HyperHead):
-        return "hyper-head"
-    if isinstance(model.stream_head, GatedHead):
-        return "gated-head"
+    if isinstance(model.stream_head, StreamHead):
+        return model.stream_head.output_read
     if model.stream_head is None and model.config.stream_reduce in SUM_KEEPING_REDUCTIONS:
         return model.config.stream_reduce
     return "unknown"
 
 
 def head_contributions(head: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """What a learned head takes from each stream of ``x`` ``(N, n, C)``, in size: ``(N, n)`` float64.
-
-    :class:`s2hc.HyperHead` reads ``Σ_s w_s X_s``: ``|w_s| ‖X_s‖``. :class:`s2hc.GatedHead` reads
-    ``(1/n) Σ_s G_s ⊙ X̃_s``: ``‖G_s ⊙ X̃_s‖`` (the common 1/n left out; the shares do not see it).
-    """
+    """What a learned head takes from each stream of ``x`` ``(N, n, C)``, in size: ``(N, n)`` float64, as the head
+    says (:meth:`s2hc.connection.StreamHead.stream_contributions`: ``|w_s| ‖X_s‖`` for :class:`s2hc.HyperHead`,
+    ``‖G_s ⊙ X̃_s‖`` for :class:`s2hc.GatedHead`)."""
+    if not isinstance(head, StreamHead):
+        raise ValueError(f"head must be a learned stream head (s2hc.connection.StreamHead), got {type(head).__name__}")
     with torch.autocast(x.device.type, enabled=False):  # the gates in their own precision, as the heads compute them
-        if isinstance(head, HyperHead):
-            weights = head.weights(x.unsqueeze(0))[0]
-            return weights.double().abs() * measures.stream_norms(x)
-        if isinstance(head, GatedHead):
-            normed = head.normed(x.unsqueeze(0))
-            return measures.stream_norms((head.read_gates(normed) * normed)[0])
-    raise ValueError(f"head must be an s2hc.HyperHead or s2hc.GatedHead, got {type(head).__name__}")
+        return head.stream_contributions(x)
 
 
 @dataclass
@@ -148,12 +140,7 @@ class Capture:
 
     def summary(self, **options: Any) -> dict[str, Any]:
         """Every measurement per layer and across depth: :func:`~s2hc.diagnostics.summary.summarize`."""
-        family = self.family if len(set(self.transposed)) <= 1 else None
-        return summarize(self.res, self.pre, self.post, self.similarity, names=self.names, family=family,
-                         transposed=any(self.transposed), similarity_names=self.names + ["output"],
-                         inert_layers=self.inert, output=self.output, output_read=self.output_read,
-                         read_spread=self.read_spread, read_inert_layers=self.read_inert,
-                         write_inert_layers=self.write_inert, **options)
+        return summarize(self, **options)
 
 
 @dataclass
@@ -204,7 +191,7 @@ class Recorder(contextlib.AbstractContextManager):
             flat = flat[self.positions.to(flat.device)]
         return flat
 
-    def _hooks(self, name: str, module: HyperConnection):
+    def _hooks(self, name: str, module: Connection):
         def before(mod, args, kwargs):
             x = args[0] if args else kwargs["x"]
             with torch.no_grad():
@@ -244,7 +231,7 @@ class Recorder(contextlib.AbstractContextManager):
             before, after = self._hooks(name, module)
             self._handles.append(module.register_forward_pre_hook(before, with_kwargs=True))
             self._handles.append(module.register_forward_hook(after, with_kwargs=True))
-        if _output_read(self.model) in ("hyper-head", "gated-head"):
+        if _output_read(self.model) not in SUM_KEEPING_REDUCTIONS + ("unknown",):  # a learned head's read
             self._handles.append(self.model.stream_head.register_forward_pre_hook(self._head_hook, with_kwargs=True))
         return self
 
@@ -268,7 +255,7 @@ class Recorder(contextlib.AbstractContextManager):
             streams = torch.stack([cat(r.x_in) for r in recs] + [cat(recs[-1].x_out)])
         families, transposed = [r.family for r in recs], [r.transposed for r in recs]
         output_read = _output_read(self.model)
-        if output_read in ("hyper-head", "gated-head"):
+        if output_read not in SUM_KEEPING_REDUCTIONS + ("unknown",):
             output = cat(self.head) if self.head else None  # a pass that stopped before the head: unknown
         else:
             output = cat(recs[-1].norm_out) if recs[-1].norm_out else None

@@ -23,10 +23,10 @@ from torch import nn
 
 from .. import mixers
 from ..checks import check_int, check_str
-from ..connection import CONNECTIONS, HyperConnection
+from ..connection import Connection
 from ..data.loader import eval_batches
 from ..data.shards import stored_cache_dir
-from ..data.sources import options_for
+from ..data.sources import spec_for
 from ..data.stream import validation_tokens
 from ..data.tokenizer import check_tokenizer_fits, get_tokenizer
 from ..devices import autocast_dtype, resolve_device
@@ -260,7 +260,7 @@ def _check_model(model: Any) -> None:
         raise ValueError(f"model must be a torch.nn.Module holding s2hc.HyperConnection (or s2hc.GatedResidual) "
                          f"modules, got {_tensor_text(model)}")
     if not mixing_connections(model):
-        found = sum(isinstance(m, CONNECTIONS) for m in model.modules())
+        found = sum(isinstance(m, Connection) for m in model.modules())
         raise ValueError(
             f"model ({type(model).__name__}) has no hyper-connection that mixes streams ({found} s2hc connection(s), "
             "none mixing): diagnose_model measures s2hc.HyperConnection modules with n_streams >= 2 and a family "
@@ -388,19 +388,19 @@ def default_out(checkpoint: str | Path) -> Path:
 
 
 def _validation_ids(data: str, config, cache_dir, tokens: int, seq_len: int, batch_size: int) -> torch.Tensor:
-    # the run's own data: the run's validation split exactly (s2hc.data.sources.options_for)
-    options = options_for(data, config.data, config.token_options())
+    # the run's own data: the run's validation split exactly (s2hc.data.sources.spec_for)
+    spec = spec_for(data, config.data, config.source_spec())
     windows = max(1, math.ceil(tokens / seq_len))
     # a source that streams is read only as far as these windows (the whole split otherwise)
-    val = validation_tokens(data, config.tokenizer, cache_dir, streaming=config.streaming, seq_len=seq_len,
-                            batch_size=batch_size, eval_batches=math.ceil(windows / batch_size), **options)
+    val = validation_tokens(data, config.tokenizer, cache_dir, spec=spec, seq_len=seq_len, batch_size=batch_size,
+                            eval_batches=math.ceil(windows / batch_size))
     batches = eval_batches(val, seq_len, batch_size, max_batches=math.ceil(windows / batch_size))
     ids = torch.cat([x for x, _ in batches])[:windows]
     return ids
 
 
 def _nothing_to_measure(path: Path, model, config) -> dict[str, Any]:
-    connections = [m for m in model.modules() if isinstance(m, HyperConnection)]
+    connections = [m for m in model.modules() if isinstance(m, Connection)]
     c = model.config
     return {
         "kind": "checkpoint",

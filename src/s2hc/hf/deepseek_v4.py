@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..checks import check_float, check_int, check_streams
-from ..connection import HyperConnection, HyperHead
+from ..connection import Connection, HyperConnection, HyperHead, StreamHead
 from ..mixers.mhc import MAX_ITERATIONS
 
 __all__ = [
@@ -235,14 +235,14 @@ def connection_to_hf(connection: HyperConnection, hf_config: Any | None = None) 
     must be ``family="mhc", variant="deepseek-v4"`` without ``transpose_res`` (else it computes another
     function: ValueError). With ``hf_config``, its sizes, ``iterations``, ``hc_eps`` and ``eps`` must match the
     config's too."""
-    if not isinstance(connection, HyperConnection):
+    if not isinstance(connection, Connection):
         raise ValueError(f"connection must be an s2hc.HyperConnection, got {type(connection).__name__}")
-    variant = getattr(connection.mixer, "variant", None)
-    if connection.family != "mhc" or variant != VARIANT or connection.transpose_res:
+    variant = getattr(getattr(connection, "mixer", None), "variant", None)
+    transposed = getattr(connection, "transpose_res", None)
+    if connection.family != "mhc" or variant != VARIANT or transposed:  # the one format: the mhc family's variant
         raise ValueError(
             f"connection must be family='mhc' with variant={VARIANT!r} and transpose_res=False to compute "
-            f"DeepSeek-V4's mHC, got family={connection.family!r}, variant={variant!r}, "
-            f"transpose_res={connection.transpose_res}"
+            f"DeepSeek-V4's mHC, got family={connection.family!r}, variant={variant!r}, transpose_res={transposed}"
         )
     actual = dict(dim=connection.dim, n_streams=connection.n_streams, iterations=connection.mixer.iterations,
                   hc_eps=connection.mixer.hc_eps, eps=connection.eps)
@@ -254,7 +254,7 @@ def connection_to_hf(connection: HyperConnection, hf_config: Any | None = None) 
 def head_to_hf(head: HyperHead, hf_config: Any | None = None) -> dict[str, torch.Tensor]:
     """``hc_fn``, ``hc_base``, ``hc_scale`` for ``DeepseekV4HyperHead.load_state_dict`` from ``head``; with
     ``hf_config``, its sizes and epsilons must match the config's (ValueError naming the setting)."""
-    if not isinstance(head, HyperHead):
+    if not isinstance(head, StreamHead) or head.output_read != HyperHead.output_read:
         raise ValueError(f"head must be an s2hc.HyperHead, got {type(head).__name__}")
     actual = dict(dim=head.dim, n_streams=head.n_streams, eps=head.eps, hc_eps=head.hc_eps)
     _check_matches("head", actual, hf_config, {} if hf_config is None else head_options(hf_config))

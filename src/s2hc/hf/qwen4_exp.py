@@ -43,8 +43,8 @@ import torch
 from torch import nn
 
 from ..checks import MAX_STREAMS, check_float, check_int
-from ..connection import GatedHead, GatedResidual
-from ..connection.gated import check_rank
+from ..connection import Connection, GatedHead, GatedResidual, StreamHead
+from ..connection.forms.gated_residual import GATED_RESIDUAL, check_rank
 from .deepseek_v4 import _as_state, _checked
 
 __all__ = [
@@ -91,7 +91,7 @@ def connection_options(hf_config: Any) -> dict[str, Any]:
     computes: ``dim``, ``n_streams``, ``rank``, ``eps``. ``hf_config``: a ``Qwen4ExpTextConfig``, a
     ``Qwen4ExpConfig`` (its ``text_config`` is read) or a mapping with their keys, each checked under its own
     name before anything is built: ``hc_count`` in [2, :data:`s2hc.checks.MAX_STREAMS`] (transformers refuses
-    ``hc_count <= 1`` too), ``hc_lowrank`` as :func:`s2hc.connection.gated.check_rank` bounds it."""
+    ``hc_count <= 1`` too), ``hc_lowrank`` as :func:`s2hc.connection.forms.gated_residual.check_rank` bounds it."""
     text = _text_config(hf_config)
     dim = check_int("hidden_size", _get(text, "hidden_size"))
     n_streams = check_int("hc_count", _get(text, "hc_count"), minimum=2, maximum=MAX_STREAMS)
@@ -232,11 +232,17 @@ def connection_to_hf(connection: GatedResidual, hf_config: Any | None = None) ->
     :class:`s2hc.GatedResidual` (a :class:`s2hc.GatedHead` or any other module: ValueError), copies. With
     ``hf_config``, its ``dim``, ``n_streams``, ``rank`` and ``eps`` must match the config's ``hidden_size``,
     ``hc_count``, ``hc_lowrank`` and ``rms_norm_eps`` (ValueError naming the setting and both values)."""
-    if not isinstance(connection, GatedResidual):
-        hint = " (a head: convert it with head_to_hf)" if isinstance(connection, GatedHead) else ""
+    if not isinstance(connection, Connection) or connection.family != GATED_RESIDUAL.name:
+        hint = " (a head: convert it with head_to_hf)" if _is_gated_head(connection) else ""
         raise ValueError(f"connection must be an s2hc.GatedResidual, got {type(connection).__name__}{hint}")
     _check_matches("connection", connection, hf_config)
     return connection_state_to_hf(connection.state_dict(), connection.dim, connection.n_streams, connection.rank)
+
+
+def _is_gated_head(module: object) -> bool:
+    """Whether ``module`` is Qwen's gated read alone (a head that reads and does not write)."""
+    return (isinstance(module, StreamHead) and module.output_read == GatedHead.output_read
+            and not isinstance(module, Connection))
 
 
 def head_to_hf(head: GatedHead, hf_config: Any | None = None) -> dict[str, torch.Tensor]:
@@ -244,8 +250,8 @@ def head_to_hf(head: GatedHead, hf_config: Any | None = None) -> dict[str, torch
     ``Qwen4ExpTextGatedResidual(config, use_combine=False).load_state_dict`` from ``head``, an
     :class:`s2hc.GatedHead` (not a :class:`s2hc.GatedResidual`, which writes too: ValueError), copies; with
     ``hf_config``, its sizes and epsilon must match the config's (ValueError naming the setting)."""
-    if not isinstance(head, GatedHead) or isinstance(head, GatedResidual):
-        hint = " (a connection: convert it with connection_to_hf)" if isinstance(head, GatedResidual) else ""
+    if not _is_gated_head(head):
+        hint = " (a connection: convert it with connection_to_hf)" if isinstance(head, Connection) else ""
         raise ValueError(f"head must be an s2hc.GatedHead, got {type(head).__name__}{hint}")
     _check_matches("head", head, hf_config)
     return head_state_to_hf(head.state_dict(), head.dim, head.n_streams, head.rank)

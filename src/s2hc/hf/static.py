@@ -46,9 +46,10 @@ from typing import Any
 import torch
 
 from ..checks import MAX_LAYERS, check_int
-from ..connection import GatedHead, GatedResidual, HyperConnection, HyperHead, build_connection
-from ..connection.gated import GATED_RESIDUAL
+from ..connection import Connection, GatedHead, GatedResidual, HyperConnection, HyperHead, build_connection
+from ..connection.forms.gated_residual import NAME as GATED_RESIDUAL
 from ..diagnostics import report as diagnostics_report
+from ..diagnostics.collect import Capture
 from ..diagnostics.summary import summarize
 from ..io import json_kind, read_json_object
 from ..mixers.mhc import DEEPSEEK_V4_EPS
@@ -496,7 +497,7 @@ def _per_stream(module: GatedHead) -> dict[str, torch.Tensor]:
         "read_up_norm": module.read_up.double().view(n, dim, rank).square().sum(dim=(1, 2)).sqrt(),
         "read_down_norm": module.read_down.double().view(rank, n, dim).square().sum(dim=(0, 2)).sqrt(),
     }
-    if isinstance(module, GatedResidual):
+    if isinstance(module, Connection):  # a connection writes; the head only reads
         out["write_norm"] = module.write.double().norm(dim=-1)
     return {key: out[key] for key in STREAM_MEASURES if key in out}
 
@@ -555,8 +556,9 @@ def diagnose_static(path: str | Path, out: str | Path | None = None) -> dict[str
     checkpoint = read_static(path)
     matrices = static_matrices(checkpoint)
     names = [name for name, _ in checkpoint.connections]
-    summary = summarize(matrices["res"][:, None], matrices["pre"][:, None], matrices["post"][:, None], names=names,
-                        family=checkpoint.family, transposed=checkpoint.transposed)
+    summary = summarize(Capture(names, [checkpoint.family] * len(names), matrices["res"][:, None],
+                                matrices["pre"][:, None], matrices["post"][:, None], similarity=None,
+                                transposed=[checkpoint.transposed] * len(names)))
     result = {
         "kind": "static",
         "source": checkpoint.source,

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..checks import check_float, check_streams
+from ..counts import Count
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +83,13 @@ class Mixer(nn.Module):
         """Whether the connection with these options projects each stream on its own, C × (2 + n) per stream, rather
         than all n·C features at once (only HC's ``projection="per-stream"``); answered without building."""
         return False
+
+    @classmethod
+    def flops(cls, n_streams: int, **family_options: object) -> tuple[int, Count]:
+        """``(K, count)``: the constraint map's inputs per token at ``n_streams`` and its forward FLOPs per token
+        ``d_res (K) -> H_res (n × n)`` (:mod:`s2hc.counts`), with the family's options. Every family counts itself;
+        this default refuses, naming the family."""
+        raise ValueError(f"no FLOP count for mixing family {cls.name!r} ({cls.__name__}): define {cls.__name__}.flops")
 
     @classmethod
     def upcycle_refusal(cls) -> str | None:

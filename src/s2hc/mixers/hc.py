@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..counts import Count, count
 from .base import Guarantees, Mixer, scale_parameter
 
 PROJECTIONS = ("per-stream", "flat")
@@ -46,6 +47,10 @@ class HCMixer(Mixer):
         """Refused: it would match the source at step 0 only because ``H_res`` starts at ``I``."""
         return ("its H_res is unconstrained, so nothing keeps its columns summing to 1 and the streams' sum stops "
                 "following the source's residual stream")
+
+    @classmethod
+    def flops(cls, n_streams: int, **family_options: object) -> tuple[int, Count]:
+        return n_streams * n_streams, count(0, 3 * n_streams * n_streams)  # B + α tanh(d)
 
     def __init__(self, n_streams: int, alpha: float = 0.01, projection: str = "per-stream", hold_sums: str = "none"):
         super().__init__(n_streams)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..counts import Count, count
 from .base import Guarantees, Mixer
 
 
@@ -22,6 +23,10 @@ class IdentityMixer(Mixer):
         orthogonal=True,
         closed_under_products=True,
     )
+
+    @classmethod
+    def flops(cls, n_streams: int, **family_options: object) -> tuple[int, Count]:
+        return 0, count()
 
     def mix(self, d_res: torch.Tensor) -> torch.Tensor:
         eye = torch.eye(self.n_streams, dtype=d_res.dtype, device=d_res.device)

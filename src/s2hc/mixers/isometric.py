@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ..counts import Count, add, count
 from .base import Guarantees, small_matmul
+from .orthomaps import Rotation
 from .s2hc import ZeroSumMixer
 
 
@@ -23,6 +25,13 @@ class IsometricMixer(ZeroSumMixer):
         orthogonal=True,
         closed_under_products=True,
     )
+
+    @classmethod
+    def flops(cls, n_streams: int, rotation: str = "cayley", **family_options: object) -> tuple[int, Count]:
+        m = n_streams - 1
+        core = count(2 * m**3)  # U Vᵀ
+        rotations = Rotation.flops(m, rotation), Rotation.flops(m, rotation)
+        return m * (m - 1), add(*rotations, core, cls.frame_flops(n_streams))
 
     def __init__(self, n_streams: int, rotation: str = "cayley", alpha: float = 0.01):
         super().__init__(n_streams, rotation, alpha)

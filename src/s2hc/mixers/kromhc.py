@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
+from ..counts import Count, add, count
 from .base import Guarantees
 from .mhc import OFF_DIAGONAL_BIAS
 from .mhc_lite import PermutationMixer, PermutationMixture, check_permutation_size, resolve_off_identity_bias
@@ -58,6 +61,15 @@ class KromHCMixer(PermutationMixer):
         spectral_norm_at_most_one=True,
         closed_under_products=True,
     )
+
+    @classmethod
+    def flops(cls, n_streams: int, **family_options: object) -> tuple[int, Count]:
+        factors = cls.permutation_sizes(n_streams)  # one mixture per prime factor of n
+        counts, size = [PermutationMixture.flops(p) for p in factors], factors[0] if factors else 1
+        for p in factors[1:]:  # the Kronecker products: an outer product (elementwise), size² · p² entries
+            counts.append(count(0, (size * p) ** 2))
+            size *= p
+        return sum(math.factorial(p) for p in factors), add(count(), *counts)
 
     def __init__(
         self,

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..checks import check_float, check_int
+from ..counts import Count, count
 from .base import Guarantees, Mixer, scale_parameter
 
 OFF_DIAGONAL_BIAS = -8.0
@@ -80,6 +81,17 @@ class MHCMixer(Mixer):
         """None: upcycling keeps the function although the columns are only guaranteed to Sinkhorn's tolerance
         (rows exact; at initialisation ``H_res`` is within about ``e⁻⁸`` of ``I``), for both variants."""
         return None
+
+    @classmethod
+    def flops(cls, n_streams: int, iterations: int = 20, variant: str = "paper", **family_options: object
+              ) -> tuple[int, Count]:
+        n = n_streams
+        logits = 2 * n * n
+        if variant == "deepseek-v4":  # a softmax + ε, then 2 (t − 1) + 1 normalisations (sum, + ε, divide)
+            rounds = 5 * n * n + (2 * (iterations - 1) + 1) * (2 * n * n + n)
+        else:  # 2t log-domain normalisations (max, subtract, exp, sum, log, add, subtract), then exp
+            rounds = 2 * iterations * (5 * n * n + 2 * n) + n * n
+        return n * n, count(0, logits + rounds)
 
     def __init__(
         self,

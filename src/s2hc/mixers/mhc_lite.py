@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..checks import check_bool
+from ..counts import Count, count
 from .base import Guarantees, Mixer, scale_parameter
 from .mhc import OFF_DIAGONAL_BIAS
 
@@ -104,6 +105,12 @@ class PermutationMixture(nn.Module):
     the normaliser of 5 040 or 40 320 terms rounds, and every row and column sum is off by up to ~3e-5.
     """
 
+    @staticmethod
+    def flops(size: int) -> Count:
+        """``softmax(α d + b) @ P``: the logits and softmax of size! inputs, a ``(size!) @ (size!, size²)`` product."""
+        k = math.factorial(size)
+        return count(2 * k * size * size, 2 * k + 4 * k)
+
     def __init__(self, size: int, alpha: float = 0.01, off_identity_bias: float | str = OFF_DIAGONAL_BIAS):
         super().__init__()
         self.size = size
@@ -165,6 +172,10 @@ class MHCLiteMixer(PermutationMixer):
         spectral_norm_at_most_one=True,
         closed_under_products=True,
     )
+
+    @classmethod
+    def flops(cls, n_streams: int, **family_options: object) -> tuple[int, Count]:
+        return math.factorial(n_streams), PermutationMixture.flops(n_streams)
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..counts import Count
 from .base import Guarantees, Mixer
 from .orthomaps import Rotation
 
@@ -23,6 +24,10 @@ class OrthogonalMixer(Mixer):
         """Refused: it would match the source at step 0 only because ``H_res`` starts at ``I``."""
         return ("an orthogonal H_res keeps norms, not sums (its columns do not sum to 1), so the streams' sum "
                 "stops following the source's residual stream")
+
+    @classmethod
+    def flops(cls, n_streams: int, rotation: str = "cayley", **family_options: object) -> tuple[int, Count]:
+        return n_streams * (n_streams - 1) // 2, Rotation.flops(n_streams, rotation)
 
     def __init__(self, n_streams: int, rotation: str = "cayley", alpha: float = 0.01):
         super().__init__(n_streams)

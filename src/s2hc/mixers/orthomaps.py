@@ -13,6 +13,7 @@ import math
 
 import torch
 
+from ..counts import Count, count
 from .base import scale_parameter, small_matmul
 
 
@@ -121,6 +122,21 @@ class Rotation(torch.nn.Module):
     maps it to a rotation. ``α`` starts at 0.01, ``b`` at 0 and the magnitude gate ``γ`` at 1, so the
     rotation is exactly ``I`` at initialisation.
     """
+
+    @staticmethod
+    def flops(size: int, chart: str = "cayley") -> Count:
+        """Forward FLOPs per token of one rotation in SO(``size``) from its size(size−1)/2 inputs."""
+        m, k = size, size * (size - 1) // 2
+        gate = 4 * k + k  # γ · tanh(α d + b), and the skew matrix's lower triangle
+        if m <= 1:
+            return count(0, gate)
+        if chart == "expm":  # torch's matrix exponential: a degree-18 Taylor/Padé form, ~8 m³ products (approximate)
+            return count(0, gate + 8 * 2 * m**3)
+        square = 2 * m**3  # the chart computes A² (a product) at every size
+        if m <= 4:  # the closed form: ‖A‖², the combination (and at m = 4 the Pfaffian and the dual)
+            return count(square, gate + 2 * m * m + 6 * m * m + (20 if m == 4 else 0))
+        # a batched solve (I + A) Q = I − A: LU (2m³/3) and m triangular solves (2m³), approximate
+        return count(square, gate + 2 * m * m + 8 * m**3 // 3)
 
     def __init__(self, size: int, chart: str = "cayley", alpha: float = 0.01):
         super().__init__()

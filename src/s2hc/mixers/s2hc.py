@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from ..checks import check_bool
+from ..counts import Count, add, count
 from .base import Guarantees, Mixer, scale_parameter, small_matmul
 from .orthomaps import Rotation, helmert_basis
 
@@ -32,6 +33,12 @@ class ZeroSumMixer(Mixer):
     precision near the identity. ``J`` and the deviation act on orthogonal subspaces, so rows and columns
     sum to 1 and ``‖H_res‖₂ = max(1, ‖M‖₂)``.
     """
+
+    @staticmethod
+    def frame_flops(n_streams: int) -> Count:
+        """``I + U_Z (M − I) U_Zᵀ``: a batched ``(n, m) @ (m, m)`` and an ``(n, m) @ (m, n)``."""
+        n, m = n_streams, n_streams - 1
+        return count(2 * n * m * m + 2 * n * m * n, m * m + n * n)
 
     def __init__(self, n_streams: int, rotation: str = "cayley", alpha: float = 0.01):
         super().__init__(n_streams)
@@ -91,6 +98,14 @@ class S2HCMixer(ZeroSumMixer):
     guarantees = Guarantees(
         row_sums_one=True, col_sums_one=True, spectral_norm_at_most_one=True, closed_under_products=True
     )
+
+    @classmethod
+    def flops(cls, n_streams: int, rotation: str = "cayley", **family_options: object) -> tuple[int, Count]:
+        m = n_streams - 1
+        spectrum = count(0, 3 * m + m * m)  # tanh(α d + b), then U · diag(s)
+        core = count(2 * m**3)  # (U diag(s)) Vᵀ
+        rotations = Rotation.flops(m, rotation), Rotation.flops(m, rotation)
+        return m * m, add(*rotations, spectrum, core, cls.frame_flops(n_streams))
 
     def __init__(
         self,

@@ -19,7 +19,6 @@ from typing import Any
 from ..checks import MAX_LAYERS, check_int
 from ..connection import forms
 from ..connection.forms import HYPER_CONNECTION_OPTIONS, check_family
-from ..connection.init import check_gate_init, check_projection_init
 
 __all__ = ["ModelConfig", "PRESETS", "default_stream_reduce", "get_preset"]
 
@@ -252,35 +251,11 @@ class ModelConfig:
         if not isinstance(self.family_options, Mapping):
             raise _fail("family_options", self.family_options, "a dict of the family's options")
         self.family_options = dict(self.family_options)
-        form = forms.get(self.family)
-        form.check_streams(self.n_streams)
-        if self.stream_reduce == "head" and "head" not in form.stream_reductions and form.max_streams == 1:
-            raise ValueError(f"stream_reduce='head' weighs several streams; family={self.family!r} has one, so use "
-                             "'sum' (or choose a multi-stream family)")
-        if self.stream_reduce not in form.stream_reductions:
-            raise ValueError(f"stream_reduce must be one of {list(form.stream_reductions)} for family="
-                             f"{self.family!r}, got {self.stream_reduce!r}")
         if self.lss_init is not None:
-            if not form.stream_scaling:
-                raise ValueError(f"lss_init scales several streams; family={self.family!r} has one, got lss_init="
-                                 f"{self.lss_init!r} (leave it None or choose a multi-stream family)")
             self.lss_init = _check_float("lss_init", self.lss_init)
-        form.check_options(self.family_options)
-        form.check_sizes(self.family_options, dim=self.dim, n_streams=self.n_streams, n_sublayers=2 * self.n_layers)
-        if isinstance(form, forms.HyperConnectionForm):
-            self._check_initialisation()
-
-    def _check_initialisation(self) -> None:
-        """The connection's ``projection_init`` and ``gate_init`` values; a residual-equivalent start
-        (``gate_init="residual"``) makes the streams' mean the residual stream, so the output must be that mean."""
-        check_projection_init(self.family_options.get("projection_init", "zero"))
-        if check_gate_init(self.family_options.get("gate_init", "papers")) != "residual":
-            return
-        if self.stream_reduce != "mean":
-            raise ValueError(f"gate_init='residual' makes the streams' mean the residual stream: set "
-                             f"stream_reduce='mean', got stream_reduce={self.stream_reduce!r}")
-        if self.n_streams < 2:
-            raise ValueError(f"gate_init='residual' needs n_streams >= 2 (H_pre = 1/n), got n_streams={self.n_streams}")
+        forms.get(self.family).check_model(dim=self.dim, n_streams=self.n_streams, n_sublayers=2 * self.n_layers,
+                                           stream_reduce=self.stream_reduce, lss_init=self.lss_init,
+                                           options=self.family_options)
 
     # ---- derived -------------------------------------------------------------------------------------
 

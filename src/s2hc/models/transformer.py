@@ -44,13 +44,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from ..checks import check_int
-from ..connection import (
-    CONNECTIONS,
-    HEADS,
-    StreamScaling,
-    build_connection,
-    forms,
-)
+from ..connection import ConnectionModule, StreamScaling, build_connection, forms
 from ..init_rng import DEFAULT_INIT_RNG, Draw, check_init_rng, parameter_generator, random_seed, redraw
 from .model_config import ModelConfig
 
@@ -628,8 +622,7 @@ class Transformer(nn.Module):
         """The parameters of every connection, of the learned head and of the stream scaling (empty for
         ``family="residual"``), e.g. for an optimiser group of their own; :meth:`init_weights` never touches
         them."""
-        kinds = (*CONNECTIONS, *HEADS, StreamScaling)
-        return [p for module in self.modules() if isinstance(module, kinds) for p in module.parameters()]
+        return [p for module in self.modules() if isinstance(module, ConnectionModule) for p in module.parameters()]
 
     def forward(
         self,

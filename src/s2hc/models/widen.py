@@ -30,9 +30,7 @@ qualifying family keeps its own initialisation of ``H_res`` (near or exactly ``I
 
 from __future__ import annotations
 
-import torch
-
-from ..connection import HyperConnection, forms
+from ..connection import Connection, forms
 from ..connection.init import DEFAULT_SPREAD, upcycling_biases  # their home is the connection (gate_init="residual")
 from .model_config import ModelConfig
 from .transformer import Transformer
@@ -75,11 +73,7 @@ def upcycle_model(source: Transformer, family: str, n_streams: int, family_optio
     if unexpected or any("_hc." not in name for name in missing):  # pragma: no cover - the same architecture
         raise ValueError(f"the source's weights do not fit the {family} model: missing {missing}, "
                          f"unexpected {unexpected}")
-    with torch.no_grad():
-        for module in target.modules():
-            if isinstance(module, HyperConnection) and not module.is_residual:
-                pre, post = upcycling_biases(n_streams, module.layer_index, spread, module.mixer.pre_offset)
-                module.projection.zero_()
-                module.bias_pre.copy_(pre)
-                module.bias_post.copy_(post)
+    for module in target.modules():
+        if isinstance(module, Connection):
+            module.start_as_residual(spread)
     return target

@@ -26,16 +26,17 @@ by its shape, so the rule is the same whichever family the connections mix with 
   ``(n, n)`` static matrices, the only connection biases with two dimensions, and the ``(n, C)`` learned stream
   scaling (which hc-stream-collapse's ``p.dim() >= 2`` rule decays too): not the same rule for every family.
 
-Which optimizer updates a parameter (``TrainConfig.optimizer``, :data:`OPTIMIZERS`) is decided the same way, by
-what it is (:func:`optimizer_of_parameters`): ``"adamw"`` updates every parameter; ``"muon"`` gives torch's
+Which optimizer updates a parameter (``TrainConfig.optimizer``, :data:`OPTIMIZERS`) is decided the same way, by what
+it is (:func:`optimizer_of_parameters`): ``"adamw"`` updates every parameter; ``"muon"`` gives torch's
 ``torch.optim.Muon`` the hidden matrices, the ``nn.Linear`` weights of the blocks' branches (``Attention``'s
 ``q/k/v/o_proj``, ``MLP``'s ``gate/up/down_proj``), and AdamW everything else: the embeddings, the LM head (tied or
-not), every bias and norm weight, and every parameter of the multi-stream machinery (:data:`CONNECTIONS`:
-small, and no hidden matrix; their scalars and biases no matrix at all). Each optimizer applies the run's weight-decay
-rule to its own parameters (the branches' matrices decay toward 0 under every rule). Muon's step is scaled by
-``adjust_lr_fn="match_rms_adamw"`` (0.2 · lr · sqrt(max(A, B)) for an (A, B) matrix, Moonshot's rule), so one
-``lr`` gives both optimizers about the same update RMS, and both follow the one schedule; momentum 0.95 and
-Nesterov are torch's defaults. :class:`MuonWithAdamW` steps, zeroes and saves the two as one optimizer.
+not), every bias and norm weight, and every parameter of the multi-stream machinery (inside a
+:class:`~s2hc.connection.ConnectionModule`: small, and no hidden matrix; their scalars and biases no matrix at all).
+Each optimizer applies the run's weight-decay rule to its own parameters (the branches' matrices decay toward 0 under
+every rule). Muon's step is scaled by ``adjust_lr_fn="match_rms_adamw"`` (0.2 · lr · sqrt(max(A, B)) for an (A, B)
+matrix, Moonshot's rule), so one ``lr`` gives both optimizers about the same update RMS, and both follow the one
+schedule; momentum 0.95 and Nesterov are torch's defaults. :class:`MuonWithAdamW` steps, zeroes and saves the two as
+one optimizer.
 
 docs/training.md ("Weight decay", "Optimizer: AdamW or Muon") states the rules by parameter name and what each
 does to a family's biases.
@@ -51,12 +52,9 @@ import torch
 from torch import nn
 
 from ..config import OPTIMIZERS, WEIGHT_DECAY_RULES
-from ..connection import CONNECTIONS as CONNECTION_FORMS
-from ..connection import HEADS, HyperConnection, StreamScaling
+from ..connection import ConnectionModule
 from ..models.transformer import MLP, Attention, RMSNorm
 
-# A parameter inside one of these belongs to the multi-stream machinery: a connection, a learned head, the LSS.
-CONNECTIONS = (*CONNECTION_FORMS, *HEADS, StreamScaling)
 NORMS = (RMSNorm, nn.LayerNorm)
 #: The blocks' branches: the ``nn.Linear`` weights directly inside one are the hidden matrices Muon updates.
 BRANCHES = (Attention, MLP)
@@ -86,7 +84,7 @@ def _owned_parameters(model: nn.Module):
     seen: set[int] = set()
     connections: list[str] = []
     for prefix, module in model.named_modules():
-        if isinstance(module, CONNECTIONS):
+        if isinstance(module, ConnectionModule):  # a connection, a learned head, the stream scaling
             connections.append(prefix + ".")
         inside = any((prefix + ".").startswith(c) for c in connections)
         for attribute, p in module.named_parameters(recurse=False):
@@ -99,7 +97,7 @@ def _owned_parameters(model: nn.Module):
 def _matrices_rule(name: str, owner: nn.Module, attribute: str, in_connection: bool) -> bool:
     """Whether the parameter decays under ``"matrices"``: what it is decides, not its shape."""
     if in_connection:  # the token-driven projections decay; gates' biases, scales and norm weights do not
-        return isinstance(owner, CONNECTIONS) and attribute in getattr(owner, "projections", ("projection",))
+        return isinstance(owner, ConnectionModule) and attribute in owner.projections
     if isinstance(owner, (nn.Linear, nn.Embedding)) and attribute == "weight":
         return True
     if isinstance(owner, NORMS) or (isinstance(owner, nn.Linear) and attribute == "bias"):
@@ -118,7 +116,8 @@ def decay_targets(model: nn.Module, on: str = "matrices") -> dict[str, float | N
     for name, _, owner, attribute, in_connection in _owned_parameters(model):
         decays = _matrices_rule(name, owner, attribute, in_connection)  # also refuses an unknown kind
         if on == "all":
-            targets[name] = 1.0 if isinstance(owner, HyperConnection) and attribute == "norm_weight" else 0.0
+            unit = isinstance(owner, ConnectionModule) and attribute in owner.unit_parameters
+            targets[name] = 1.0 if unit else 0.0
         elif on == "2d":
             targets[name] = 0.0 if getattr(owner, attribute).dim() >= 2 else None
         else:

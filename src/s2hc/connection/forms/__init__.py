@@ -16,10 +16,10 @@ from typing import Any
 
 from ... import mixers
 from .attn_res import ATTN_RES, AttnResConnection, AttnResHead
-from .base import ConnectionForm
-from .gated_residual import GATED_RESIDUAL
+from .base import CoefficientProbe, ConnectionForm
+from .gated_residual import GATED_RESIDUAL, GatedHead, GatedResidual
 from .hyper import HYPER_CONNECTION_OPTIONS, HyperConnectionForm
-from .residual import RESIDUAL
+from .residual import RESIDUAL, ResidualConnection
 from .wide_residual import WIDE_RESIDUAL, WideResidual
 
 #: Every form in the order ``s2hc.families()`` lists them: the residual, the mixing families in the design
@@ -63,6 +63,7 @@ def options(family: str) -> dict[str, Any]:
 
 __all__ = [
     "ATTN_RES", "FORMS", "GATED_RESIDUAL", "HYPER_CONNECTION_OPTIONS", "REGISTRY", "RESIDUAL", "WIDE_RESIDUAL",
-    "AttnResConnection", "AttnResHead", "ConnectionForm", "HyperConnectionForm", "WideResidual", "check_family",
+    "AttnResConnection", "AttnResHead", "CoefficientProbe", "ConnectionForm", "GatedHead", "GatedResidual",
+    "HyperConnectionForm", "ResidualConnection", "WideResidual", "check_family",
     "default_streams", "families", "get", "options",
 ]

@@ -35,8 +35,9 @@ import torch
 from torch import nn
 
 from ...checks import check_float, check_int
+from ...counts import Count, count
 from ...mixers.base import coefficient_dtype
-from ..base import _stream_precision, call_branch, check_device
+from ..base import Connection, StreamHead, _stream_precision, call_branch, check_device
 from .base import ConnectionForm
 
 #: The paper's Block AttnRes: about eight blocks over the depth (``block_size=None`` chooses the size for that).
@@ -97,7 +98,7 @@ class DepthAttention(nn.Module):
         return self.read(_check_sources(sources, None, self.dim, type(self).__name__))[0]
 
 
-class AttnResConnection(DepthAttention):
+class AttnResConnection(DepthAttention, Connection):
     """Attention Residuals around one branch (module docstring).
 
     Args:
@@ -133,7 +134,7 @@ class AttnResConnection(DepthAttention):
     @property
     def num_sources(self) -> int:
         """How many sources this sublayer reads: the embedding and one per block begun before it."""
-        return 1 + math.ceil(self.sublayer / self.block_size)
+        return _sources(self.sublayer, self.block_size)
 
     def depth_weights(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The softmax weights ``(B, T, S)`` this sublayer gives its sources (the form's diagnostic)."""
@@ -152,7 +153,7 @@ class AttnResConnection(DepthAttention):
         return f"dim={self.dim}, sublayer={self.sublayer}, block_size={self.block_size}, eps={self.eps}"
 
 
-class AttnResHead(DepthAttention):
+class AttnResHead(DepthAttention, StreamHead):
     """The model's output read over every source (the paper's last query): a tuple of ``(B, T, C)`` -> ``(B, T, C)``."""
 
     projections: tuple[str, ...] = ()
@@ -174,6 +175,18 @@ def block_size_for(variant: str, block_size: int | None, n_sublayers: int, bound
     if block_size is None:
         return max(1, math.ceil(n_sublayers / DEFAULT_BLOCKS))
     return check_int("family option 'block_size' of 'attn-res'", block_size, maximum=n_sublayers if bounded else None)
+
+
+def _sources(sublayer: int, block_size: int) -> int:
+    """The sources ``sublayer`` reads: the embedding and one per block begun before it."""
+    return 1 + math.ceil(sublayer / block_size)
+
+
+def _read_flops(dim: int, sources: int) -> int:
+    """One softmax read over ``sources`` sources, all elementwise: per source its dot with the query (``2C``; a
+    matrix-vector product, which FlopCounterMode does not count), its mean square and scale (``3C`` + 2), the
+    softmax (5 per source) and the weighted sum (``2C``)."""
+    return sources * (2 * dim + 3 * dim + 2 + 5 + 2 * dim)
 
 
 class AttnResForm(ConnectionForm):
@@ -217,6 +230,22 @@ class AttnResForm(ConnectionForm):
         sources = _check_sources(x, None, x[0].shape[-1] if isinstance(x, tuple) and x else 0, "reduce")
         total = sum(sources[1:], sources[0])
         return total / len(sources) if mean else total
+
+    def flops(self, dim: int, n_streams: int, *, sublayer: int, n_sublayers: int, variant: str = "block",
+              block_size: int | None = None, **options: Any) -> Count:
+        """Its softmax read over its sources, and the output added to the current block (or appended as a new one:
+        no FLOP)."""
+        size = block_size_for(variant, block_size, n_sublayers)
+        return count(0, _read_flops(dim, _sources(sublayer, size)) + (dim if sublayer % size else 0))
+
+    def state_size(self, n_streams: int, n_sublayers: int, options: Mapping[str, Any]) -> int:
+        """The sources the last sublayer hands on: the embedding and one per block."""
+        size = block_size_for(options.get("variant", "block"), options.get("block_size"), n_sublayers)
+        return _sources(n_sublayers, size)
+
+    def head_flops(self, dim: int, n_streams: int, *, n_sublayers: int, options: Mapping[str, Any]) -> Count:
+        """The output query's read over every source."""
+        return count(0, _read_flops(dim, self.state_size(n_streams, n_sublayers, options)))
 
     def upcycle_refusal(self) -> str | None:
         return ("its sublayers read the mean of their sources, the residual sum's direction but not its scale, so "

@@ -9,17 +9,48 @@ line in its registry (:mod:`s2hc.connection.forms`), and no module outside asks 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from ... import mixers
-from ...checks import check_int
+from ...checks import check_bool, check_float, check_int, check_str
+from ...counts import Count, count
 from ...mixers.base import Guarantees
 from ...mixers.mhc import DEEPSEEK_V4_EPS
 from ..streams import HyperHead, expand_streams, reduce_streams
+
+
+def check_option_value(family: str, name: str, value: Any, kinds: set[str]) -> Any:
+    """``value`` of option ``name`` checked by the types it takes (``kinds``, as a constructor's annotation writes
+    them: ``{"float"}``, ``{"int", "None"}``): a ``float`` option must be a finite number (``eps`` a positive one),
+    an ``int`` an integer; a string is left to the family to check. ValueError naming the option otherwise."""
+    where = f"family option {name!r} of {family!r}"
+    if ("str" in kinds and isinstance(value, str)) or ("None" in kinds and value is None):
+        return value  # the family checks the string itself
+    if "bool" in kinds:
+        return check_bool(where, value)
+    if "float" in kinds:
+        return check_float(where, value, positive=name == "eps")
+    if "int" in kinds:
+        return check_int(where, value)
+    if "str" in kinds:
+        return check_str(where, value)
+    return value
+
+
+@dataclass(frozen=True)
+class CoefficientProbe:
+    """What ``s2hc bench`` times as a form's coefficient path (the token-driven work before the branch, without the
+    read and the write): ``module``, the connection built for it; ``run(x, fused)``, a scalar of the coefficients
+    of streams ``x`` ``(tokens, 1, n, C)`` to call ``backward`` on, computed by the fast path (``fused`` True) or the
+    reference (False)."""
+
+    module: nn.Module
+    run: Callable[[torch.Tensor, bool], torch.Tensor]
 
 
 class ConnectionForm:
@@ -38,12 +69,16 @@ class ConnectionForm:
         compute_options: whether the connection takes ``fused`` / ``recompute`` / ``kernels``.
         mixes_streams: whether its connections hold several streams in ``(B, T, n, C)`` and give
             ``matrices(x)`` (``pre``, ``post``, ``res``): what the stream diagnostics read.
+        has_res: whether those matrices include a residual matrix ``H_res`` that mixes the streams, so that the
+            ``H_res`` measures (sums, spectral norms, composites over depth) mean something; the gated residual's
+            ``res`` is the identity it never leaves.
         connection_options: the options beside the family's own that the connection takes (``eps``, ...).
-        coefficient_path: how the bench times the connection's coefficient path alone: ``"paths"`` (its fast
-            and reference implementations), ``"one path"``, or None (no token-driven coefficients of its own to
-            time apart from the step: AttnRes's depth softmax, the wide residual's fixed maps).
-        option_kinds: for a form without a mixer, the types each of its options takes (``{"rank": {"int"}}``;
-            type names as a constructor's annotation writes them), which the configuration checks.
+        coefficient_paths: the ``fused`` values under which the bench times the connection's coefficient path
+            alone (:meth:`coefficient_probe`): ``(True, False)``, its fast path and its reference; ``(True,)``, its
+            one path; ``()``, nothing token-driven to time apart from the step (AttnRes's depth softmax, the wide
+            residual's fixed maps).
+        option_kinds: the types each of its options takes (``{"rank": {"int"}}``; type names as a constructor's
+            annotation writes them), which :meth:`check_option_values` checks.
     """
 
     name: str = ""
@@ -57,9 +92,10 @@ class ConnectionForm:
     stream_scaling: bool = True
     compute_options: bool = False
     mixes_streams: bool = True
+    has_res: bool = False
     connection_options: tuple[str, ...] = ()
     option_kinds: Mapping[str, set[str]] = {}
-    coefficient_path: str | None = None
+    coefficient_paths: tuple[bool, ...] = ()
 
     # ---- options ---------------------------------------------------------------------------------------------
 
@@ -80,9 +116,38 @@ class ConnectionForm:
         if unknown:
             raise ValueError(f"unknown {what} {unknown} for family {self.name!r}; allowed: {self.allowed_options()}")
 
+    def check_option_values(self, options: Mapping[str, Any], n_streams: int) -> dict[str, Any]:
+        """``options`` with each value checked by the type it takes (:attr:`option_kinds`; numeric strings of float
+        options converted), so that a bad value fails when a run's configuration is read, before any data; unknown
+        keys are left to :meth:`check_options`. A form whose values need more (a mixer to build) overrides it."""
+        checked = dict(options)
+        for name, kinds in self.option_kinds.items():
+            if name in checked:
+                checked[name] = check_option_value(self.name, name, checked[name], kinds)
+        return checked
+
     def check_sizes(self, options: Mapping[str, Any], *, dim: int, n_streams: int, n_sublayers: int) -> None:
         """ValueError (one line, naming the option, its value and the range) for an option whose value the model's
         sizes bound: the gated residual's ``rank``, AttnRes's ``block_size``. Nothing to check by default."""
+
+    def check_model(self, *, dim: int, n_streams: int, n_sublayers: int, stream_reduce: str, lss_init: float | None,
+                    options: Mapping[str, Any]) -> None:
+        """ValueError (one line naming the setting) unless a model of this form can be built with these settings:
+        the stream count, the final read ``stream_reduce``, learned stream scaling ``lss_init`` (None: none), the
+        option keys and the values the model's sizes bound (``dim``, ``n_sublayers`` wrapped branches). What
+        :class:`s2hc.models.ModelConfig` and :class:`s2hc.Connections` check."""
+        self.check_streams(n_streams)
+        if stream_reduce == "head" and "head" not in self.stream_reductions and self.max_streams == 1:
+            raise ValueError(f"stream_reduce='head' weighs several streams; family={self.name!r} has one, so use "
+                             "'sum' (or choose a multi-stream family)")
+        if stream_reduce not in self.stream_reductions:
+            raise ValueError(f"stream_reduce must be one of {list(self.stream_reductions)} for family="
+                             f"{self.name!r}, got {stream_reduce!r}")
+        if lss_init is not None and not self.stream_scaling:
+            raise ValueError(f"lss_init scales several streams; family={self.name!r} has one, got lss_init="
+                             f"{lss_init!r} (leave it None or choose a multi-stream family)")
+        self.check_options(options)
+        self.check_sizes(options, dim=dim, n_streams=n_streams, n_sublayers=n_sublayers)
 
     def check_streams(self, n_streams: int, argument: str = "n_streams") -> int:
         """``n_streams`` when the form accepts it; ValueError naming the form and the accepted range otherwise."""
@@ -106,6 +171,30 @@ class ConnectionForm:
         """The learned final read of ``stream_reduce="head"``: DeepSeek-V4's :class:`~s2hc.HyperHead` unless the
         form has its own."""
         return HyperHead(dim, n_streams, eps=norm_eps, hc_eps=options.get("hc_eps", DEEPSEEK_V4_EPS))
+
+    def flops(self, dim: int, n_streams: int, *, sublayer: int, n_sublayers: int, **options: Any) -> Count:
+        """Forward FLOPs per token of the connection around sublayer ``sublayer`` of ``n_sublayers`` with streams of
+        width ``dim`` (:mod:`s2hc.counts`); ``options`` the family's, the connection's own keywords removed. A form
+        must count itself: this default refuses, naming the form."""
+        raise ValueError(f"no FLOP count for the connection form of {self.name!r} ({type(self).__name__}): define "
+                         f"{type(self).__name__}.flops")
+
+    def state_size(self, n_streams: int, n_sublayers: int, options: Mapping[str, Any]) -> int:
+        """How many ``(B, T, C)`` tensors the last block hands on to the final read: the n streams by default
+        (AttnRes: its sources)."""
+        return n_streams
+
+    def head_flops(self, dim: int, n_streams: int, *, n_sublayers: int, options: Mapping[str, Any]) -> Count:
+        """Forward FLOPs per token of the learned final read (:meth:`build_head`): DeepSeek-V4's HyperHead by default
+        (an RMSNorm over nC, an ``nC × n`` product, σ, and the weighted sum)."""
+        n = n_streams
+        return count(2 * n * dim * n, 3 * n * dim + 3 * n + 2 * n * dim)
+
+    def coefficient_probe(self, dim: int, n_streams: int, generator: torch.Generator) -> CoefficientProbe:
+        """The connection and the call ``s2hc bench`` times as the coefficient path (:class:`CoefficientProbe`), for
+        a form with :attr:`coefficient_paths`; ``generator`` draws any parameter that would otherwise start at a
+        value that lets a path skip work."""
+        raise ValueError(f"family {self.name!r} has no coefficient path of its own to time apart from the step")
 
     def replaces_final_norm(self, stream_reduce: str) -> bool:
         """Whether the form's head is normalised itself, so the model has no final norm after it."""

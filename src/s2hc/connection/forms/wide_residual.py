@@ -21,11 +21,12 @@ import torch
 from torch import nn
 
 from ...checks import check_int, check_streams
-from ..base import _stream_precision, call_branch, check_stream_tensor
+from ...counts import Count, count
+from ..base import Connection, _stream_precision, call_branch, check_stream_tensor
 from .base import ConnectionForm
 
 
-class WideResidual(nn.Module):
+class WideResidual(Connection):
     """The wide residual around one branch (module docstring). ``forward(x, branch, *args, **kwargs)``: ``x``
     ``(B, T, n, C)`` -> ``(B, T, n, C)``. Parameters ``read`` ``(C, nC)`` and ``write`` ``(nC, C)``, both
     token-independent matrices (``projections``: weight decay's "matrices" decays them)."""
@@ -82,6 +83,9 @@ class WideResidualForm(ConnectionForm):
         self.check_options(options, "option(s)")
         return WideResidual(dim, n_streams, layer_index)
 
+    def flops(self, dim: int, n_streams: int, *, sublayer: int, n_sublayers: int, **options: Any) -> Count:
+        """The read ``nC -> C`` and the write ``C -> nC`` (products) and the add (``nC``)."""
+        return count(2 * n_streams * dim * dim * 2, n_streams * dim)
 
 
 WIDE_RESIDUAL = WideResidualForm()
