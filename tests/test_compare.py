@@ -172,3 +172,57 @@ def test_curves_that_lie_on_top_of_each_other_both_stay_visible():
     widths = [line.get_linewidth() for line in lines]
     assert widths == sorted(widths, reverse=True) and widths[0] > widths[-1]
     plt.close(fig)
+
+
+def test_family_options_apply_to_the_compared_families_that_take_them(base):
+    spec = compare_spec(base, ["residual", "hc", ("mhc", {"iterations": 5})], family_options={"alpha": 0.5})
+    assert [c.label for c in spec.configurations] == [
+        "residual", "hc (alpha=0.5) n=4", "mhc (alpha=0.5, iterations=5) n=4"]
+    with pytest.raises(ValueError, match="--family-option iterations: family 'hc' does not take it"):
+        compare_spec(base, ["hc", "mhc"], family_options={"iterations": 5})
+    with pytest.raises(ValueError, match="residual takes no options"):
+        compare_spec(base, [("residual", {"alpha": 0.5})])
+
+
+def test_compare_cli_takes_family_options_and_family_key_value(monkeypatch, capsys, tmp_path):
+    """`--family-option` goes to the families compared (not to the residual base config, which refused it), and
+    `--families` takes FAMILY:KEY=VALUE as `s2hc bench` and `s2hc params` do."""
+    import s2hc.study
+
+    seen = {}
+
+    def fake_compare(base, families, **kwargs):
+        seen["spec"] = compare_spec(base, families, n_streams=kwargs["n_streams"],
+                                    family_options=kwargs["family_options"])
+        (tmp_path / "report.md").write_text("report\n")
+        return tmp_path / "report.md"
+
+    monkeypatch.setattr(s2hc.study, "compare", fake_compare)
+    assert main(["compare", "--families", "hc,mhc", "--family-option", "alpha=0.5", "--out", str(tmp_path)]) == 0
+    assert [c.label for c in seen["spec"].configurations] == ["hc (alpha=0.5) n=4", "mhc (alpha=0.5) n=4"]
+    assert main(["compare", "--families", "residual,attn-res:block_size=2,mhc:iterations=3:alpha=0.5",
+                 "--out", str(tmp_path)]) == 0
+    assert [c.label for c in seen["spec"].configurations] == [
+        "residual", "attn-res (block_size=2)", "mhc (alpha=0.5, iterations=3) n=4"]
+    capsys.readouterr()
+    assert main(["compare", "--families", "hc,mhc", "--family-option", "iterations=3", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "family 'hc' does not take it" in err, err
+
+
+def test_compare_family_is_no_prefix_of_family_option(capsys, tmp_path):
+    assert main(["compare", "--family", "mhc", "--out", str(tmp_path / "c")]) == 2
+    err = capsys.readouterr().err
+    assert "did you mean --families mhc?" in err and "KEY=VALUE, got" not in err, err
+
+
+def test_train_family_takes_key_value():
+    from s2hc.cli import build_parser
+    from s2hc.cli.train import training_config
+
+    args = build_parser().parse_args(["train", "--family", "attn-res:block_size=2", "--family-option", "eps=1e-5"])
+    config = training_config(args, family=args.family, n_streams=args.streams)
+    assert (config.family, config.family_options) == ("attn-res", {"eps": 1e-5, "block_size": 2})
+    args = build_parser().parse_args(["train", "--family", "mhc:bogus"])
+    with pytest.raises(ValueError, match="argument --family"):
+        training_config(args, family=args.family)

@@ -12,20 +12,25 @@ from .common import parse_families, positive_int
 SUMMARY = {"params": "parameter counts of the hyper-connections of a model shape"}
 
 
-def parse_variants(text: str | None) -> list[tuple[str, dict]]:
+def parse_variants(text: str | None, argument: str = "--families") -> list[tuple[str, dict]]:
     """``"mhc,gated-residual:rank=16"`` -> ``[("mhc", {}), ("gated-residual", {"rank": 16})]`` (None: every family),
-    read as ``s2hc bench --families`` reads them (:func:`s2hc.bench.measure.parse_variant`); ValueError naming
-    ``--families`` for an unknown family (the bench's peer included) or an option without ``=``."""
+    read as ``s2hc bench --families`` reads them (:func:`s2hc.bench.measure.parse_variant`: ``FAMILY:KEY=VALUE``,
+    several options separated by colons, ``s2hc:rotation=expm:fused=false``); what ``s2hc params``, ``train
+    --family`` and ``compare --families`` take. ValueError naming ``argument`` for an unknown family (the bench's
+    peer included) or an option without ``=``."""
     from ..bench.measure import parse_variant
     from ..connection.forms import check_family, families
 
     if text is None:
         return [(name, {}) for name in families()]
-    variants = [parse_variant(entry, n_streams=1) for entry in text.split(",") if entry.strip()]
-    if not variants:
-        parse_families(text)  # says that no family is named
-    for variant in variants:
-        check_family(variant.family, "argument --families")  # the peer is no family to count
+    try:
+        variants = [parse_variant(entry, n_streams=1) for entry in text.split(",") if entry.strip()]
+        if not variants:
+            parse_families(text)  # says that no family is named
+        for variant in variants:
+            check_family(variant.family, "argument --families")  # the peer is no family to count
+    except ValueError as error:  # the bench names its own argument
+        raise ValueError(str(error).replace("argument --families", f"argument {argument}")) from None
     return [(variant.family, variant.options) for variant in variants]
 
 

@@ -21,7 +21,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from .common import parse_families, positive_int
+from .common import positive_int
+from .params import parse_variants
 
 # The library is imported inside the functions (s2hc.cli's start time): the flags need s2hc.config, the work
 # s2hc.train and s2hc.study.
@@ -76,10 +77,14 @@ def add_training_options(parser: argparse.ArgumentParser) -> None:
                         help="any other TrainConfig key, value parsed as YAML, e.g. model_overrides={dim: 64}")
 
 
-def training_config(args: argparse.Namespace, resume: bool = False, **fixed) -> TrainConfig:
+def training_config(args: argparse.Namespace, resume: bool = False, family_options: bool = True,
+                    **fixed) -> TrainConfig:
     """TrainConfig from defaults < --init-from's model settings < --config file < --set < explicit flags < ``fixed``
     (None values skipped). With ``resume``, the run's own settings (in its ``out``) take the place of the defaults
-    and of --init-from's: what is given is a change to them."""
+    and of --init-from's: what is given is a change to them. A ``family`` given as ``FAMILY:KEY=VALUE``
+    (:func:`.params.parse_variants`, as ``s2hc bench`` and ``params`` read ``--families``) adds its options over
+    ``--family-option``'s; ``family_options=False`` leaves ``--family-option`` out (``s2hc compare`` applies it to
+    each family it compares)."""
     from ..config import TrainConfig, option_fields, parse_assignment
     from ..train.init_from import inherit_model_settings, resumed_settings
     from .configs import read_config
@@ -89,8 +94,14 @@ def training_config(args: argparse.Namespace, resume: bool = False, **fixed) -> 
     for f in option_fields():
         if getattr(args, f.name) is not None:
             values[f.name] = getattr(args, f.name)
-    if args.family_option:
+    if args.family_option and family_options:
         options = dict(parse_assignment(text, "--family-option") for text in args.family_option)
+        values["family_options"] = {**values.get("family_options", {}), **options}
+    if fixed.get("family") is not None and ":" in fixed["family"]:  # --family attn-res:block_size=2
+        (fixed["family"], options), *more = parse_variants(fixed["family"], "--family")
+        if more:
+            raise ValueError(f"argument --family: one family, got {args.family!r} (s2hc compare --families takes "
+                             "several)")
         values["family_options"] = {**values.get("family_options", {}), **options}
     values.update({k: v for k, v in fixed.items() if v is not None})
     if resume:
@@ -107,8 +118,9 @@ def register(subparsers) -> None:
         description="Pretrain a decoder-only language model whose sublayers are wrapped by one residual family. "
         "Writes OUT/metrics.jsonl, OUT/config.yaml and OUT/checkpoint.pt; --resume continues exactly.",
     )
-    parser.add_argument("--family", default=None,
-                        help="residual family: one of " + ", ".join(families()) + " (default 'residual')")
+    parser.add_argument("--family", default=None, metavar="FAMILY[:KEY=VALUE]",
+                        help="residual family: one of " + ", ".join(families()) + " (default 'residual'), optionally "
+                        "with options, e.g. attn-res:block_size=2 or s2hc:rotation=expm:iterations=3")
     parser.add_argument("--streams", type=positive_int, default=None, help="streams n (default 1 for residual, else 4)")
     parser.add_argument("--out", default=None, help="run directory (default 'runs/train')")
     parser.add_argument("--resume", action="store_true",
@@ -131,7 +143,10 @@ def register(subparsers) -> None:
         "`s2hc train` under OUT/runs/, one at a time, and the report is the study's.",
     )
     parser.add_argument("--families", default="residual,mhc,s2hc", metavar="A,B,...",
-                        help="families to compare (default 'residual,mhc,s2hc')")
+                        help="families to compare (default 'residual,mhc,s2hc'), each optionally FAMILY:KEY=VALUE with "
+                        "options of its own, e.g. attn-res:block_size=2,mhc; --family-option applies to every one "
+                        "that takes options (not the residual)")
+    parser.add_argument("--family", action=_SaysFamilies, help=argparse.SUPPRESS)  # not --family-option's prefix
     parser.add_argument("--streams", type=positive_int, default=None,
                         help="streams n of every non-residual family (default 4)")
     parser.add_argument("--seeds", type=positive_int, default=1, help="seeds per family, seed, seed+1, ... (default 1)")
@@ -141,6 +156,15 @@ def register(subparsers) -> None:
     parser.add_argument("--overwrite", action="store_true", help="start the runs in OUT again from scratch")
     add_training_options(parser)
     parser.set_defaults(func=run_compare, subparser=parser)
+
+
+class _SaysFamilies(argparse.Action):
+    """``s2hc compare --family X``: compare takes a list (``--families``); without this option argparse would take
+    ``--family`` for the start of ``--family-option`` and refuse ``X`` as no KEY=VALUE."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise argparse.ArgumentError(self, f"s2hc compare compares several families: did you mean --families "
+                                     f"{values}? (the options of all of them: --family-option KEY=VALUE)")
 
 
 def _run_training(args: argparse.Namespace, run) -> int:
@@ -222,11 +246,14 @@ def run_compare(args: argparse.Namespace) -> int:
                              "torchrun (for several processes per run, use `s2hc study` with nproc: N)")
 
     def run() -> int:
-        names = parse_families(args.families)
-        base = training_config(args)
+        from ..config import parse_assignment
+
+        variants = parse_variants(args.families)
+        options = dict(parse_assignment(text, "--family-option") for text in args.family_option)
+        base = training_config(args, family_options=False)
         try:
-            report = compare(base, names, seeds=args.seeds, out=args.out, n_streams=args.streams,
-                             resume=args.resume, overwrite=args.overwrite,
+            report = compare(base, variants, seeds=args.seeds, out=args.out, n_streams=args.streams,
+                             resume=args.resume, overwrite=args.overwrite, family_options=options,
                              log=lambda line: print(f"s2hc compare: {line}", file=sys.stderr, flush=True))
         except StudyInterrupted as error:  # the runs saved checkpoints; --resume goes on from them
             print(f"s2hc compare: stopped by signal {error.signum}; the runs saved their checkpoints: run the same "
