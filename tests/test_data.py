@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from s2hc.data import (
+    SourceSpec,
     TokenBatches,
     Tokenizer,
     corpus_info,
@@ -353,6 +354,37 @@ def test_bad_sources(tmp_path):
         iter_documents(tmp_path / "t.jsonl", "train", val_fraction=0.9)
     with pytest.raises(ValueError, match="max_documents=0"):
         iter_documents("embedded", "train", max_documents=0)
+
+
+@pytest.mark.parametrize(("field", "value", "allowed"), [
+    ("text_field", "", "the name of the field that holds the text"),
+    ("val_source", 3, "a source (a path, 'embedded' or 'hf:NAME[:CONFIG]') or None"),
+    ("val_fraction", 0.9, "a number in (0, 0.5]"),
+    ("val_fraction", True, "a number in (0, 0.5]"),
+    ("max_documents", 0, "a positive integer or None"),
+    ("max_chars", 2.5, "a positive integer or None"),
+    ("max_tokens", -1, "a positive integer or None"),
+    ("hf_split", None, "the name of a split of the dataset"),
+    ("data_files", " , ", "a path, a glob or a comma-separated list"),
+    ("streaming", "yes", "one of ['auto', 'always', 'never']"),
+])
+def test_a_source_spec_refuses_a_bad_value_in_one_line(field, value, allowed):
+    with pytest.raises(ValueError) as error:
+        SourceSpec(**{field: value})
+    assert str(error.value) == f"{field}={value!r} is not allowed; use {allowed}"
+
+
+def test_a_source_spec_is_taken_whole_or_by_field():
+    files = SourceSpec(data_files=["a.json", "b.json"])
+    assert files.data_files == ("a.json", "b.json") and files.files == ["a.json", "b.json"]  # a frozen spec's tuple
+    spec = SourceSpec(val_fraction=0.5, max_documents=3)
+    with pytest.raises(ValueError, match=r"^val_text_field='body' names the text of a separate validation source"):
+        SourceSpec(val_text_field="body")
+    texts = load_corpus("train")
+    assert list(iter_documents("embedded", "train", spec=spec)) == texts[:3]
+    assert list(iter_documents("embedded", "train", spec=spec, max_documents=2)) == texts[:2]  # a field replaced
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_document'"):
+        iter_documents("embedded", "train", max_document=2)
 
 
 def test_hf_source_streams_with_caps(monkeypatch):

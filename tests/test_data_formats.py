@@ -1,7 +1,7 @@
 """Data as it comes: ``.json`` arrays, ``datasets.save_to_disk`` folders (a Dataset or a DatasetDict), ``hf:json``
 with local ``data_files``, and the data options of ``TrainConfig`` (``text_field``, ``validation_data``,
 ``validation_fraction``, ``max_documents``, ``max_tokens``, ``data_split``, ``data_files``) reaching every caller
-through ``TrainConfig.token_options()``. The references are independent: the documents are read here from what
+through ``TrainConfig.source_spec()``. The references are independent: the documents are read here from what
 the test wrote, split by hand (every 20th record held out at the default fraction) and tokenised with the
 tokenizer directly. Offline: ``hf:json`` reads local files with ``datasets``' packaged builder."""
 
@@ -18,7 +18,7 @@ from helpers import OFFLINE_ENV, small_config
 
 from s2hc import cli
 from s2hc.data import get_tokenizer, iter_documents, prepare_tokens
-from s2hc.data.sources import options_for, resolve_files, source_identity
+from s2hc.data.sources import SourceSpec, resolve_files, source_identity, spec_for
 from s2hc.extras import MissingExtra
 from s2hc.train import TrainConfig, train
 
@@ -58,12 +58,11 @@ def kept(documents, every: int = 20) -> list[str]:
 
 def val_tokens(config: TrainConfig, tok) -> np.ndarray:
     return np.asarray(prepare_tokens(config.data, tok, config.cache_dir, "val", progress=False,
-                                     **config.token_options()))
+                                     spec=config.source_spec()))
 
 
 def train_documents(config: TrainConfig) -> list[str]:
-    options = {k: v for k, v in config.token_options().items() if k != "max_tokens"}
-    return list(iter_documents(config.data, "train", **options))
+    return list(iter_documents(config.data, "train", spec=config.source_spec()))
 
 
 def cache_entries(config: TrainConfig) -> set[Path]:
@@ -82,7 +81,7 @@ def assert_trained_on_its_split(config: TrainConfig, result, tok, expected_val: 
     before = cache_entries(config)
     np.testing.assert_array_equal(val_tokens(config, tok), reference(tok, expected_val))
     if whole:
-        assert cache_entries(config) == before  # the shard the run made: token_options() is the run's key
+        assert cache_entries(config) == before  # the shard the run made: source_spec() is the run's key
 
 
 # ------------------------------------------------------------------------------------------ .json
@@ -147,7 +146,8 @@ def test_a_save_to_disk_folder_trains(kind, corpus_file, docs, tok, tmp_path):
     assert_trained_on_its_split(config, train(config), tok, held_out(docs))
     assert train_documents(config) == kept(docs)
     # the split of a DatasetDict enters the cache key; a Dataset has one split, and the key ignores it
-    differs = source_identity(folder, hf_split="train") != source_identity(folder, hf_split="validation")
+    differs = source_identity(folder, SourceSpec(hf_split="train")) != source_identity(folder,
+                                                                                      SourceSpec(hf_split="validation"))
     assert differs == (kind == "dataset_dict")
 
 
@@ -181,9 +181,9 @@ def test_hf_json_with_local_data_files_trains(corpus_file, docs, tok, tmp_path, 
     # another split name reads the same files (they are that split); a glob reads them in sorted order
     assert list(iter_documents("hf:json", "val", data_files=str(tmp_path / "*.jsonl"), hf_split="x")) == held_out(docs)
     # the files enter the key: an edited file is tokenised again
-    before = source_identity("hf:json", data_files=f"{a},{b}")
+    before = source_identity("hf:json", SourceSpec(data_files=f"{a},{b}"))
     write_jsonl(a, docs[: half - 1])
-    assert source_identity("hf:json", data_files=f"{a},{b}") != before
+    assert source_identity("hf:json", SourceSpec(data_files=f"{a},{b}")) != before
 
 
 # ------------------------------------------------------------------------------------------ the options
@@ -212,7 +212,8 @@ def test_validation_data_with_another_text_field(corpus_file, docs, tok, tmp_pat
     np.testing.assert_array_equal(val_tokens(config, tok), reference(tok, docs[:9]))
     assert train_documents(config) == docs
     same_field = small_config(corpus_file, tmp_path, data=str(data), text_field="content", validation_data=str(data))
-    assert "val_text_field" not in same_field.token_options()  # so the keys of runs before the setting are kept
+    same_spec = same_field.source_spec()  # without the setting, the identity (the cache key) is that of before it
+    assert same_spec.val_text_field is None and "val_text_field" not in source_identity(data, same_spec)
     with pytest.raises(ValueError, match=r"v\.jsonl:1: no field text_field='content' \(found \['body', 'id'\]\)"):
         val_tokens(config.replace(validation_text_field=None), tok)
     with pytest.raises(ValueError, match=r"^validation_text_field='body' names the text field of validation_data, "
@@ -232,15 +233,15 @@ def test_max_documents_and_max_tokens_cap_what_is_tokenised(corpus_file, docs, t
 
 
 def test_the_run_options_apply_to_its_own_data_only(tmp_path, monkeypatch):
-    run = {"text_field": "content", "val_source": "v.jsonl", "val_fraction": 0.1, "max_documents": 5,
-           "hf_split": "test", "data_files": None, "max_tokens": 100}
+    run = SourceSpec(text_field="content", val_source="v.jsonl", val_fraction=0.1, max_documents=5, hf_split="test",
+                     data_files=None, max_tokens=100, streaming="always")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.jsonl").write_text("")
-    assert options_for("d.jsonl", str(tmp_path / "d.jsonl"), run) == run  # the same file, named two ways
-    assert options_for("other.jsonl", str(tmp_path / "d.jsonl"), run) == {
-        "text_field": "content", "hf_split": "test", "val_fraction": 0.1}
-    assert options_for("embedded", str(tmp_path / "d.jsonl"), run) == {}
-    assert options_for("hf:org/ds", "hf:org/ds", run) == run
+    assert spec_for("d.jsonl", str(tmp_path / "d.jsonl"), run) == run  # the same file, named two ways
+    assert spec_for("other.jsonl", str(tmp_path / "d.jsonl"), run) == SourceSpec(
+        text_field="content", hf_split="test", val_fraction=0.1, streaming="always")
+    assert spec_for("embedded", str(tmp_path / "d.jsonl"), run) == SourceSpec(streaming="always")
+    assert spec_for("hf:org/ds", "hf:org/ds", run) == run
 
 
 def test_check_extras_checks_the_validation_data(tmp_path, monkeypatch):

@@ -14,11 +14,12 @@ Typical use::
 Sources (:mod:`s2hc.data.sources`): ``"embedded"``, ``.txt`` / ``.jsonl`` / ``.jsonl.gz`` / ``.json`` (an array
 of records or strings) / ``.parquet`` files, ``datasets.save_to_disk`` folders (a Dataset or a DatasetDict), a
 directory of them, ``"hf:NAME[:CONFIG]"`` (optionally with ``data_files``, e.g. ``"hf:json"`` on local files).
-Options of :func:`prepare_tokens` / :func:`iter_documents`: ``text_field``, ``val_source``, ``val_fraction``,
-``max_documents``, ``max_chars``, ``hf_split``, ``data_files`` (and ``max_tokens``); a run's are
-``TrainConfig.token_options()``::
+How a source is read is a :class:`SourceSpec` (``text_field``, ``val_source``, ``val_text_field``,
+``val_fraction``, ``max_documents``, ``max_chars``, ``hf_split``, ``data_files``, ``max_tokens``, ``streaming``),
+which :func:`prepare_tokens`, :func:`iter_documents` and :class:`ChunkStream` take as ``spec=`` (or its fields by
+name: ``prepare_tokens(path, tok, split="val", val_fraction=0.1)``); a run's is ``TrainConfig.source_spec()``::
 
-    val = prepare_tokens(config.data, tok, config.cache_dir, "val", **config.token_options())
+    val = prepare_tokens(config.data, tok, config.cache_dir, "val", spec=config.source_spec())
 
 A dataset too large to tokenise before the first step (``hf:`` sources, say) is streamed instead
 (:mod:`s2hc.data.stream`): a ``ChunkStream`` tokenises it chunk by chunk as ``StreamBatches`` reads it::
@@ -30,7 +31,7 @@ A dataset too large to tokenise before the first step (``hf:`` sources, say) is 
 from .corpus import corpus_info, load_corpus, load_documents
 from .loader import StreamBatches, TokenBatches, eval_batches
 from .shards import default_cache_dir, prepare_tokens
-from .sources import iter_documents
+from .sources import SourceSpec, iter_documents
 from .stream import ChunkStream
 from .tokenizer import Tokenizer, get_tokenizer
 
@@ -41,6 +42,7 @@ __all__ = [
     "get_tokenizer",
     "Tokenizer",
     "iter_documents",
+    "SourceSpec",
     "prepare_tokens",
     "default_cache_dir",
     "TokenBatches",

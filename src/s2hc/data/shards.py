@@ -7,7 +7,8 @@ Layout: ``cache_dir/<key>/<split>.bin`` (the raw token ids, native little-endian
 has fewer than 65536 tokens, else ``uint32``) and ``cache_dir/<key>/meta.json`` (what made them, and per split
 the number of tokens and documents). ``key`` is a hash of the format version, the source's identity
 (:func:`s2hc.data.sources.source_identity`: files by path, size and mtime; the embedded corpus by its sha256;
-``hf:`` datasets by name) and options, the tokenizer's fingerprint, and ``max_tokens``. Every document is
+``hf:`` datasets by name) and how it is read (a :class:`~s2hc.data.sources.SourceSpec`), the tokenizer's
+fingerprint, and the spec's ``max_tokens``. Every document is
 preceded by the end-of-text token, so ``eot`` separates documents (and opens the stream).
 
 Files are written to a temporary name and renamed, so a killed run never leaves a half-written shard that a
@@ -27,7 +28,7 @@ import numpy as np
 
 from ..io import WriteError, atomic_write_json, check_output_dir, json_loads
 from .corpus import load_corpus
-from .sources import EMBEDDED, identity_hash, iter_documents, source_identity
+from .sources import EMBEDDED, SourceSpec, identity_hash, iter_documents, make_spec, source_identity
 from .tokenizer import Tokenizer, get_tokenizer
 
 FORMAT_VERSION = 1
@@ -57,13 +58,15 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size < 2**16 else np.dtype(np.uint32)
 
 
-def shard_key(source, tokenizer: Tokenizer, *, max_tokens: int | None = None, **source_options) -> tuple[str, dict]:
-    """``(key, identity)``: the cache directory name for this source, tokenizer and cap, and what it hashes."""
+def shard_key(source, tokenizer: Tokenizer, spec: SourceSpec | None = None) -> tuple[str, dict]:
+    """``(key, identity)``: the cache directory name for this source read as ``spec`` says (its ``max_tokens``
+    the cap), and this tokenizer, and what it hashes."""
+    spec = SourceSpec() if spec is None else spec
     identity = {
         "format_version": FORMAT_VERSION,
-        "source": source_identity(source, **source_options),
+        "source": source_identity(source, spec),
         "tokenizer": {"name": tokenizer.name, "fingerprint": tokenizer.fingerprint},
-        "max_tokens": max_tokens,
+        "max_tokens": spec.max_tokens,
     }
     return identity_hash(identity)[:20], identity
 
@@ -109,8 +112,8 @@ def prepare_tokens(
     split: str = "train",
     *,
     progress: bool = True,
-    max_tokens: int | None = None,
-    **source_options,
+    spec: SourceSpec | None = None,
+    **options,
 ) -> np.memmap:
     """The token ids of one split of ``source`` as a read-only 1-D ``np.memmap`` (``uint16`` or ``uint32``).
 
@@ -119,17 +122,18 @@ def prepare_tokens(
     into ``cache_dir/<key>/<split>.bin``; later calls with the same source, options and tokenizer map that file
     without tokenising. ``tokenizer``: a :class:`~s2hc.data.tokenizer.Tokenizer` or a spec for
     :func:`~s2hc.data.tokenizer.get_tokenizer`. ``cache_dir``: default :func:`default_cache_dir`.
-    ``max_tokens``: stop after this many tokens (the last document is cut). ``source_options`` go to
-    :func:`~s2hc.data.sources.iter_documents` (``text_field``, ``val_source``, ``val_fraction``,
-    ``max_documents``, ``max_chars``, ``hf_split``).
+    ``spec``: how the source is read (:class:`~s2hc.data.sources.SourceSpec`, for
+    :func:`~s2hc.data.sources.iter_documents`: ``text_field``, ``val_source``, ``val_fraction``,
+    ``max_documents``, ``max_chars``, ``hf_split``, ...), its ``max_tokens`` where to stop (the last document
+    cut); ``options``: any of its fields by name, replacing the spec's (e.g. ``max_tokens=1000``).
 
-    Errors: ``ValueError`` when the split has no documents (nothing is written), and the errors of the source
-    and the tokenizer."""
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens={max_tokens!r} is not allowed; use a positive integer or None")
+    Errors: ``ValueError`` when the split has no documents (nothing is written), naming the field for a value the
+    spec refuses, and the errors of the source and the tokenizer."""
+    spec = make_spec(spec, **options)
+    max_tokens = spec.max_tokens
     tok = get_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
-    docs = iter_documents(source, split, **source_options)  # validates split, path and options first
-    key, identity = shard_key(source, tok, max_tokens=max_tokens, **source_options)
+    docs = iter_documents(source, split, spec=spec)  # validates split, path and options first
+    key, identity = shard_key(source, tok, spec)
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     directory = root / key
     found = _existing(directory, split)
@@ -140,7 +144,7 @@ def prepare_tokens(
     check_output_dir(root, CACHE_ARGUMENT)  # a file, a path under a file, no permission, read-only: one line
     directory.mkdir(exist_ok=True)
     dtype = token_dtype(tok.vocab_size)
-    total = _known_total(source, split, source_options)
+    total = _known_total(source, split, spec)
     n_tokens = n_docs = n_chars = 0
     t0 = time.perf_counter()
     shard = directory / f"{split}.bin"
@@ -226,8 +230,8 @@ def _write_all(file, data: bytes) -> None:
         view = view[file.write(view) :]
 
 
-def _known_total(source, split: str, source_options: dict) -> int | None:
+def _known_total(source, split: str, spec: SourceSpec) -> int | None:
     """Number of documents of the embedded corpus's ``split`` (a total for the progress bar); None otherwise."""
-    if isinstance(source, str) and source == EMBEDDED and not source_options.get("max_documents"):
+    if isinstance(source, str) and source == EMBEDDED and not spec.max_documents:
         return len(load_corpus(split))
     return None

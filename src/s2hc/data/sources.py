@@ -42,9 +42,11 @@ import glob
 import gzip
 import hashlib
 import json
+import numbers
 import os
 import zlib
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +75,99 @@ _JSON_NAMES = {dict: "object", list: "array", str: "string", int: "number", floa
 #: is not JSON Lines (one huge array or object), and is refused before it fills the memory.
 MAX_JSONL_LINE = 1 << 28
 _SHOWN_KEYS = 10  # the fields of a record a message lists
+
+
+#: ``SourceSpec.streaming``'s values: ``auto`` streams ``hf:`` sources and local ones above
+#: :data:`s2hc.data.stream.AUTO_STREAM_BYTES` (:func:`s2hc.data.stream.should_stream`).
+STREAMING_CHOICES = ("auto", "always", "never")
+#: The largest share of a source's documents held out for validation (``val_fraction``, in ``(0, 0.5]``): every
+#: ``round(1 / val_fraction)``-th record, so at most every second one.
+MAX_VAL_FRACTION = 0.5
+
+
+def _refuse(name: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"{name}={value!r} is not allowed; use {allowed}")
+
+
+def _positive_or_none(name: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1):
+        raise _refuse(name, value, "a positive integer or None")
+
+
+def _name(name: str, value: Any, what: str, optional: bool = False) -> None:
+    if not (optional and value is None) and (not isinstance(value, str) or not value.strip()):
+        raise _refuse(name, value, f"the name of {what}" + (", or None" if optional else ""))
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """How a source is read and tokenised: every setting but the source itself, the split, the tokenizer and the
+    cache. A run's is ``TrainConfig.source_spec()``; the functions that read a source take one (``spec=``):
+    :func:`iter_documents`, :func:`source_identity`, :func:`s2hc.data.shards.prepare_tokens`,
+    :class:`s2hc.data.stream.ChunkStream`, :func:`s2hc.data.stream.validation_tokens`, so that a run's splits
+    are the same wherever they are read (training, ``eval``, ``diagnose``, a study's rows).
+
+    ``text_field``: the JSON field / Parquet column / dataset field holding the text. ``val_source``: a separate
+    validation source (then the source is all training data), whose text is in its field ``val_text_field``
+    (default ``text_field``; only with ``val_source``). ``val_fraction``: the share held out otherwise, in
+    ``(0, MAX_VAL_FRACTION]``. ``max_documents`` / ``max_chars``: caps on the documents read per split.
+    ``hf_split``: the split of a Hugging Face dataset to stream, or of a ``save_to_disk`` DatasetDict (of
+    ``val_source`` too). ``data_files``: the files of an ``hf:`` source (a path, glob or list, or a
+    comma-separated string; a list is kept as a tuple), read as its split ``hf_split``. ``max_tokens``: tokenise
+    at most this many tokens of each split (the last document cut). ``streaming``: whether the source is
+    tokenised chunk by chunk as it is read, one of :data:`STREAMING_CHOICES`
+    (:func:`s2hc.data.stream.should_stream`).
+
+    Every value is checked when the spec is made: ValueError naming the field, its value and what is allowed.
+    ``max_tokens`` and ``streaming`` do not decide the documents: :func:`source_identity` leaves them out (the
+    token caches put ``max_tokens`` in their keys beside it)."""
+
+    text_field: str = "text"
+    val_source: str | os.PathLike | None = None
+    val_text_field: str | None = None
+    val_fraction: float = 0.05
+    max_documents: int | None = None
+    max_chars: int | None = None
+    hf_split: str = "train"
+    data_files: str | Sequence[str] | None = None
+    max_tokens: int | None = None
+    streaming: str = "auto"
+
+    def __post_init__(self) -> None:
+        _name("text_field", self.text_field, "the field that holds the text")
+        if self.val_source is not None and not isinstance(self.val_source, (str, os.PathLike)):
+            raise _refuse("val_source", self.val_source, "a source (a path, 'embedded' or 'hf:NAME[:CONFIG]') or None")
+        _name("val_text_field", self.val_text_field, "the field of val_source that holds the text", optional=True)
+        if self.val_text_field is not None and self.val_source is None:
+            raise ValueError(f"val_text_field={self.val_text_field!r} names the text of a separate validation "
+                             "source; without val_source the validation split is held out of source, read with "
+                             "text_field")
+        if (isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, numbers.Real)
+                or not 0.0 < self.val_fraction <= MAX_VAL_FRACTION):
+            raise _refuse("val_fraction", self.val_fraction, f"a number in (0, {MAX_VAL_FRACTION:g}]")
+        for name in ("max_documents", "max_chars", "max_tokens"):
+            _positive_or_none(name, getattr(self, name))
+        _name("hf_split", self.hf_split, "a split of the dataset")
+        parse_data_files(self.data_files)  # ValueError naming data_files
+        if self.data_files is not None and not isinstance(self.data_files, (str, os.PathLike)):
+            object.__setattr__(self, "data_files", tuple(self.data_files))  # a frozen spec holds no list
+        if self.streaming not in STREAMING_CHOICES:
+            raise _refuse("streaming", self.streaming, f"one of {list(STREAMING_CHOICES)}")
+
+    @property
+    def files(self) -> list[str] | None:
+        """``data_files`` as a list (:func:`parse_data_files`), or None."""
+        return parse_data_files(self.data_files)
+
+
+def make_spec(spec: SourceSpec | None = None, **options: Any) -> SourceSpec:
+    """``spec`` (default: :class:`SourceSpec`'s defaults) with the fields named in ``options`` replaced: how the
+    functions that read a source take their settings, as a spec, by name, or both. TypeError for a name that is
+    not a field, ValueError for a value the spec refuses."""
+    spec = SourceSpec() if spec is None else spec
+    if not isinstance(spec, SourceSpec):
+        raise TypeError(f"spec must be an s2hc.data.sources.SourceSpec, got {type(spec).__name__}")
+    return replace(spec, **options) if options else spec
 
 
 def _keys(record: dict) -> str:
@@ -200,8 +295,7 @@ def required_packages(source: str | os.PathLike | None) -> tuple[str, ...]:
 
 
 def _val_every(val_fraction: float) -> int:
-    if not 0.0 < val_fraction <= 0.5:
-        raise ValueError(f"val_fraction={val_fraction!r} is not allowed; use a number in (0, 0.5]")
+    """Every how many records one is held out for validation (``val_fraction`` checked by :class:`SourceSpec`)."""
     return max(2, round(1.0 / val_fraction))
 
 
@@ -724,25 +818,17 @@ def iter_documents(
     source: str | os.PathLike = EMBEDDED,
     split: str = "train",
     *,
-    text_field: str = "text",
-    val_source: str | os.PathLike | None = None,
-    val_fraction: float = 0.05,
-    max_documents: int | None = None,
-    max_chars: int | None = None,
-    hf_split: str = "train",
-    data_files: str | Sequence[str] | None = None,
-    val_text_field: str | None = None,
+    spec: SourceSpec | None = None,
+    **options: Any,
 ) -> Iterator[str]:
     """Yield the documents (non-empty str) of ``split`` (``"train"`` or ``"val"``) of ``source``; see the module
     docstring for the sources and how the validation split is held out.
 
-    ``text_field``: the JSON field / Parquet column / dataset field holding the text. ``val_source``: a separate
-    validation source (then ``source`` is all training data), whose text is in its field ``val_text_field``
-    (default ``text_field``; only with ``val_source``). ``val_fraction``: the share held out otherwise,
-    in (0, 0.5]. ``max_documents`` / ``max_chars``: caps on what is yielded. ``hf_split``: the split of a
-    Hugging Face dataset to stream, or of a ``save_to_disk`` DatasetDict (of ``val_source`` too).
-    ``data_files``: the files of an ``hf:`` ``source`` (a path, glob or list, or a comma-separated string),
-    read as its split ``hf_split``; only for an ``hf:`` source (not applied to ``val_source``).
+    ``spec``: how the source is read (:class:`SourceSpec`: ``text_field``, ``val_source``, ``val_text_field``,
+    ``val_fraction``, ``max_documents``, ``max_chars``, ``hf_split``, ``data_files``; its ``max_tokens`` and
+    ``streaming`` are the tokenisers'); ``options``: any of its fields by name, replacing the spec's
+    (:func:`make_spec`), e.g. ``iter_documents(path, "val", val_fraction=0.2)``. ``data_files`` is only for an
+    ``hf:`` ``source`` (not applied to ``val_source``).
 
     Errors: ``ValueError`` naming the path for a missing or unsupported path or a damaged file (a ``.jsonl.gz``
     that is not gzip or is truncated, a ``.jsonl`` or ``.json`` that is not UTF-8 or not JSON, nested too deep to
@@ -753,37 +839,32 @@ def iter_documents(
     would be empty, naming the local file (not the Hub) when ``datasets`` cannot read ``data_files``, naming the
     field and the fields found for a record without it, naming the splits there for a DatasetDict without
     ``hf_split``, for a
-    ``save_to_disk`` folder given as ``hf:PATH``, and one sentence for a Hub dataset that cannot be reached.
+    ``save_to_disk`` folder given as ``hf:PATH``, and one sentence for a Hub dataset that cannot be reached;
+    naming the field for a value :class:`SourceSpec` refuses.
     Paths, splits of DatasetDict folders and ``hf:`` names are checked at the call; damaged files fail when
     they are read, i.e. on iteration."""
+    spec = make_spec(spec, **options)
     _check_split(split)
-    if max_documents is not None and max_documents < 1:
-        raise ValueError(f"max_documents={max_documents!r} is not allowed; use a positive integer or None")
-    if max_chars is not None and max_chars < 1:
-        raise ValueError(f"max_chars={max_chars!r} is not allowed; use a positive integer or None")
-    _val_every(val_fraction)
-    files = parse_data_files(data_files)
+    files = spec.files
     if files is not None and not _is_hf(source):
         raise ValueError(
-            f"data_files={data_files!r} is for an hf: source (e.g. hf:json); source {os.fspath(source)!r} is not "
-            "one: pass local files as the source itself"
+            f"data_files={spec.data_files!r} is for an hf: source (e.g. hf:json); source {os.fspath(source)!r} is "
+            "not one: pass local files as the source itself"
         )
+    hf_split, val_source = spec.hf_split, spec.val_source
     _check_source(source, hf_split, files)
     if val_source is not None:
         _check_source(val_source, hf_split, None)
-    elif val_text_field is not None:
-        raise ValueError(f"val_text_field={val_text_field!r} names the text of a separate validation source; "
-                         "without val_source the validation split is held out of source, read with text_field")
     if val_source is None:
-        docs = _split_source(source, split, text_field=text_field, val_fraction=val_fraction, hf_split=hf_split,
-                             data_files=files)
+        docs = _split_source(source, split, text_field=spec.text_field, val_fraction=spec.val_fraction,
+                             hf_split=hf_split, data_files=files)
     else:
         if EMBEDDED in (source, val_source):
             raise ValueError("source 'embedded' has its own validation split; do not combine it with val_source")
         _check_apart(source, val_source)
-        docs = (_iter_records(source, text_field, hf_split, files) if split == "train"
-                else _not_empty(_iter_records(val_source, val_text_field or text_field, hf_split), val_source))
-    return _capped(docs, max_documents, max_chars)
+        docs = (_iter_records(source, spec.text_field, hf_split, files) if split == "train" else
+                _not_empty(_iter_records(val_source, spec.val_text_field or spec.text_field, hf_split), val_source))
+    return _capped(docs, spec.max_documents, spec.max_chars)
 
 
 def _not_empty(docs: Iterator[str], val_source) -> Iterator[str]:
@@ -849,25 +930,16 @@ def _file_stats(path: Path) -> list[list[Any]]:
     return out
 
 
-def source_identity(
-    source: str | os.PathLike = EMBEDDED,
-    *,
-    text_field: str = "text",
-    val_source: str | os.PathLike | None = None,
-    val_fraction: float = 0.05,
-    max_documents: int | None = None,
-    max_chars: int | None = None,
-    hf_split: str = "train",
-    data_files: str | Sequence[str] | None = None,
-    val_text_field: str | None = None,
-) -> dict[str, Any]:
-    """A JSON-serialisable description of everything that decides the documents ``iter_documents`` yields, for
-    cache keys: local files by resolved path, size and modification time (an edited file changes it; a
-    ``save_to_disk`` folder by every file in it, and the split ``hf_split`` of a DatasetDict), the embedded
-    corpus by the sha256 of its file, ``hf:`` sources by name, split and ``data_files`` (the local files these
-    match by path, size and mtime; a dataset changed on the Hub is not noticed: delete the cache to refetch).
-    Options that do not apply to a source are left out, so they do not change its key."""
-    files_option = parse_data_files(data_files)
+def source_identity(source: str | os.PathLike = EMBEDDED, spec: SourceSpec | None = None) -> dict[str, Any]:
+    """A JSON-serialisable description of everything that decides the documents ``iter_documents(source, split,
+    spec=spec)`` yields, for cache keys: local files by resolved path, size and modification time (an edited file
+    changes it; a ``save_to_disk`` folder by every file in it, and the split ``hf_split`` of a DatasetDict), the
+    embedded corpus by the sha256 of its file, ``hf:`` sources by name, split and ``data_files`` (the local files
+    these match by path, size and mtime; a dataset changed on the Hub is not noticed: delete the cache to
+    refetch). Options that do not apply to a source are left out, so they do not change its key; so are the
+    spec's ``max_tokens`` and ``streaming``, which decide no document."""
+    spec = SourceSpec() if spec is None else spec
+    hf_split = spec.hf_split
 
     def one(src, data_files=None) -> dict[str, Any]:
         if isinstance(src, str) and src == EMBEDDED:
@@ -888,34 +960,36 @@ def source_identity(
         return ident
 
     ident = {
-        "source": one(source, files_option),
-        "text_field": text_field,
-        "max_documents": max_documents,
-        "max_chars": max_chars,
+        "source": one(source, spec.files),
+        "text_field": spec.text_field,
+        "max_documents": spec.max_documents,
+        "max_chars": spec.max_chars,
     }
-    if val_source is not None:
-        ident["val_source"] = one(val_source)
-        if val_text_field is not None and val_text_field != text_field:  # left out otherwise: the keys of before
-            ident["val_text_field"] = val_text_field
+    if spec.val_source is not None:
+        ident["val_source"] = one(spec.val_source)
+        if spec.val_text_field is not None and spec.val_text_field != spec.text_field:  # left out otherwise: the
+            ident["val_text_field"] = spec.val_text_field  # keys of before the setting
     elif not (isinstance(source, str) and source == EMBEDDED):
-        ident["val_fraction"] = val_fraction
+        ident["val_fraction"] = spec.val_fraction
     return ident
 
 
-def options_for(data: str | os.PathLike, run_data: str | os.PathLike, run_options: dict[str, Any]) -> dict[str, Any]:
-    """The options (of :func:`s2hc.data.shards.prepare_tokens`) to tokenise ``data`` with, for a run that
-    tokenised ``run_data`` with ``run_options`` (``TrainConfig.token_options()``).
+def spec_for(data: str | os.PathLike, run_data: str | os.PathLike, run_spec: SourceSpec) -> SourceSpec:
+    """The spec to read ``data`` with, for a run that read ``run_data`` with ``run_spec``
+    (``TrainConfig.source_spec()``).
 
-    ``data`` the run's own source (the same string, or the same path resolved): all of ``run_options``, so its
-    splits are exactly the run's (its validation source, fraction, caps and data_files). Another source: only how
-    the run reads a source, ``text_field``, ``hf_split`` and ``val_fraction`` (a held-out share like the run's);
-    the run's ``val_source``, ``data_files``, ``max_documents`` and ``max_tokens`` describe its own data and are
-    not applied. The embedded corpus takes no options (it has its own splits)."""
+    ``data`` the run's own source (the same string, or the same path resolved): ``run_spec`` itself, so its splits
+    are exactly the run's (its validation source, fraction, caps and data_files). Another source: only how the
+    run reads a source, ``text_field``, ``hf_split`` and ``val_fraction`` (a held-out share like the run's), and
+    its ``streaming``; the run's ``val_source``, ``data_files``, ``max_documents`` and ``max_tokens`` describe
+    its own data and are not applied. The embedded corpus takes none of them (it has its own splits) but the
+    run's ``streaming``."""
     if same_source(data, run_data):
-        return dict(run_options)
+        return run_spec
     if isinstance(data, str) and data == EMBEDDED:
-        return {}
-    return {key: run_options[key] for key in ("text_field", "hf_split", "val_fraction") if key in run_options}
+        return SourceSpec(streaming=run_spec.streaming)
+    return SourceSpec(text_field=run_spec.text_field, hf_split=run_spec.hf_split, val_fraction=run_spec.val_fraction,
+                      streaming=run_spec.streaming)
 
 
 def same_source(a: str | os.PathLike | None, b: str | os.PathLike | None) -> bool:

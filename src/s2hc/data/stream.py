@@ -49,12 +49,22 @@ import numpy as np
 
 from ..io import WriteError, atomic_write_bytes, atomic_write_json, check_output_dir, temporary_pattern
 from .shards import CACHE_ARGUMENT, default_cache_dir, prepare_tokens, token_dtype
-from .sources import EMBEDDED, HF_PREFIX, identity_hash, iter_documents, resolve_files, source_identity
+from .sources import (
+    EMBEDDED,
+    HF_PREFIX,
+    STREAMING_CHOICES,
+    SourceSpec,
+    identity_hash,
+    iter_documents,
+    make_spec,
+    resolve_files,
+    source_identity,
+)
 from .tokenizer import Tokenizer, get_tokenizer
 
 FORMAT_VERSION = 1
-#: ``streaming``'s values: ``auto`` streams ``hf:`` sources and local ones above :data:`AUTO_STREAM_BYTES`.
-STREAMING_CHOICES = ("auto", "always", "never")
+#: ``streaming``'s values (:data:`s2hc.data.sources.STREAMING_CHOICES`): ``auto`` streams ``hf:`` sources and local
+#: ones above this many bytes.
 AUTO_STREAM_BYTES = 1 << 30
 #: The largest chunk (tokens; a chunk ends at the first document end at or after its target) and the first one.
 CHUNK_TOKENS = 1 << 22
@@ -119,16 +129,16 @@ class Chunk:
         return self.token_start + len(self.tokens)
 
 
-def stream_key(source, tokenizer: Tokenizer, *, max_tokens: int | None, chunk_tokens: int, first_chunk_tokens: int,
-               **source_options) -> tuple[str, dict]:
-    """``(key, identity)``: the cache directory name (``stream-`` and 20 hex digits) of this source, its options,
-    tokenizer, cap and chunk sizes, and what it hashes."""
+def stream_key(source, tokenizer: Tokenizer, spec: SourceSpec, *, chunk_tokens: int,
+               first_chunk_tokens: int) -> tuple[str, dict]:
+    """``(key, identity)``: the cache directory name (``stream-`` and 20 hex digits) of this source read as
+    ``spec`` says (its ``max_tokens`` the cap), tokenizer and chunk sizes, and what it hashes."""
     identity = {
         "layout": "stream",
         "format_version": FORMAT_VERSION,
-        "source": source_identity(source, **source_options),
+        "source": source_identity(source, spec),
         "tokenizer": {"name": tokenizer.name, "fingerprint": tokenizer.fingerprint},
-        "max_tokens": max_tokens,
+        "max_tokens": spec.max_tokens,
         "chunk_tokens": chunk_tokens,
         "first_chunk_tokens": first_chunk_tokens,
     }
@@ -164,37 +174,36 @@ class ChunkStream:
     one that is not is tokenised from document ``doc_start`` on (skipping the documents before it).
 
     ``tokenizer``: a :class:`~s2hc.data.tokenizer.Tokenizer` or a spec. ``cache_dir``: default
-    :func:`~s2hc.data.shards.default_cache_dir`. ``max_tokens``: the split ends after this many tokens (the last
-    document cut). ``chunk_tokens`` / ``first_chunk_tokens``: :func:`chunk_target` (None: the module's
+    :func:`~s2hc.data.shards.default_cache_dir`. ``spec``: how the source is read
+    (:class:`~s2hc.data.sources.SourceSpec`, for :func:`~s2hc.data.sources.iter_documents`), its ``max_tokens``
+    where the split ends (the last document cut); ``options``: any of its fields by name, replacing the spec's.
+    ``chunk_tokens`` / ``first_chunk_tokens``: :func:`chunk_target` (None: the module's
     :data:`CHUNK_TOKENS` / :data:`FIRST_CHUNK_TOKENS` at the call). ``prefetch``: chunks
     tokenised ahead of the last one asked for, in a background thread (0: none; chunks are tokenised in
     ``get``). ``wait_s``: before tokenising a chunk that is not in the cache, wait up to this long for another
-    process to write it (see the module docstring). ``source_options`` go to
-    :func:`~s2hc.data.sources.iter_documents`. Close it (:meth:`close`, or ``with``) to stop its thread.
+    process to write it (see the module docstring). Close it (:meth:`close`, or ``with``) to stop its thread.
 
     Errors: those of the source and the tokenizer (raised by ``get``, from whichever thread met them),
     ``ValueError`` when the split has no documents, or fewer than a seek says it has (the source changed),
     :class:`~s2hc.io.WriteError` naming the chunk when the disk refuses it."""
 
     def __init__(self, source, tokenizer: Tokenizer | str, cache_dir=None, split: str = "train", *,
-                 max_tokens: int | None = None, chunk_tokens: int | None = None,
-                 first_chunk_tokens: int | None = None, prefetch: int = 0, wait_s: float = 0.0,
-                 **source_options):
+                 chunk_tokens: int | None = None, first_chunk_tokens: int | None = None, prefetch: int = 0,
+                 wait_s: float = 0.0, spec: SourceSpec | None = None, **options):
+        spec = make_spec(spec, **options)
         chunk_tokens = CHUNK_TOKENS if chunk_tokens is None else chunk_tokens
         first_chunk_tokens = FIRST_CHUNK_TOKENS if first_chunk_tokens is None else first_chunk_tokens
-        if max_tokens is not None and max_tokens < 1:
-            raise ValueError(f"max_tokens={max_tokens!r} is not allowed; use a positive integer or None")
         for name, value in (("chunk_tokens", chunk_tokens), ("first_chunk_tokens", first_chunk_tokens)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name}={value!r} is not allowed; use a positive integer")
         if not isinstance(prefetch, int) or prefetch < 0:
             raise ValueError(f"prefetch={prefetch!r} is not allowed; use an integer >= 0")
         self.tokenizer = get_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
-        iter_documents(source, split, **source_options)  # validates split, path and options now, reads nothing
-        self.source, self.split, self.source_options = source, split, source_options
-        self.max_tokens, self.chunk_tokens, self.first_chunk_tokens = max_tokens, chunk_tokens, first_chunk_tokens
-        self.key, self.identity = stream_key(source, self.tokenizer, max_tokens=max_tokens, chunk_tokens=chunk_tokens,
-                                             first_chunk_tokens=first_chunk_tokens, **source_options)
+        iter_documents(source, split, spec=spec)  # validates split, path and options now, reads nothing
+        self.source, self.split, self.spec = source, split, spec
+        self.max_tokens, self.chunk_tokens, self.first_chunk_tokens = spec.max_tokens, chunk_tokens, first_chunk_tokens
+        self.key, self.identity = stream_key(source, self.tokenizer, spec, chunk_tokens=chunk_tokens,
+                                             first_chunk_tokens=first_chunk_tokens)
         root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
         check_output_dir(root, CACHE_ARGUMENT)  # a file, no permission, read-only: one line, before any work
         self.directory = root / self.key / split
@@ -457,7 +466,7 @@ class ChunkStream:
         """Position the documents so that the next one is document ``doc`` of the split (reading from the start
         again when it lies behind, skipping the documents before it)."""
         if self._docs is None or self._next_doc > doc:
-            self._docs = iter_documents(self.source, self.split, **self.source_options)
+            self._docs = iter_documents(self.source, self.split, spec=self.spec)
             self._carry.clear()
             self._next_doc = 0
         while self._carry and self._next_doc < doc:
@@ -531,15 +540,15 @@ class ChunkStream:
 
 
 def first_tokens(source, tokenizer: Tokenizer | str, cache_dir=None, split: str = "val", n_tokens: int = 1, *,
-                 max_tokens: int | None = None, chunk_tokens: int | None = None,
-                 first_chunk_tokens: int | None = None, **source_options) -> np.ndarray:
-    """The first ``n_tokens`` tokens of ``split`` of ``source`` (all of them when it has fewer), as
-    :func:`~s2hc.data.shards.prepare_tokens` would make them, read through the stream's cache (only the first
-    chunks are tokenised): a bounded, fixed validation set of a streamed source. 1-D ``uint16``/``uint32``."""
+                 spec: SourceSpec | None = None, chunk_tokens: int | None = None,
+                 first_chunk_tokens: int | None = None) -> np.ndarray:
+    """The first ``n_tokens`` tokens of ``split`` of ``source`` read as ``spec`` says (all of them when it has
+    fewer), as :func:`~s2hc.data.shards.prepare_tokens` would make them, read through the stream's cache (only the
+    first chunks are tokenised): a bounded, fixed validation set of a streamed source. 1-D ``uint16``/``uint32``."""
     if not isinstance(n_tokens, int) or n_tokens < 1:
         raise ValueError(f"n_tokens={n_tokens!r} is not allowed; use a positive integer")
-    stream = ChunkStream(source, tokenizer, cache_dir, split, max_tokens=max_tokens, chunk_tokens=chunk_tokens,
-                         first_chunk_tokens=first_chunk_tokens, **source_options)
+    stream = ChunkStream(source, tokenizer, cache_dir, split, chunk_tokens=chunk_tokens,
+                         first_chunk_tokens=first_chunk_tokens, spec=spec)
     parts, have, k = [], 0, 0
     while have < n_tokens:
         chunk = stream.get(k)
@@ -551,14 +560,16 @@ def first_tokens(source, tokenizer: Tokenizer | str, cache_dir=None, split: str 
     return np.concatenate(parts)[:n_tokens]
 
 
-def validation_tokens(source, tokenizer: Tokenizer | str, cache_dir=None, *, streaming: str = "auto", seq_len: int,
-                      batch_size: int, eval_batches: int, progress: bool = False, **options) -> np.ndarray:
-    """The validation tokens a run with these settings evaluates on (``options``: those of
-    :func:`~s2hc.data.shards.prepare_tokens`, ``val_source`` among them): the whole validation split
-    (``prepare_tokens``) unless the validation source streams (:func:`should_stream`), else its first
-    ``eval_batches × batch_size`` windows of ``seq_len`` (:func:`first_tokens`), so that a streamed dataset's
-    validation set is fixed and bounded. For every caller that evaluates a run's data the way training does."""
-    if should_stream(streaming, options.get("val_source") or source):
+def validation_tokens(source, tokenizer: Tokenizer | str, cache_dir=None, *, spec: SourceSpec | None = None,
+                      seq_len: int, batch_size: int, eval_batches: int, progress: bool = False) -> np.ndarray:
+    """The validation tokens a run with these settings evaluates on (``spec``: how the source is read, a
+    :class:`~s2hc.data.sources.SourceSpec`, ``val_source`` and ``streaming`` among them): the whole validation
+    split (``prepare_tokens``) unless the validation source streams (:func:`should_stream` with the spec's
+    ``streaming``), else its first ``eval_batches × batch_size`` windows of ``seq_len`` (:func:`first_tokens`), so
+    that a streamed dataset's validation set is fixed and bounded. For every caller that evaluates a run's data
+    the way training does."""
+    spec = SourceSpec() if spec is None else spec
+    if should_stream(spec.streaming, spec.val_source or source):
         needed = max(eval_batches, 1) * batch_size * seq_len + 1
-        return first_tokens(source, tokenizer, cache_dir, "val", needed, **options)
-    return prepare_tokens(source, tokenizer, cache_dir, "val", progress=progress, **options)
+        return first_tokens(source, tokenizer, cache_dir, "val", needed, spec=spec)
+    return prepare_tokens(source, tokenizer, cache_dir, "val", progress=progress, spec=spec)

@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from ..data.loader import eval_batches
 from ..data.shards import prepare_tokens, stored_cache_dir
-from ..data.sources import options_for
+from ..data.sources import spec_for
 from ..data.stream import first_tokens, should_stream, validation_tokens
 from .loading import load_for_eval
 
@@ -114,23 +114,22 @@ def run_tokens(data: str, tokenizer, train_config, split: str, *, cache_dir, seq
                max_batches: int | None, progress: bool = False) -> np.ndarray:
     """The tokens of ``split`` of ``data`` that an evaluation of the run ``train_config`` scores, 1-D.
 
-    On the run's own data the split is the run's own (all its data options, ``TrainConfig.token_options``); on
+    On the run's own data the split is the run's own (all its data options, ``TrainConfig.source_spec``); on
     another source only the run's ``text_field``, ``data_split`` and ``validation_fraction`` apply
-    (:func:`s2hc.data.sources.options_for`). A split that streams (the run's ``streaming``,
+    (:func:`s2hc.data.sources.spec_for`). A split that streams (the run's ``streaming``,
     :func:`s2hc.data.stream.should_stream`: an ``hf:`` dataset, large local data) is read only as far as needed:
     ``max_batches`` batches of ``batch_size`` windows of ``seq_len``, or without ``max_batches`` the run's own
     validation set (what training evaluated); its training split needs ``max_batches`` (ValueError otherwise).
     Any other split is tokenised whole (:func:`s2hc.data.shards.prepare_tokens`)."""
-    options = options_for(data, train_config.data, train_config.token_options())
-    split_source = (options.get("val_source") or data) if split == "val" else data
-    if not should_stream(train_config.streaming, split_source):
-        return prepare_tokens(data, tokenizer, cache_dir, split, progress=progress, **options)
+    spec = spec_for(data, train_config.data, train_config.source_spec())
+    split_source = (spec.val_source or data) if split == "val" else data
+    if not should_stream(spec.streaming, split_source):
+        return prepare_tokens(data, tokenizer, cache_dir, split, progress=progress, spec=spec)
     if max_batches is not None:
-        return first_tokens(data, tokenizer, cache_dir, split, max_batches * batch_size * seq_len + 1, **options)
+        return first_tokens(data, tokenizer, cache_dir, split, max_batches * batch_size * seq_len + 1, spec=spec)
     if split == "val":
-        return validation_tokens(data, tokenizer, cache_dir, streaming=train_config.streaming,
-                                 seq_len=train_config.seq_len, batch_size=train_config.batch_size,
-                                 eval_batches=train_config.eval_batches, **options)
+        return validation_tokens(data, tokenizer, cache_dir, spec=spec, seq_len=train_config.seq_len,
+                                 batch_size=train_config.batch_size, eval_batches=train_config.eval_batches)
     raise ValueError(f"data {data!r} streams (streaming={train_config.streaming!r}): its {split!r} split is read "
                      "only in part; give max_batches (--max-batches) to say how much")
 
@@ -151,9 +150,9 @@ def checkpoint_perplexity(
     """Perplexity of a checkpoint on ``split`` (``"val"`` or ``"train"``) of ``data`` (any source
     :func:`s2hc.data.prepare_tokens` reads; default ``"embedded"``), tokenised with the checkpoint's tokenizer.
     ``seq_len`` defaults to the run's training ``seq_len``. On the run's own data (``data`` the run's ``data``)
-    the split is the run's own, with all its data options (``TrainConfig.token_options``: its validation
+    the split is the run's own, with all its data options (``TrainConfig.source_spec``: its validation
     source, fraction and caps); on another source only the run's ``text_field``, ``data_split`` and
-    ``validation_fraction`` apply (:func:`s2hc.data.sources.options_for`)."""
+    ``validation_fraction`` apply (:func:`s2hc.data.sources.spec_for`)."""
     model, tokenizer, train_config = load_for_eval(checkpoint, device=device, dtype=dtype)
     data = "embedded" if data is None else data
     seq_len = train_config.seq_len if seq_len is None else seq_len

@@ -300,7 +300,6 @@ def _cost(config: TrainConfig, model_config, tokens_per_step: int, platform: lis
 def _probe_batch(config: TrainConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The run's first validation batch (inputs, targets)."""
     tokenizer = get_tokenizer(config.tokenizer)
-    tokens = validation_tokens(config.data, tokenizer, config.cache_dir, streaming=config.streaming,
-                               seq_len=config.seq_len, batch_size=config.batch_size,
-                               eval_batches=config.eval_batches, **config.token_options())
+    tokens = validation_tokens(config.data, tokenizer, config.cache_dir, spec=config.source_spec(),
+                               seq_len=config.seq_len, batch_size=config.batch_size, eval_batches=config.eval_batches)
     return next(iter(eval_batches(tokens, config.seq_len, config.batch_size, config.eval_batches)))

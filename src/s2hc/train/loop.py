@@ -755,15 +755,15 @@ def _data(config: TrainConfig, tokenizer, ctx: distributed.Context):
     ``eval_batches`` global batches of windows (rank 0 first). The validation set is the same whatever the
     process count (:func:`~s2hc.data.loader.eval_batches`: ``eval_batches`` global batches of ``batch_size ×
     processes`` windows, each rank taking its share of each)."""
-    options, progress = config.token_options(), config.progress and ctx.is_main
-    stream_train = should_stream(config.streaming, config.data)
+    spec, progress = config.source_spec(), config.progress and ctx.is_main
+    stream_train = should_stream(spec.streaming, config.data)
 
     def tokens(split: str):
         if split == "val":
-            return validation_tokens(config.data, tokenizer, config.cache_dir, streaming=config.streaming,
+            return validation_tokens(config.data, tokenizer, config.cache_dir, spec=spec,
                                      seq_len=config.seq_len, batch_size=config.batch_size * ctx.world_size,
-                                     eval_batches=config.eval_batches, progress=progress, **options)
-        return prepare_tokens(config.data, tokenizer, config.cache_dir, split, progress=progress, **options)
+                                     eval_batches=config.eval_batches, progress=progress)
+        return prepare_tokens(config.data, tokenizer, config.cache_dir, split, progress=progress, spec=spec)
 
     if not ctx.is_main:
         distributed.barrier(ctx)
@@ -774,7 +774,7 @@ def _data(config: TrainConfig, tokenizer, ctx: distributed.Context):
     data_seed = config.seed if config.data_seed is None else config.data_seed
     if stream_train:
         stream = ChunkStream(config.data, tokenizer, config.cache_dir, "train", prefetch=2,
-                             wait_s=0.0 if ctx.is_main else 30.0, **options)
+                             wait_s=0.0 if ctx.is_main else 30.0, spec=spec)
         if ctx.is_main:
             notice(f"streaming data={config.data!r}: tokenised chunk by chunk as training reads it, into "
                    f"{str(stream.directory)!r}")
