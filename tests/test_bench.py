@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
-from s2hc.bench import measure
+from s2hc.bench import BenchSettings, measure, run
 from s2hc.cli import main
 from s2hc.devices import resolve_device
 
-TINY = dict(batch_size=1, seq_len=8, repeats=1, steps=1, warmup=1, overrides={"n_layers": 1})
+TINY = BenchSettings(preset="tiny", batch_size=1, seq_len=8, repeats=1, steps=1, warmup=1, overrides={"n_layers": 1})
 STEP_KEYS = {"family", "label", "n_streams", "compiled", "step_s", "step_ratio_vs_residual", "step_ratio_min",
              "step_ratio_max", "tokens_per_s", "peak_mem_bytes", "peak_mem_ratio_vs_residual", "params",
              "device"}  # fmt: skip
@@ -23,7 +24,7 @@ CLI_TINY = ["bench", "--preset", "tiny", "--layers", "1", "--batch-size", "1", "
 
 def test_step_rows_have_the_keys_and_residual_first():
     variants = [measure.parse_variant("s2hc", 2), measure.parse_variant("s2hc:recompute=True", 2)]
-    rows = measure.benchmark_steps("tiny", variants, device="cpu", **TINY)
+    rows = measure.benchmark_steps(TINY, variants)
     assert [r["label"] for r in rows] == ["residual", "s2hc", "s2hc:recompute=True"]
     for row in rows:
         assert set(row) >= STEP_KEYS and row["device"] == "cpu"
@@ -36,7 +37,7 @@ def test_step_rows_have_the_keys_and_residual_first():
 
 def test_peer_runs_in_the_same_model():
     pytest.importorskip("hyper_connections")
-    rows = measure.benchmark_steps("tiny", [measure.Variant(measure.PEER, 4)], memory=False, **TINY)
+    rows = measure.benchmark_steps(replace(TINY, memory=False), [measure.Variant(measure.PEER, 4)])
     assert rows[1]["family"] == measure.PEER and rows[1]["peak_mem_ratio_vs_residual"] is None
 
 
@@ -46,6 +47,46 @@ def test_coefficient_rows():
     assert all(r["ns_per_token"] > 0 and r["device"] == "cpu" for r in rows)
     assert rows[2]["ratio_vs_mhc"] == 1.0
     assert "| s2hc | fast |" in measure.format_coefficient_table(rows)
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("preset", "huge", "preset must be one of "),
+    ("overrides", {"n_layer": 2}, "unknown model config key(s) ['n_layer']"),
+    ("n_streams", 0, "n_streams must be an integer >= 1, got 0"),
+    ("batch_size", 0, "batch_size must be an integer >= 1, got 0"),
+    ("repeats", 1.5, "repeats must be an integer >= 1, got 1.5"),
+    ("warmup", -1, "warmup must be an integer >= 0, got -1"),
+    ("compile", "yes", "compile must be true or false, got 'yes'"),
+    ("peer", 1, "peer must be true or false, got 1"),
+    ("device", "tpu", "device: invalid choice 'tpu'"),
+    ("dtype", "bf16", "dtype must be one of ['auto', 'float32', 'bfloat16'], got 'bf16'"),
+])
+def test_bench_settings_refuse_a_bad_value_in_one_line(field, value, message):
+    with pytest.raises(ValueError) as error:
+        BenchSettings(**{field: value})
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_bench_settings_keep_a_copy_and_the_resolved_device():
+    overrides = {"n_layers": 1}
+    settings = BenchSettings(preset="tiny", overrides=overrides, device="cpu")
+    overrides["n_layers"] = 3
+    assert settings.overrides == {"n_layers": 1} and settings.model_config().n_layers == 1
+    assert settings.device == torch.device("cpu")
+
+
+def test_the_run_adds_the_peer_and_the_reference(monkeypatch):
+    variants = [measure.parse_variant("s2hc", 4), measure.parse_variant("residual", 4)]
+    monkeypatch.setattr(measure, "peer_available", lambda: True)
+    added, note = run.with_peer(TINY, variants)
+    assert [v.label for v in added] == ["s2hc", "residual", measure.PEER] and note is None
+    assert run.with_peer(replace(TINY, peer=False), variants) == (variants, None)
+    monkeypatch.setattr(measure, "peer_available", lambda: False)
+    absent, note = run.with_peer(TINY, variants)
+    assert absent == variants and note.startswith(f"{measure.PEER}: absent (")
+    assert run.coefficient_families([*added, measure.parse_variant("s2hc:fused=False", 4)]) == [
+        "s2hc", "residual", "mhc"]  # benchmark_coefficients leaves out the residual, which has no coefficient path
+    assert [row["family"] for row in run.param_rows(TINY, added)] == ["residual", "s2hc", "mhc"]
 
 
 def test_peak_memory_sees_a_known_allocation():
@@ -181,9 +222,9 @@ def test_cli_triton_kernels_where_they_cannot_run_exits_2(monkeypatch, capsys):
 def test_a_checkpointed_variant_is_compared_with_its_plain_one_and_saves_memory():
     """The ratios of ``s2hc:activation_checkpointing=true`` are to ``s2hc`` in the same repetitions. At 4 x 64 tokens
     over 2 layers the blocks' activations outweigh the LM head's logits and the gradients, so the peak falls."""
-    sizes = dict(TINY, batch_size=4, seq_len=64, overrides={"n_layers": 2})
+    sizes = replace(TINY, batch_size=4, seq_len=64, overrides={"n_layers": 2})
     variants = [measure.parse_variant("s2hc", 4), measure.parse_variant("s2hc:activation_checkpointing=true", 4)]
-    rows = measure.benchmark_steps("tiny", variants, **sizes)
+    rows = measure.benchmark_steps(sizes, variants)
     assert [(r["label"], r["activation_checkpointing"]) for r in rows] == [
         ("residual", False), ("s2hc", False), ("s2hc:activation_checkpointing=True", True)]  # fmt: skip
     plain, twin = rows[1:]
@@ -207,7 +248,7 @@ def test_activation_checkpointing_as_a_variant_option():
     with pytest.raises(ValueError, match="option 'activation_checkpointing' of 's2hc' must be true or false, got 2"):
         measure.parse_variant("s2hc:activation_checkpointing=2", 4)
     # a checkpointed variant without its plain one in the run: no ratio to it; residual still gets its plain base
-    rows = measure.benchmark_steps("tiny", [variant.with_activation_checkpointing(True)], memory=False, **TINY)
+    rows = measure.benchmark_steps(replace(TINY, memory=False), [variant.with_activation_checkpointing(True)])
     assert [r["label"] for r in rows] == ["residual", "mhc:activation_checkpointing=True:iterations=5"]
     assert rows[1]["step_ratio_vs_without_ac"] is None and "without AC" not in measure.format_step_table(rows)
 

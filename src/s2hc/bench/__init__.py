@@ -1,7 +1,9 @@
 """Benchmarks of what the residual families cost: training-step time and peak memory as ratios to
 ``residual`` measured in the same run, the coefficient path alone, a peer implementation, parameters.
 
-The command is ``s2hc bench`` (:mod:`s2hc.cli.bench`); the functions are in :mod:`s2hc.bench.measure`.
+The command is ``s2hc bench`` (:mod:`s2hc.cli.bench`): it builds a :class:`BenchSettings`
+(:mod:`s2hc.bench.settings`) and runs :func:`run_bench` (:mod:`s2hc.bench.run`: what is timed beside the variants
+named, the baseline and the peer); the measurements are in :mod:`s2hc.bench.measure`.
 Results and method: ``docs/benchmarks.md``. Benchmarks report; they never fail on a time.
 """
 
@@ -16,9 +18,12 @@ from .measure import (
     peak_step_bytes,
     peer_available,
 )
+from .run import run_bench
+from .settings import BenchSettings
 
 __all__ = [
     "PEER",
+    "BenchSettings",
     "Variant",
     "benchmark_coefficients",
     "benchmark_steps",
@@ -27,4 +32,5 @@ __all__ = [
     "parse_variant",
     "peak_step_bytes",
     "peer_available",
+    "run_bench",
 ]
