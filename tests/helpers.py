@@ -90,6 +90,17 @@ def grads_of(module: torch.nn.Module, *tensors: torch.Tensor) -> list[torch.Tens
     ]
 
 
+def capture_of(res, pre=None, post=None, *, family=None, **fields):
+    """What :func:`s2hc.diagnostics.summary.summarize` takes, made from tensors: a
+    :class:`~s2hc.diagnostics.collect.Capture` of ``res`` (and ``pre`` / ``post``), its connections labelled ``"0"``,
+    ``"1"``, ... and each of ``family`` (None: none named), the other fields as given (``inert``, ``output``, ...)."""
+    from s2hc.diagnostics.collect import Capture
+
+    families = [family] * len(res) if family is not None else []
+    similarity = fields.pop("similarity", None)
+    return Capture(names=None, families=families, res=res, pre=pre, post=post, similarity=similarity, **fields)
+
+
 def run_connection(hc, branch, x, weights, **options) -> list[torch.Tensor]:
     """``[out, dX, *parameter gradients]`` of a copy of ``hc`` with ``options`` (``set_options``) on streams
     ``x`` around ``branch``, for the loss ``Σ out · weights`` (summed in float64)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SMALL_MODEL, crash_after_checkpoint, randomize_, small_config
+from helpers import SMALL_MODEL, capture_of, crash_after_checkpoint, randomize_, small_config
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -172,7 +172,7 @@ def test_bad_shapes_name_the_argument():
     with pytest.raises(ValueError, match=r"Hs must stack matrices over depth"):
         composite_product(torch.eye(3))
     with pytest.raises(ValueError, match=r"res must have shape \(layers, tokens, n, n\)"):
-        summarize(torch.eye(3).expand(2, 3, 3))
+        summarize(capture_of(torch.eye(3).expand(2, 3, 3)))
 
 
 # --------------------------------------------------------------------------------------- summaries, claims
@@ -180,7 +180,7 @@ def test_bad_shapes_name_the_argument():
 
 def test_summary_matches_the_measurements_and_checks_the_claims():
     Hs = synthetic_matrices("s2hc", 4, layers=5, tokens=64, logit_scale=3.0)
-    s = summarize(Hs, family="s2hc")
+    s = summarize(capture_of(Hs, family="s2hc"))
     assert set(s) >= MEASUREMENT_KEYS and s["depth"] == 5 and s["tokens"] == 64
     assert s["spectral_norm"]["max"] == pytest.approx(spectral_norm(Hs).amax(1).tolist())
     assert s["composite_backward_amax"]["max"][-1] == pytest.approx(

@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 import yaml
-from helpers import SMALL_MODEL
+from helpers import SMALL_MODEL, capture_of
 
 import s2hc
 from s2hc import cli, mixers
@@ -218,7 +218,7 @@ def test_read_and_write_name_a_bad_argument():
 
 def test_diagnostics_of_one_stream_of_a_mixing_family():
     res = torch.ones(2, 5, 1, 1)
-    summary = summarize(res, torch.ones(2, 5, 1), torch.ones(2, 5, 1), family="mhc")
+    summary = summarize(capture_of(res, torch.ones(2, 5, 1), torch.ones(2, 5, 1), family="mhc"))
     assert summary["deviation_singular_values"]["p10"] == [[], []]
     assert summary["headline"]["smallest_deviation_singular_value_mean"] is None
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from helpers import SMALL_MODEL, randomize_
+from helpers import SMALL_MODEL, capture_of, randomize_
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -103,7 +103,7 @@ def test_the_common_mode_gain_is_the_mean_row_sum_and_the_mean_column_sum(n, see
 
 def test_the_summary_and_the_training_record_carry_the_common_mode():
     H = torch.eye(3).repeat(2, 4, 1, 1) * 1.5  # two layers, four tokens, every matrix 1.5 I
-    s = summarize(H)
+    s = summarize(capture_of(H))
     assert s["common_mode_gain"]["mean"] == [1.5, 1.5] and s["row_sums"]["min"] == [1.5, 1.5]
     assert s["composite_common_mode_gain"]["mean"] == pytest.approx([1.5, 2.25])
     assert s["headline"]["common_mode_gain_max"] == 1.5

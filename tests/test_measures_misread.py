@@ -12,6 +12,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from helpers import capture_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -152,7 +153,7 @@ def test_summarize_puts_the_inert_connections_apart():
     subtracting = zero_sum_matrix(plane_rotation(3, 1.2))  # three entries of −0.33, and rounding's −6e-17
     assert negative_share(subtracting).item() == 3 / 16
     eye = torch.eye(4, dtype=torch.float64)
-    s = summarize(_stack(subtracting, eye, zero_sum_matrix(torch.diag(t([0.5, 0.5, 0.5])))), inert_layers=[0])
+    s = summarize(capture_of(_stack(subtracting, eye, zero_sum_matrix(torch.diag(t([0.5, 0.5, 0.5])))), inert=[0]))
     head = s["inert_layers"], s["headline"]
     assert head[0] == [0] and s["negative_tolerance"] == NEGATIVE_TOLERANCE
     assert head[1]["negative_share_mean"] == 0 and head[1]["negative_share_inert"] == 3 / 16
@@ -161,20 +162,20 @@ def test_summarize_puts_the_inert_connections_apart():
     assert head[1]["identity_distance_mean"] == pytest.approx(0.5 * math.sqrt(3))  # the shrink, not the rotation
     assert head[1]["spectrum_slope_mean"] == pytest.approx((0 + 3 * 0.75) / 6)  # mean over 2 layers × 3
     assert s["rotation_angle"]["mean"][0] == pytest.approx(math.degrees(1.2))  # still measured per layer
-    everything = summarize(_stack(subtracting, eye))
+    everything = summarize(capture_of(_stack(subtracting, eye)))
     assert everything["inert_layers"] == [] and everything["headline"]["negative_share_mean"] == 3 / 16
     assert everything["headline"]["negative_share_inert"] is None
     json.dumps(s, allow_nan=False)
 
 
 def test_a_model_whose_every_connection_is_inert_has_no_interior_values():
-    s = summarize(_stack(torch.eye(3), torch.eye(3)), inert_layers=[1, 0, 1])
+    s = summarize(capture_of(_stack(torch.eye(3), torch.eye(3)), inert=[1, 0, 1]))
     assert s["inert_layers"] == [0, 1]
     assert all(s["headline"][f"{name}_mean"] is None
                for name in ("identity_distance", "rotation_angle", "spectrum_slope", "negative_share"))
     assert s["headline"]["identity_distance_inert"] == 0
     with pytest.raises(ValueError, match=r"inert_layers must be indices of the 2 layers \(0 to 1\), got \[2\]"):
-        summarize(_stack(torch.eye(3), torch.eye(3)), inert_layers=[2])
+        summarize(capture_of(_stack(torch.eye(3), torch.eye(3)), inert=[2]))
 
 
 # ------------------------------------------------------------------------------- the collector knows the model

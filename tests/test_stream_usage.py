@@ -15,7 +15,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import SMALL_MODEL
+from helpers import SMALL_MODEL, capture_of
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -128,13 +128,13 @@ def test_rows_without_shares_and_bad_input():
         stream_norms(torch.ones(3))
     res = torch.eye(3).expand(2, 5, 3, 3)
     with pytest.raises(ValueError, match=r"post must have shape \(2, 5, 3\), got \(2, 5, 2\)"):
-        summarize(res, torch.ones(2, 5, 3), torch.ones(2, 5, 2))
+        summarize(capture_of(res, torch.ones(2, 5, 3), torch.ones(2, 5, 2)))
     with pytest.raises(ValueError, match=r"output must have shape \(5, 3\)"):
-        summarize(res, torch.ones(2, 5, 3), output=torch.ones(4, 3))
+        summarize(capture_of(res, torch.ones(2, 5, 3), output=torch.ones(4, 3)))
     with pytest.raises(ValueError, match="output_read must be one of"):
-        summarize(res, torch.ones(2, 5, 3), output=torch.ones(5, 3), output_read="max")
+        summarize(capture_of(res, torch.ones(2, 5, 3), output=torch.ones(5, 3), output_read="max"))
     with pytest.raises(ValueError, match=r"read_inert_layers must be indices of the 2 layers \(0 to 1\), got \[2\]"):
-        summarize(res, torch.ones(2, 5, 3), read_inert_layers=[2])
+        summarize(capture_of(res, torch.ones(2, 5, 3), read_inert=[2]))
 
 
 def test_a_collapse_built_by_hand():
@@ -147,8 +147,8 @@ def test_a_collapse_built_by_hand():
     post = torch.ones(L, N, n, dtype=torch.float64)
     output = torch.ones(N, n, dtype=torch.float64)
     output[:, 2] = 1e4
-    s = summarize(torch.eye(n).expand(L, N, n, n), pre, post, output=output, output_read="sum", read_inert_layers=[0],
-                  write_inert_layers=[L - 1])
+    s = summarize(capture_of(torch.eye(n).expand(L, N, n, n), pre, post, output=output, output_read="sum",
+                             read_inert=[0], write_inert=[L - 1]))
     assert all(v > 0.998 for v in s["read_dominant_share"]) and s["read_dominant_stream"] == [2] * L
     assert all(1 <= v < 1.02 for v in s["read_effective_streams"])
     assert s["write_effective_streams"] == pytest.approx([n] * L) and s["output_effective_streams"] < 1.01
@@ -164,14 +164,14 @@ def test_static_matrices_get_shares_and_no_output():
     """As ``s2hc diagnose --static`` calls it: pre / post at d = 0, one "token", no streams."""
     generator = torch.Generator().manual_seed(1)
     pre, post = torch.rand(5, 1, 4, generator=generator), torch.rand(5, 1, 4, generator=generator)
-    s = summarize(torch.eye(4).expand(5, 1, 4, 4), pre, post)
+    s = summarize(capture_of(torch.eye(4).expand(5, 1, 4, 4), pre, post))
     shares, effective = reference_shares(pre.numpy())
     np.testing.assert_allclose(s["read_share"], shares, rtol=1e-12)
     assert s["read_effective_streams"] == pytest.approx(effective)
     assert s["read_inert_layers"] == [] and s["write_inert_layers"] == []
     assert not any(key.startswith("output_") for key in s) and "output_effective_streams" not in s["headline"]
     assert "Output: not measured" in "\n".join(stream_usage_lines(s))
-    assert "read_share" not in summarize(torch.eye(4).expand(5, 1, 4, 4))  # no weights, no stream usage
+    assert "read_share" not in summarize(capture_of(torch.eye(4).expand(5, 1, 4, 4)))  # no weights, no usage
 
 
 # ---------------------------------------------------------------------------------------------- on models

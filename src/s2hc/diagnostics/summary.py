@@ -1,12 +1,12 @@
 """From per-token tensors to per-layer statistics: the JSON object ``diagnostics.json`` holds for one family.
 
-:func:`summarize` takes the matrices of ``L`` connections over the same ``N`` tokens (and optionally the read /
-write gates and the stream similarities) and returns a dict of plain Python lists, one key per measurement
-of :mod:`s2hc.diagnostics.measures`, each a distribution over tokens per layer (or per depth for the
-composite measures). Connections whose ``H_res`` cannot change the model's output (``inert_layers``,
-:mod:`s2hc.diagnostics.inert`) are measured like the others, but the headline's measures of what the matrices
-do (distance from the identity, rotation angle, spectrum slope, negative share) are taken over the other,
-"interior", connections, with the inert ones' values beside them. :func:`guarantee_checks` compares what a
+:func:`summarize` takes a :class:`~s2hc.diagnostics.collect.Capture`, the matrices of ``L`` connections over the
+same ``N`` tokens (and optionally the read / write gates and the stream similarities), and returns a dict of plain
+Python lists, one key per measurement of :mod:`s2hc.diagnostics.measures`, each a distribution over tokens per layer
+(or per depth for the composite measures). Connections whose ``H_res`` cannot change the model's output
+(``inert_layers``, :mod:`s2hc.diagnostics.inert`) are measured like the others, but the headline's measures of what
+the matrices do (distance from the identity, rotation angle, spectrum slope, negative share) are taken over the
+other, "interior", connections, with the inert ones' values beside them. :func:`guarantee_checks` compares what a
 family claims (``Mixer.guarantees``) with what was measured.
 
 Stream usage (:func:`stream_usage`, docs/diagnostics.md "Stream usage"): from the read and write weights each
@@ -21,12 +21,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import mixers
 from . import measures
+
+if TYPE_CHECKING:  # collect imports this module
+    from .collect import Capture
 
 __all__ = ["DEFAULT_TOLERANCE", "MIXING_HEADLINES", "OUTPUT_READS", "distribution", "guarantee_checks", "headline",
            "mixing_headline", "stream_usage", "stream_usage_headline", "summarize", "vector_distribution"]
@@ -210,40 +213,29 @@ def stream_usage(
     return out
 
 
-def summarize(
-    res: torch.Tensor,
-    pre: torch.Tensor | None = None,
-    post: torch.Tensor | None = None,
-    similarity: torch.Tensor | None = None,
-    names: Sequence[str] | None = None,
-    family: str | None = None,
-    similarity_names: Sequence[str] | None = None,
-    tol: float = DEFAULT_TOLERANCE,
-    transposed: bool = False,
-    inert_layers: Sequence[int] = (),
-    output: torch.Tensor | None = None,
-    output_read: str | None = None,
-    read_spread: torch.Tensor | None = None,
-    read_inert_layers: Sequence[int] = (),
-    write_inert_layers: Sequence[int] = (),
-) -> dict[str, Any]:
-    """Every measurement of docs/design.md section 2 for ``L`` connections over the same ``N`` tokens.
+def summarize(capture: Capture, *, tol: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+    """Every measurement of docs/design.md section 2 for the ``L`` connections of ``capture`` over the same ``N``
+    tokens.
 
     Args:
-        res: ``H_res`` ``(L, N, n, n)``, connection ``l`` applied after connection ``l − 1`` (depth order).
-        pre, post: ``H_pre``, ``H_post`` ``(L, N, n)`` or None.
-        similarity: stream cosine similarities ``(L', N, n, n)`` (e.g. each connection's input and the last
-            one's output, L' = L + 1), or None.
-        names: a label per connection (default ``"0"``, ``"1"``, ...); ``similarity_names`` one per entry of
-            ``similarity`` (default ``names`` plus ``"output"``).
-        family: the family's name, for :func:`guarantee_checks` (omitted when None or unknown);
-            ``transposed``: the connections applied ``H_resᵀ`` (``transpose_res``).
-        inert_layers: indices of the connections whose ``H_res`` cannot change the model's output
-            (:func:`~s2hc.diagnostics.inert.inert_connections`; the collector computes them from the model):
-            the headline reports them apart.
-        output, output_read, read_spread, read_inert_layers, write_inert_layers: for the stream usage, see
-            :func:`stream_usage` (``output`` ``(N, n)``: what the final read takes from each final stream; None
-            when the final streams are unknown, as for static matrices).
+        capture: a :class:`~s2hc.diagnostics.collect.Capture`, what :func:`~s2hc.diagnostics.collect.collect`
+            records (:meth:`Capture.summary <s2hc.diagnostics.collect.Capture.summary>` calls this), or one made
+            from tensors:
+            ``res``: ``H_res`` ``(L, N, n, n)``, connection ``l`` applied after connection ``l − 1`` (depth order).
+            ``pre``, ``post``: ``H_pre``, ``H_post`` ``(L, N, n)`` or None.
+            ``similarity``: stream cosine similarities ``(L', N, n, n)`` (e.g. each connection's input and the
+            last one's output, L' = L + 1), or None; labelled ``names`` then ``"output"``.
+            ``names``: a label per connection (None: ``"0"``, ``"1"``, ...).
+            ``families`` / ``transposed``: each connection's family and whether it applied ``H_resᵀ``
+            (``transpose_res``); when the families agree (``Capture.family``) and so do the ``transposed``, the
+            family's guarantees are checked (:func:`guarantee_checks`; omitted for None or an unknown family).
+            ``inert``: indices of the connections whose ``H_res`` cannot change the model's output
+            (:func:`~s2hc.diagnostics.inert.inert_connections`; the collector computes them from the model): the
+            headline reports them apart.
+            ``output``, ``output_read``, ``read_spread``, ``read_inert``, ``write_inert``: for the stream usage,
+            see :func:`stream_usage` (``output`` ``(N, n)``: what the final read takes from each final stream;
+            None when the final streams are unknown, as for static matrices).
+        tol: what "holds" means in :func:`guarantee_checks`.
 
     Returns a JSON-ready dict: ``layers``, ``depth``, ``tokens``, ``n_streams``, ``inert_layers`` (sorted),
     ``negative_tolerance`` (what ``negative_share`` counts: entries below minus it), and one key per
@@ -260,16 +252,19 @@ def summarize(
     entry). Stream usage, whenever ``pre`` / ``post`` are given (:func:`stream_usage`): ``read_share``,
     ``read_effective_streams``, ``read_dominant_share``, ``read_dominant_stream``, ``read_token_effective_streams``,
     ``read_inert_layers``, the same for ``write_``, and with ``output`` the ``output_`` keys. ``headline``
-    (:func:`headline`): the worst value of each, and ``guarantees`` when ``family`` is a known family.
+    (:func:`headline`): the worst value of each, and ``guarantees`` when the family is a known family.
     """
+    res, pre, post, similarity = capture.res, capture.pre, capture.post, capture.similarity
+    transposed = list(capture.transposed)
+    family = capture.family if len(set(transposed)) <= 1 else None
     res = measures._matrices(res, "res")
     if res.dim() != 4:
         raise ValueError(f"res must have shape (layers, tokens, n, n), got {tuple(res.shape)}")
     L, N, n, _ = res.shape
-    names = [str(i) for i in range(L)] if names is None else list(names)
+    names = [str(i) for i in range(L)] if capture.names is None else list(capture.names)
     if len(names) != L:
         raise ValueError(f"names must have one entry per layer ({L}), got {len(names)}")
-    inert = _layer_indices("inert_layers", inert_layers, L)
+    inert = _layer_indices("inert_layers", capture.inert, L)
     sums = measures.row_col_sum_error(res)
     gain = measures.amax_gain(res)
     norms = measures.spectral_norm(res)
@@ -310,15 +305,16 @@ def summarize(
         out["h_pre"] = _gate_stats(pre)
     if post is not None:
         out["h_post"] = _gate_stats(post)
-    for name, value in (("pre", pre), ("post", post), ("read_spread", read_spread)):
+    for name, value in (("pre", pre), ("post", post), ("read_spread", capture.read_spread)):
         if value is not None:
             _check_per_stream(name, value, (L, N, n))
-    if output is not None:
-        _check_per_stream("output", output, (N, n))
-    out.update(stream_usage(pre, post, output, output_read, read_spread, read_inert_layers, write_inert_layers))
+    if capture.output is not None:
+        _check_per_stream("output", capture.output, (N, n))
+    out.update(stream_usage(pre, post, capture.output, capture.output_read, capture.read_spread, capture.read_inert,
+                            capture.write_inert))
     if similarity is not None:
         similarity = similarity.detach().double()
-        labels = list(similarity_names) if similarity_names is not None else names + ["output"]
+        labels = names + ["output"]
         out["stream_similarity"] = {
             "labels": labels[: similarity.shape[0]],
             "offdiagonal": distribution(_offdiagonal(similarity)) if n > 1 else None,
@@ -327,7 +323,8 @@ def summarize(
     out["headline"] = headline(out)
     if family in list(mixers.REGISTRY):
         measured = {"single": (res, sums, norms), "composite": (composite, composite_sums, composite_norms)}
-        out["guarantees"] = guarantee_checks(family, res, composite, tol, transposed=transposed, _measured=measured)
+        out["guarantees"] = guarantee_checks(family, res, composite, tol, transposed=any(transposed),
+                                             _measured=measured)
     return out
 
 

@@ -27,6 +27,7 @@ import torch
 
 from .. import mixers
 from . import measures
+from .collect import Capture
 from .summary import summarize
 
 __all__ = [
@@ -102,7 +103,8 @@ def synthetic_summaries(
         if family not in mixers.REGISTRY:
             continue
         res = synthetic_matrices(family, n_streams, layers, tokens, logit_scale, seed)
-        out[family] = summarize(res, names=[str(i) for i in range(layers)], family=family)
+        capture = Capture([str(i) for i in range(layers)], [family] * layers, res, pre=None, post=None, similarity=None)
+        out[family] = summarize(capture)
     return out
 
 
