@@ -76,6 +76,7 @@ from torch import nn
 from . import mixers
 from .checks import check_bool, check_int, check_streams
 from .connection import HyperConnection
+from .connection.forms import RESIDUAL, check_family
 from .mixers.base import autocast_off, coefficient_dtype, scale_parameter
 
 __all__ = ["CompatHyperConnection", "ExpandStreams", "ReduceStreams", "get_init_and_expand_reduce_stream_functions"]
@@ -102,6 +103,12 @@ def _check_family_options(family: str, num_streams: int, family_options: dict[st
     """ValueError (one line, naming the option, its value and what is allowed) for an unknown family, an option it
     does not take, or a value it refuses: the family is built once on the meta device (nothing allocated) at
     ``num_streams`` streams, the fewest slots an ``init`` builds, so its own checks run here."""
+    check_family(family)
+    if family not in mixers.REGISTRY:  # a connection form of its own: the package's API has no place for it
+        raise ValueError(
+            f"family={family!r} cannot be expressed in the hyper-connections API, which carries n streams summed "
+            f"at the end and mixed by an n × n matrix: s2hc.compat takes 'residual' (as disable=True) and the "
+            f"mixing families {list(mixers.REGISTRY)}; build {family!r} with s2hc.Connections")
     mixers.check_options(family, family_options)
     with torch.device("meta"):
         try:
@@ -507,7 +514,10 @@ def get_init_and_expand_reduce_stream_functions(
         add_stream_embed: ``expand_stream`` adds a learned per-stream embedding ``(s, dim)``; needs ``dim``.
         disable: ``True`` gives plain residuals ``branch(x) + residual_transform(x)`` and identity
             expand/reduce; ``None`` (default) means ``num_streams == 1 and num_fracs == 1``.
-        family, **family_options: the mixing family and its options (:func:`s2hc.mixers.options`).
+        family, **family_options: the mixing family and its options (:func:`s2hc.mixers.options`), or
+            ``"residual"``, the same as ``disable=True``. The forms of their own (``"gated-residual"``,
+            ``"attn-res"``, ``"wide-residual"``) do not fit this API and are refused in one line naming
+            :class:`s2hc.Connections`, which builds them.
 
     ``init(*, dim, branch=None, layer_index=None, channel_first=False, dropout=0.0, residual_transform=None,
     add_branch_out_to_residual=True, num_input_views=1, depth_residual_fn=None, tanh=True, num_fracs=...)``
@@ -525,9 +535,14 @@ def get_init_and_expand_reduce_stream_functions(
     if disable is not None:
         check_bool("disable", disable)
     _package_only(family_options)
-    _check_family_options(family, num_streams, family_options)  # fail at the factory, not at the first init()
+    residual = family == RESIDUAL.name  # the plain residual is the package's disable=True
+    if residual and (family_options or disable is False):
+        raise ValueError(f"family='residual' is the package's disable=True: it takes no family options and not "
+                         f"disable=False, got family_options={family_options!r}, disable={disable!r}")
+    if not residual:
+        _check_family_options(family, num_streams, family_options)  # fail at the factory, not at the first init()
     if disable is None:
-        disable = num_streams == 1 and num_fracs == 1
+        disable = residual or (num_streams == 1 and num_fracs == 1)
     default_dim, default_fracs = dim, num_fracs
 
     def init(
