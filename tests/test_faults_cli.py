@@ -161,6 +161,10 @@ def bad_path(kind: str, places: dict[str, str], tmp_path: Path) -> str:
         return places["file"]
     if kind == "under /proc":
         return "/proc/s2hc-no-such-thing/out"
+    if kind in ("a dangling link", "under a dangling link"):
+        link = tmp_path / "dangling"
+        link.symlink_to(tmp_path / "gone")
+        return str(link) if kind == "a dangling link" else f"{link}/out"
     readonly = tmp_path / "readonly"
     readonly.mkdir()
     readonly.chmod(0o500)
@@ -177,7 +181,8 @@ def expand(argv: list[str], places: dict[str, str], path: str, name: str) -> lis
     return expanded
 
 
-@pytest.mark.parametrize("kind", ["under a file", "an existing file", "under /proc", "read-only directory"])
+@pytest.mark.parametrize("kind", ["under a file", "an existing file", "under /proc", "read-only directory",
+                                  "a dangling link", "under a dangling link"])
 @pytest.mark.parametrize("writer", list(WRITERS))
 def test_an_unwritable_output_is_refused_in_one_line(writer, kind, places, capsys, tmp_path, monkeypatch):
     if kind == "read-only directory" and IS_ROOT:
@@ -188,7 +193,7 @@ def test_an_unwritable_output_is_refused_in_one_line(writer, kind, places, capsy
     name = f"run-{abs(hash((writer, kind)))}"
     code, _, line = run_cli(expand(argv, places, path, name), capsys)
     assert code == 2
-    assert_error(line, argv[0], argument, repr(path))
+    assert_error(line, argv[0], argument, repr(path), *(["dangling symbolic link"] if "dangling" in kind else []))
 
 
 # ------------------------------------------------------------------------------------------------- full disk

@@ -191,6 +191,31 @@ def test_bad_input_exits_2_naming_the_argument(capsys, argv, needles):
         assert needle in line
 
 
+@pytest.mark.parametrize(("argv", "needles"), [
+    (["--families", "wide-residual", "--streams", "1"], ["wide-residual", "n_streams must be at least 2"]),
+    (["--families", "attn-res:block_size=100", "--layers", "2"], ["'block_size' of 'attn-res'", "[1, 4], got 100"]),
+    (["--families", "mhc:alpha=.nan"], ["'alpha' of 'mhc' must be a finite number"]),
+])
+def test_params_refuses_what_train_refuses(capsys, argv, needles):
+    """A model `s2hc train` would refuse is not priced either: the same checks (the config's, the model's)."""
+    assert cli.main(["params", *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("s2hc params: error: ") and "as `s2hc train` refuses it" in line
+    for needle in needles:
+        assert needle in line
+
+
+def test_the_default_table_leaves_out_what_train_refuses_and_says_so(capsys):
+    assert cli.main(["params", "--streams", "1", "--layers", "2", "--dim", "32", "--json"]) == 0
+    captured = capsys.readouterr()
+    listed = {row["family"] for row in json.loads(captured.out)}
+    assert "wide-residual" not in listed and "mhc" in listed
+    assert "left out, as `s2hc train` refuses them here: " in captured.err
+    assert "wide-residual (n_streams" in captured.err
+
+
 def test_bad_input_through_python_m_exits_2():
     result = subprocess.run(
         [sys.executable, "-m", "s2hc", "params", "--families", "bogus"], capture_output=True, text=True, check=False

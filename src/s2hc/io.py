@@ -223,11 +223,17 @@ def _reason(error: OSError) -> str:
 def check_output_dir(path: str | Path, argument: str = "--out", *, create: bool = True) -> Path:
     """``path`` as a directory this process can write into, created (with its parents) when ``create``.
 
-    ValueError naming ``argument`` and the path when it is empty, a file, under a file, or not writable
-    (read-only filesystem, no permission, ``/proc``). Returns the path with ``~`` expanded."""
+    ValueError naming ``argument`` and the path when it is empty, a file, under a file, a dangling symbolic link (or
+    under one), or not writable (read-only filesystem, no permission, ``/proc``). Returns the path with ``~``
+    expanded."""
     if not str(path).strip():
         raise ValueError(f"{argument} is empty; name a directory, e.g. {argument} runs/my-run")
     directory = Path(path).expanduser()
+    link = next((p for p in (directory, *directory.parents) if p.is_symlink() and not p.exists()), None)
+    if link is not None:
+        where = "is" if link == directory else f"lies under {str(link)!r}, which is"
+        raise ValueError(f"{argument} {str(path)!r} {where} a dangling symbolic link (to {os.readlink(link)!r}, which "
+                         f"does not exist); remove the link, create its target, or choose another {argument}")
     if directory.exists() and not directory.is_dir():
         raise ValueError(f"{argument} {str(path)!r} is a file, not a directory; choose another {argument}")
     if not directory.exists() and not create:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from .common import parse_families, positive_int
 
@@ -66,17 +67,56 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run, subparser=parser)
 
 
+def check_as_trained(family: str, options: dict, *, layers: int, dim: int, n_streams: int) -> dict:
+    """``options`` of ``family`` checked as ``s2hc train`` checks a run's (:func:`s2hc.config.check_family_options`,
+    then the model's own checks, :class:`~s2hc.models.ModelConfig`: the stream count the family takes, its options,
+    the options the model's sizes bound such as AttnRes's ``block_size``), at ``layers`` layers of width ``dim``
+    (``n_streams`` of a one-stream family is 1); ValueError in one line otherwise. Returns the checked options. The
+    one check left to the count is the size of a permutation mixture: counted up to 12 streams, as the description
+    says, where a trained model stops at 8 (and needs ``allow_large=True`` past 6, which the count takes as given:
+    :func:`s2hc.params.build_options`)."""
+    from ..config import check_family_options
+    from ..connection import forms
+    from ..models import ModelConfig
+    from ..params import build_options, check_countable
+
+    options = build_options(family, **options)
+    n_streams = 1 if forms.get(family).max_streams == 1 else n_streams
+    try:
+        check_countable(family, n_streams, built=True)
+    except ValueError:  # a mixture larger than a trained model's, counted all the same
+        pass
+    else:
+        options = check_family_options(family, n_streams, options)
+    ModelConfig(dim=dim, n_layers=layers, n_heads=1, head_dim=2, family=family, n_streams=n_streams,
+                family_options=options)  # a head of 2: the connections' checks, whatever dim is
+    return options
+
+
 def run(args: argparse.Namespace) -> int:
     from ..checks import check_streams
     from ..params import format_table, param_table
 
+    left_out = []
     try:
         check_streams("argument --streams", args.streams)
+        variants = []
+        for family, options in parse_variants(args.families):
+            try:
+                check_as_trained(family, options, layers=args.layers, dim=args.dim, n_streams=args.streams)
+            except ValueError as error:
+                if args.families is not None:  # a family asked for: refused as `s2hc train` refuses it
+                    raise ValueError(f"{family}: {error} (as `s2hc train` refuses it)") from None
+                left_out.append(f"{family} ({error})")  # the default table: the families that can be trained
+                continue
+            variants.append((family, options))
         rows = param_table(
-            parse_variants(args.families), layers=args.layers, dim=args.dim, n_streams=args.streams,
+            variants, layers=args.layers, dim=args.dim, n_streams=args.streams,
             sublayers_per_layer=args.sublayers_per_layer,
         )  # fmt: skip
     except ValueError as error:
         args.subparser.error(str(error))  # "s2hc params: error: ...", exit 2
     print(json.dumps(rows, indent=2) if args.json else format_table(rows))
+    if left_out:
+        print(f"s2hc params: left out, as `s2hc train` refuses them here: {'; '.join(left_out)}", file=sys.stderr)
     return 0
