@@ -96,10 +96,12 @@ class ConnectionModule(nn.Module):
     ``projections``: the names of the parameters that are token-driven matrices, which weight decay's
     ``"matrices"`` setting decays (the rest, gates' biases and scales, never). ``unit_parameters``: those whose
     neutral value is 1 (a norm's weight applied as ``w``, not ``1 + w``), which weight decay's ``"all"`` setting
-    decays toward 1 instead of 0."""
+    decays toward 1 instead of 0. ``depth_read``: whether the module reads a softmax over depth sources (AttnRes's
+    connections and output query), whose ``weights(sources)`` ``(B, T, S)`` the depth diagnostics measure."""
 
     projections: tuple[str, ...] = ()
     unit_parameters: tuple[str, ...] = ()
+    depth_read: bool = False
 
 
 class Connection(ConnectionModule):

@@ -15,14 +15,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..connection.forms.attn_res import DepthAttention
+from ..connection import ConnectionModule
 from .positions import model_device, sample_positions
 
 
-def depth_modules(model: nn.Module) -> list[tuple[str, DepthAttention]]:
+def depth_modules(model: nn.Module) -> list[tuple[str, ConnectionModule]]:
     """``(name, module)`` of every depth-attention read in ``model`` (AttnRes's connections and its output query),
     in module order (the output query last)."""
-    return [(name, module) for name, module in model.named_modules() if isinstance(module, DepthAttention)]
+    return [(name, module) for name, module in model.named_modules()
+            if isinstance(module, ConnectionModule) and module.depth_read]
 
 
 def _summary(weights: torch.Tensor) -> dict[str, Any]:

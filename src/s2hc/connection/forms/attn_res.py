@@ -37,7 +37,7 @@ from torch import nn
 from ...checks import check_float, check_int
 from ...counts import Count, count
 from ...mixers.base import coefficient_dtype
-from ..base import Connection, StreamHead, _stream_precision, call_branch, check_device
+from ..base import Connection, ConnectionModule, StreamHead, _stream_precision, call_branch, check_device
 from .base import ConnectionForm
 
 #: The paper's Block AttnRes: about eight blocks over the depth (``block_size=None`` chooses the size for that).
@@ -64,12 +64,14 @@ def _check_sources(sources: Any, count: int | None, dim: int, what: str) -> tupl
     return tuple(sources)
 
 
-class DepthAttention(nn.Module):
+class DepthAttention(ConnectionModule):
     """The softmax read over depth sources: a pseudo-query ``query`` ``(C,)`` (zero at init) against the sources
     RMS-normalised with a learned weight ``key_norm_weight`` ``(C,)`` (one at init).
 
     ``weights(sources)``: a tuple of ``(B, T, C)`` -> ``(B, T, S)`` in at least float32 (sums to 1 over S);
     ``forward(sources)`` -> ``(B, T, C)`` in the sources' dtype."""
+
+    depth_read = True
 
     def __init__(self, dim: int, eps: float = 1e-6):
         super().__init__()
