@@ -137,7 +137,7 @@ def test_console_script_points_at_cli_main():
 def test_table_lists_every_family(capsys):
     assert cli.main(["params", "--layers", "28", "--dim", "1024", "--streams", "7"]) == 0
     out = capsys.readouterr().out
-    assert "| family | K | per sublayer | total | vs mHC |" in out
+    assert "| family | K | per sublayer | total | vs mHC | connection FLOPs / token (fwd) |" in out  # not the model's
     for name in s2hc.families():
         assert f"| {name} |" in out
     assert "25.7 M (25,693,808)" in out  # human and exact

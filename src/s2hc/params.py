@@ -209,5 +209,6 @@ def format_table(rows: list[dict]) -> str:
         flops = row.get("flops_per_token")
         cells.append([row.get("label", row["family"]), count(row["K"]), per_text, total, ratio(row["vs_mhc"]),
                       "–" if flops is None else human(flops)])
-    return "\n".join(lines + table(["family", "K", "per sublayer", "total", "vs mHC", "FLOPs / token (forward)"],
-                                    cells))
+    # the FLOPs are the connections' alone (s2hc.flops.connection_flops), not the model's: the header says so
+    header = ["family", "K", "per sublayer", "total", "vs mHC", "connection FLOPs / token (fwd)"]
+    return "\n".join(lines + table(header, cells))
