@@ -23,13 +23,8 @@ from helpers import small_config
 
 from s2hc.cli import main
 from s2hc.rundir import load_checkpoint, load_model
-from s2hc.rundir.checkpoint import (
-    _METADATA_GLOBALS,
-    _with_checksum,
-    file_digest,
-    load_sharded_into,
-    read_sharded_metadata,
-)
+from s2hc.rundir.checksums import file_digest, with_checksum
+from s2hc.rundir.sharded import _METADATA_GLOBALS, load_sharded_into, read_sharded_metadata
 from s2hc.train import train
 
 REFUSED = r"checkpoint\.dcp/\.metadata': refuses to load pickled class '{}' " \
@@ -89,7 +84,7 @@ def reseal(directory: Path) -> None:
     payload.pop("checksum")
     payload["shards"] = {p.name: file_digest(p) for p in sorted(directory.iterdir())
                          if p.is_file() and p.name != "extra.pt"}
-    torch.save(_with_checksum(payload), directory / "extra.pt")
+    torch.save(with_checksum(payload), directory / "extra.pt")
 
 
 def genuine_metadata(directory: Path):

@@ -641,7 +641,7 @@ def test_kill_9_while_the_stream_cache_is_written_resumes_on_whole_chunks_only(c
 # `s2hc ARGV` that kills itself (SIGKILL, as `kill -9` does) right after the $S2HC_KILL_AFTER-th kept checkpoint it
 # prunes is removed: a kill inside the pruning, where random moments rarely land (it takes microseconds).
 PRUNE_CODE = ("import os, signal, sys\n"
-              "import s2hc.rundir.checkpoint as kept\n"
+              "import s2hc.rundir.kept as kept\n"
               "real, removed = kept.remove_checkpoint, []\n"
               "def remove(path):\n"
               "    real(path)\n"

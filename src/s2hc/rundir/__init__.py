@@ -6,8 +6,13 @@
 - :mod:`~s2hc.rundir.guard`: a run is created or resumed, never overwritten; one process at a time
   (:func:`open_run_directory`, :class:`RunLock`); temporary files of interrupted saves are removed.
 - :mod:`~s2hc.rundir.checkpoint`: one-file and sharded checkpoints, written atomically and only when finite,
-  with checksums verified on load; :func:`load_model` rebuilds ``(model, train_config)`` from either;
-  :func:`resolve_checkpoint` (and ``load_model(RUN, step=100)``, ``step="best"``) picks a kept one.
+  with checksums verified on load (:mod:`~s2hc.rundir.checksums`); :func:`load_model` rebuilds
+  ``(model, train_config)`` from either; :func:`resolve_checkpoint` (and ``load_model(RUN, step=100)``,
+  ``step="best"``) picks a kept one.
+- :mod:`~s2hc.rundir.sharded`: the sharded ones (``checkpoint.dcp/``), written by every rank through
+  ``torch.distributed.checkpoint`` and read without unpickling anything but data.
+- :mod:`~s2hc.rundir.kept`: the kept copies (``checkpoints/step-00000100.pt``, ``best.pt``): copied, listed,
+  pruned.
 - :mod:`~s2hc.rundir.metrics`: ``metrics.jsonl`` (:class:`MetricsLog`, :func:`read_metrics`).
 """
 

@@ -2,332 +2,85 @@
 
 Two kinds (:mod:`~s2hc.rundir.layout`): ``checkpoint.pt``, one file written by one process, and
 ``checkpoint.dcp/``, written by every rank through ``torch.distributed.checkpoint`` and readable by any
-process count. What a checkpoint holds is :class:`~s2hc.rundir.schema.Checkpoint` (with its versions);
-:func:`save_checkpoint` and :func:`save_sharded_checkpoint` write one, :func:`load_checkpoint` and
-:func:`load_model` read either kind. How a training run collects its state and puts it back into a model and
-optimizer is :mod:`s2hc.train.checkpointer`'s job.
+process count (:mod:`~s2hc.rundir.sharded`). What a checkpoint holds is :class:`~s2hc.rundir.schema.Checkpoint`
+(with its versions); :func:`save_checkpoint` and :func:`~s2hc.rundir.sharded.save_sharded_checkpoint` write one,
+:func:`load_checkpoint` and :func:`load_model` read either kind. How a training run collects its state and puts it
+back into a model and optimizer is :mod:`s2hc.train.checkpointer`'s job.
 
-Integrity: a checkpoint carries ``checksum``, the SHA-256 of everything else in it (every tensor's dtype,
-shape and bytes, every key and value: the configs, the step, the data position), and a sharded one the
-SHA-256 of each shard file in its ``extra.pt``. Loading verifies them (``verify=True``): a file changed after
-it was written (a flipped bit, a truncated copy) is refused with a ValueError naming it. Version-1 files,
-written before checksums, load unverified; versions 2 and 3 differ only in ``written_by``.
+Integrity (:mod:`~s2hc.rundir.checksums`): a checkpoint carries ``checksum``, the SHA-256 of everything else in it
+(every tensor's dtype, shape and bytes, every key and value: the configs, the step, the data position), and a
+sharded one the SHA-256 of each shard file in its ``extra.pt``. Loading verifies them (``verify=True``): a file
+changed after it was written (a flipped bit, a truncated copy) is refused with a ValueError naming it. Version-1
+files, written before checksums, load unverified; versions 2 and 3 differ only in ``written_by``.
 
-Kept checkpoints (``RUN/checkpoints/``, :mod:`~s2hc.rundir.layout`): :func:`keep_copy` puts the checkpoint just
-written in a second place (a copy verified byte for byte, never a hard link: each kept file is its own), atomically;
-:func:`kept_checkpoints` lists them, :func:`prune_kept` removes all but the newest steps, and
-``resolve_checkpoint(RUN, step=100)`` / ``step="best"`` picks one (``s2hc eval RUN --step 100``).
+Kept checkpoints (``RUN/checkpoints/``): :mod:`~s2hc.rundir.kept` copies, lists and prunes them;
+``resolve_checkpoint(RUN, step=100)`` / ``step="best"`` picks one (``s2hc eval RUN --step 100``), and
+:func:`check_kept_of_run` refuses one copied in from another run.
 
 Safety: nothing is unpickled but data. Single files and ``extra.pt`` are read with ``weights_only=True``; a
 sharded checkpoint's ``.metadata`` with an allowlist of torch.distributed.checkpoint's metadata classes and its
-non-tensor values with ``weights_only=True`` (:func:`read_sharded_metadata`), since a checksum is no signature.
+non-tensor values with ``weights_only=True`` (:func:`~s2hc.rundir.sharded.read_sharded_metadata`), since a checksum
+is no signature.
+
+This module re-exports the names of its neighbours that were defined here before they moved (``keep_copy``,
+``save_sharded_checkpoint``, ``NonFiniteError``, ...): ``from s2hc.rundir.checkpoint import ...`` keeps working.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import hashlib
 import math
-import os
-import pickle
 import re
-import secrets
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..config import TrainConfig, completed_settings
-from ..io import TEMPORARY_MARK, WriteError, atomic_write_bytes, fsync_path, os_error_in
+from ..io import atomic_write_bytes
 from ..models import ModelConfig, Transformer
-from .layout import BEST, CHECKPOINT, EXTRA, KEPT, SHARDED, kept_name, parse_kept_name, sharded_temporaries
+from .checksums import CHECKSUM, SHARDS, NonFiniteError, file_digest, state_digest, with_checksum
+from .kept import (
+    _written,
+    keep_copy,
+    kept_checkpoints,
+    kept_directory,
+    kept_path,
+    prune_kept,
+    remove_checkpoint,
+    remove_other_kind,
+)
+from .layout import BEST, CHECKPOINT, EXTRA, KEPT, SHARDED
 from .schema import FORMAT, READABLE, VERSION, Checkpoint, writer
+from .sharded import (
+    full_model_state,
+    is_sharded,
+    load_sharded_into,
+    read_sharded_metadata,
+    save_sharded_checkpoint,
+    swap_in,
+    weights_only_refusal,
+)
 
-CHECKSUM = "checksum"
-SHARDS = "shards"  # in a sharded checkpoint's extra.pt: the SHA-256 of every shard file
-
-
-class NonFiniteError(ValueError):
-    """A state to be saved holds NaN or infinite values, so nothing was written; ``names`` lists those tensors."""
-
-    def __init__(self, message: str, names: list[str]):
-        super().__init__(message)
-        self.names = names
-
-
-# ---------------------------------------------------------------------------------------------- checksums
-
-
-def _scalar(value: Any) -> bytes:
-    return f"{type(value).__name__}:{value!r};".encode()
-
-
-def state_digest(state: Any, *, check_finite: bool = False) -> tuple[str, list[str]]:
-    """``("sha256:...", non_finite)``: the SHA-256 of ``state`` (nested dicts, lists, tensors and scalars,
-    independent of dict order and of the device), and the names (``model.embed.weight``) of the floating
-    tensors holding NaN or infinity when ``check_finite``."""
-    digest, bad = hashlib.sha256(), []
-
-    def visit(value: Any, name: str) -> None:
-        if isinstance(value, torch.Tensor):
-            tensor = value.detach()
-            if check_finite and (tensor.is_floating_point() or tensor.is_complex()) \
-                    and not bool(torch.isfinite(tensor).all()):
-                bad.append(name)
-            tensor = tensor.cpu().contiguous()
-            digest.update(f"T{tensor.dtype}{tuple(tensor.shape)};".encode())
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
-        elif isinstance(value, dict):
-            digest.update(b"D%d;" % len(value))
-            for key in sorted(value, key=lambda k: (type(k).__name__, str(k))):
-                digest.update(_scalar(key))
-                visit(value[key], f"{name}.{key}" if name else str(key))
-        elif isinstance(value, (list, tuple)):
-            digest.update(b"L%d;" % len(value))
-            for index, item in enumerate(value):
-                visit(item, f"{name}[{index}]")
-        else:
-            digest.update(_scalar(value))
-
-    visit(state, "")
-    return "sha256:" + digest.hexdigest(), bad
-
-
-def _non_finite_message(bad: list[str]) -> str:
-    more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
-    return f"{bad[0]}{more} hold NaN or infinite values"
-
-
-def _with_checksum(payload: dict[str, Any]) -> dict[str, Any]:
-    checksum, bad = state_digest(payload, check_finite=True)
-    if bad:
-        raise NonFiniteError(f"not saved: {_non_finite_message(bad)}", bad)
-    return {**payload, CHECKSUM: checksum}
-
-
-def file_digest(path: Path) -> str:
-    """``"sha256:..."`` of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return "sha256:" + digest.hexdigest()
+__all__ = [  # the names of the checkpoint files' API, wherever they are defined
+    "CHECKSUM", "SHARDS", "NonFiniteError", "best_val_loss", "check_kept_of_run", "checkpoint_paths", "file_digest",
+    "is_sharded", "keep_copy", "kept_checkpoints", "kept_directory", "kept_path", "kept_steps", "load_checkpoint",
+    "load_model", "load_sharded_into", "model_from_checkpoint", "parse_step", "peek_checkpoint", "prune_kept",
+    "read_sharded_metadata", "remove_checkpoint", "remove_other_kind", "resolve_checkpoint", "save_checkpoint",
+    "save_sharded_checkpoint", "saved_step", "state_digest", "swap_in", "weights_only_refusal",
+]
 
 
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> None:
     """Write ``checkpoint`` (:class:`~s2hc.rundir.schema.Checkpoint`) with the format tag and its checksum,
     atomically. NonFiniteError (nothing written) when a tensor holds NaN or infinity; WriteError (the old file
     kept) when the disk refuses it."""
-    payload = _with_checksum({"format": FORMAT, "version": VERSION, **checkpoint.payload()})
+    payload = with_checksum({"format": FORMAT, "version": VERSION, **checkpoint.payload()})
     atomic_write_bytes(Path(path), lambda handle: torch.save(payload, handle))
 
 
-# ----------------------------------------------------------------------------------- sharded checkpoints
+# ------------------------------------------------------------------------ kept checkpoints: whose, and the best
 #
-# A run with several processes (or FSDP) writes ``DIR/checkpoint.dcp/``: the model and optimizer through
-# ``torch.distributed.checkpoint`` (each rank writes its shards; loading reshards to any world size, one
-# process included) and ``extra.pt`` with everything else and the SHA-256 of every shard file. The directory
-# is written under a temporary name and swapped in by rank 0 after every rank has finished, so a crash never
-# leaves half of one (killed between the swap's two renames, the run directory's guard puts it back).
-
-
-def is_sharded(path: Path) -> bool:
-    """Whether ``path`` is a complete sharded checkpoint directory."""
-    path = Path(path)
-    return path.is_dir() and (path / EXTRA).is_file() and (path / ".metadata").is_file()
-
-
-
-def save_sharded_checkpoint(directory: Path, state: dict[str, Any], checkpoint: Checkpoint, *, is_main: bool,
-                            barrier) -> None:
-    """Collective: every rank calls this with its ``state`` (``{"model": ..., "optimizer": ...}`` from
-    ``get_state_dict``); rank 0 (``is_main``) also writes the rest of ``checkpoint`` (its
-    :meth:`~s2hc.rundir.schema.Checkpoint.header`) and swaps the directory in. The caller checks that the state
-    is finite (it is sharded: only every rank together can)."""
-    import torch.distributed.checkpoint as dcp  # imported on use: it is slow to import
-
-    directory = Path(directory)
-    tmp = directory.with_name(sharded_temporaries(directory.name)[0])
-    if is_main:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        directory.parent.mkdir(parents=True, exist_ok=True)  # RUN/checkpoints/ for a kept one
-    barrier()
-    try:
-        dcp.save(state, checkpoint_id=str(tmp))
-    except Exception as error:
-        cause = os_error_in(error)
-        if cause is None:
-            raise
-        raise WriteError(tmp, cause) from error
-    try:
-        if is_main:
-            shards = {p.name: file_digest(p) for p in sorted(tmp.iterdir()) if p.is_file() and p.name != EXTRA}
-            payload = _with_checksum({"format": FORMAT, "version": VERSION, **checkpoint.header(), SHARDS: shards})
-            atomic_write_bytes(tmp / EXTRA, lambda handle: torch.save(payload, handle))
-            swap_in(tmp, directory)
-    finally:
-        barrier()  # even when rank 0 failed: the other ranks must not wait here for ever
-
-
-def swap_in(tmp: Path, directory: Path) -> None:
-    """Put the complete sharded checkpoint ``tmp`` (``NAME.tmp/``) in place as ``directory``: the one there
-    renamed to ``NAME.old/``, ``tmp`` renamed in, ``NAME.old/`` removed. Killed between the two renames, the
-    run directory's guard puts ``NAME/`` back (:func:`s2hc.rundir.guard.clean_interrupted_saves`). WriteError
-    naming ``directory`` when a rename is refused."""
-    old, moved = directory.with_name(sharded_temporaries(directory.name)[1]), False
-    try:
-        if directory.exists():
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(directory, old)
-            moved = True
-        os.replace(tmp, directory)
-        fsync_path(directory.parent)
-    except OSError as error:
-        if moved and not directory.exists():  # the second rename refused: the old one back in place
-            with contextlib.suppress(OSError):
-                os.replace(old, directory)
-        raise WriteError(directory, error) from error
-    shutil.rmtree(old, ignore_errors=True)
-
-
-# ----------------------------------------------------------------------------------- kept checkpoints
-#
-# The checkpoint just written is put in a second place (RUN/checkpoints/step-N.pt, best.pt, or the latest when
-# the best was written first) without computing the state again: a copy of its file, compared with its source
-# before it is renamed into place. Never a hard link: a kept file must not share its bytes with any other name,
-# or `cp checkpoints/step-3.pt checkpoint.pt` (the rollback a damaged latest's message advises), which writes
-# into the file checkpoint.pt names, would rewrite step-4.pt and best.pt with it.
-
-
-def _copy_verified(source: Path, target: Path) -> None:
-    """``target`` (a new name): a copy of ``source``'s bytes, fsynced and compared with them. FileExistsError when
-    ``target`` exists; OSError when the copy fails or differs (a disk or memory error)."""
-    with open(source, "rb") as src, open(target, "xb") as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
-        dst.flush()
-        os.fsync(dst.fileno())
-    if file_digest(target) != file_digest(source):
-        target.unlink(missing_ok=True)
-        raise OSError(f"the copy of {str(source)!r} differs from it (a disk or memory error)") from None
-
-
-def _place_file(source: Path, target: Path) -> None:
-    """``target``: a copy of the file ``source``, through a temporary name (``.NAME.s2hc-XXXXXXXX.tmp``) renamed
-    over it."""
-    for _ in range(100):
-        tmp = target.with_name(f".{target.name}.{TEMPORARY_MARK}{secrets.token_hex(4)}.tmp")
-        try:
-            _copy_verified(source, tmp)
-        except FileExistsError:  # another write drew the same digits
-            continue
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_path(target.parent)
-        return
-    raise FileExistsError(f"no unused temporary name for {str(target)!r}")
-
-
-def keep_copy(source: Path, target: Path) -> None:
-    """Make ``target`` the checkpoint ``source`` too (a file, or a complete sharded directory), atomically: a
-    kill leaves either the old ``target`` or the new one, and a temporary name the run directory's guard removes.
-
-    Copies of ``source``'s files, compared byte for byte with them before they are put in place; never hard
-    links, so that writing into one name (a user's ``cp``) changes no other. A sharded one is built in
-    ``NAME.tmp/``, its ``extra.pt`` last (so a complete-looking ``NAME.tmp/`` is complete), then swapped in
-    (:func:`swap_in`). WriteError naming ``target`` when the disk refuses it; the old ``target`` is then untouched."""
-    source, target = Path(source), Path(target)
-    if source == target:
-        return
-    tmp = None
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if not is_sharded(source):
-            _place_file(source, target)
-            return
-        tmp = target.with_name(sharded_temporaries(target.name)[0])
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        files = sorted((p for p in source.iterdir() if p.is_file()), key=lambda p: (p.name == EXTRA, p.name))
-        for file in files:
-            _copy_verified(file, tmp / file.name)
-        fsync_path(tmp)
-        swap_in(tmp, target)
-    except OSError as error:  # a kill leaves NAME.tmp/ instead, which the guard removes
-        if tmp is not None and tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(error, WriteError):
-            raise
-        raise WriteError(target, error) from error
-
-
-def remove_checkpoint(path: Path) -> None:
-    """Remove a checkpoint file, or a sharded directory so that no kill leaves part of one under its name: a
-    kept one (``RUN/checkpoints/``) is renamed to a temporary name first (which the guard removes), the latest
-    loses its ``extra.pt`` first (an incomplete directory, which nothing reads as a checkpoint)."""
-    path = Path(path)
-    if not path.is_dir() or path.is_symlink():
-        path.unlink(missing_ok=True)
-        return
-    if parse_kept_name(path.name) is not None:
-        doomed = path.with_name(f".{path.name}.{TEMPORARY_MARK}{secrets.token_hex(4)}.tmp")
-        os.replace(path, doomed)
-        path = doomed
-    else:
-        (path / EXTRA).unlink(missing_ok=True)
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def _written(path: Path) -> int:
-    """When a checkpoint was written (ns): its file's, or a sharded one's extra.pt's, which is written last."""
-    return ((path / EXTRA) if path.is_dir() else path).stat().st_mtime_ns
-
-
-def kept_directory(run_dir: str | Path) -> Path:
-    """``RUN/checkpoints/``; ValueError naming it when it is a symbolic link: the kept checkpoints are the run's
-    own files, and s2hc neither reads nor writes (nor prunes) checkpoints outside the run directory."""
-    directory = Path(run_dir) / KEPT
-    if directory.is_symlink():
-        raise ValueError(f"{str(directory)!r} is a symbolic link (to {os.readlink(directory)!r}); a run keeps its "
-                         f"checkpoints in a directory of its own: replace the link by a directory (or remove it)")
-    return directory
-
-
-def kept_checkpoints(run_dir: str | Path) -> dict[int | str, Path]:
-    """The complete checkpoints in ``RUN/checkpoints/``: ``{step: path, ...}`` in step order, then ``"best":
-    path`` when there is one. Of two kinds of one name (a run whose process count changed, killed before it
-    removed the older kind), the one written last. ValueError naming ``RUN/checkpoints/`` or a checkpoint in it
-    that is a symbolic link (:func:`kept_directory`)."""
-    directory = kept_directory(run_dir)
-    found: dict[int | str, Path] = {}
-    if not directory.is_dir():
-        return found
-    for path in directory.iterdir():
-        parsed = parse_kept_name(path.name)
-        if parsed is None:
-            continue
-        if path.is_symlink():
-            raise ValueError(f"{str(path)!r} is a symbolic link (to {os.readlink(path)!r}); a run's kept "
-                             f"checkpoints are its own files: remove the link")
-        key, sharded = parsed
-        if not (is_sharded(path) if sharded else path.is_file()):
-            continue  # a sharded one whose removal was cut short
-        try:
-            if key not in found or _written(path) > _written(found[key]):
-                found[key] = path
-        except FileNotFoundError:  # removed meanwhile by the run that keeps them
-            continue
-    steps = sorted(k for k in found if k != BEST)
-    return {**{k: found[k] for k in steps}, **({BEST: found[BEST]} if BEST in found else {})}
+# Reading a kept checkpoint's header: the run it belongs to, the loss a new best must beat.
 
 
 def _run_of(path: Path) -> str | None:
@@ -367,39 +120,6 @@ def check_kept_of_run(run_dir: str | Path, latest: Checkpoint | None = None,
             raise _other_run(path, theirs, Path(latest.path or Path(run_dir) / CHECKPOINT), latest.run_id)
 
 
-def kept_path(run_dir: str | Path, step: int | str, sharded: bool) -> Path:
-    """Where the kept checkpoint of ``step`` (or ``"best"``) of that kind goes: ``RUN/checkpoints/NAME``."""
-    return Path(run_dir) / KEPT / kept_name(step, sharded)
-
-
-def remove_other_kind(path: Path) -> None:
-    """Remove the checkpoint of the other kind of the same name as ``path`` (``step-N.dcp`` beside a new
-    ``step-N.pt``, ``checkpoint.pt`` beside a new ``checkpoint.dcp``): older now."""
-    other = {CHECKPOINT: SHARDED, SHARDED: CHECKPOINT}.get(path.name)
-    if other is None:
-        parsed = parse_kept_name(path.name)
-        if parsed is None:
-            return
-        other = kept_name(parsed[0], not parsed[1])
-    target = path.with_name(other)
-    if target.exists():
-        remove_checkpoint(target)
-
-
-def prune_kept(run_dir: str | Path, keep: int) -> list[Path]:
-    """Remove the step checkpoints of ``RUN/checkpoints/`` but the newest ``keep`` (>= 1) by step (the best one
-    is not a step checkpoint); returns what was removed."""
-    kept = [(key, path) for key, path in kept_checkpoints(run_dir).items() if key != BEST]
-    removed = []
-    for step, _ in kept[:-keep]:
-        for sharded in (False, True):
-            path = kept_path(run_dir, step, sharded)
-            if path.exists():
-                remove_checkpoint(path)
-                removed.append(path)
-    return removed
-
-
 def best_val_loss(run_dir: str | Path) -> float:
     """The validation loss of ``RUN/checkpoints/best``'s step (what a new best must beat), read from its
     history without loading its tensors; infinity when there is none. ValueError naming it when it is
@@ -409,220 +129,6 @@ def best_val_loss(run_dir: str | Path) -> float:
         return math.inf
     loss = _peek(path).history.val_loss
     return math.inf if loss is None else float(loss)
-
-
-def load_sharded_into(directory: Path, state: dict[str, Any], *, unused_state: bool = False) -> None:
-    """Fill ``state`` (as from ``get_state_dict`` for the current wrapping) from a sharded checkpoint.
-
-    ``unused_state``: ``state["optimizer"]["state"]`` loses the parameters of which the checkpoint holds no
-    optimizer state at all (they never had a gradient when it was saved), instead of failing on them.
-    ValueError naming the file when the directory is damaged, not a checkpoint, or would have to unpickle
-    anything but data (see :func:`read_sharded_metadata`)."""
-    import torch.distributed as dist
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    directory = Path(directory)
-    reader_class, planner_class = _safe_loading()
-    metadata = read_sharded_metadata(directory)
-    if unused_state and isinstance(state.get("optimizer"), dict) and isinstance(state["optimizer"].get("state"), dict):
-        saved = metadata.state_dict_metadata
-        per_parameter = state["optimizer"]["state"]
-        for name in [n for n, values in per_parameter.items() if isinstance(values, dict)
-                     and not any(f"optimizer.state.{n}.{key}" in saved for key in values)]:
-            del per_parameter[name]
-    reader = reader_class(directory, metadata)
-    try:
-        dcp.load(state, storage_reader=reader, planner=planner_class(reader),
-                 no_dist=not dist.is_initialized())
-    except CheckpointException as error:  # a BaseException: it would escape every `except Exception`
-        raise _unreadable(directory, error) from None
-
-
-def _full_model_state(directory: Path, model_config: dict) -> dict[str, torch.Tensor]:
-    """The whole model's state dict assembled from a sharded checkpoint, in one process."""
-    with torch.device("cpu"):
-        model = Transformer(ModelConfig.from_dict(model_config))
-    state = {"model": model.state_dict()}
-    load_sharded_into(directory, state)
-    return state["model"]
-
-
-# --------------------------------------------------------------------- reading sharded checkpoints safely
-#
-# torch.distributed.checkpoint reads ``.metadata`` with ``pickle.load`` and every non-tensor value (the
-# optimizer's param_groups) with ``torch.load(weights_only=False)``: a crafted directory runs any code it likes
-# on load. The checksums in extra.pt do not stop it: they are no signature, whoever writes the directory can
-# rewrite them. So s2hc parses ``.metadata`` itself, admitting only the classes DCP metadata is made of, hands dcp
-# a reader that returns what was parsed (the file is read once, by us) and a planner that loads non-tensor values
-# with ``weights_only=True``; tensors dcp already loads with ``weights_only=True`` (torch 2.5 and later).
-
-METADATA = ".metadata"
-
-# Every global a ``.metadata`` written by torch.distributed.checkpoint references: found by recording
-# ``find_class`` while unpickling the one s2hc's own sharded save writes (FSDP2, torch 2.13), these classes living
-# in these modules since torch 2.4. torch's dtypes and layouts (torch.float32, torch.strided) are admitted by kind
-# in _metadata_global; tests/test_checkpoint_unpickling.py checks the list against a fresh save.
-_METADATA_GLOBALS = {
-    "torch.distributed.checkpoint.metadata": {
-        "Metadata", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-        "TensorProperties", "MetadataIndex", "_MEM_FORMAT_ENCODING",
-    },
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch": {"Size"},
-    "torch.serialization": {"_get_layout"},  # torch.layout's pickle: a lookup of torch's layouts by name
-}
-# StorageMeta.checkpoint_id, the directory it was saved to (informational): read as a pure path, which cannot
-# touch the file system and reads on any OS (a WindowsPath cannot be made on Linux, nor a PosixPath on Windows).
-_PATH_MODULES = ("pathlib", "pathlib._local")  # pathlib._local: Python 3.13's
-_PURE_PATHS = {"PosixPath": "PurePosixPath", "PurePosixPath": "PurePosixPath",
-               "WindowsPath": "PureWindowsPath", "PureWindowsPath": "PureWindowsPath"}
-
-
-class _RefusedGlobal(pickle.UnpicklingError):
-    """A pickle referenced a global outside the allowlist; ``name`` is ``module.name``."""
-
-    def __init__(self, name: str):
-        super().__init__(name)
-        self.name = name
-
-
-def _metadata_global(module: str, name: str) -> Any | None:
-    """The object ``module.name`` stands for in DCP metadata, or None when it is not one of its classes."""
-    if module == "torch" and name != "Size":  # torch.float32, torch.strided: values, looked up, never called
-        value = vars(torch).get(name)  # vars, not getattr: no lazy import of a submodule a pickle names
-        return value if isinstance(value, (torch.dtype, torch.layout)) else None
-    if module in _PATH_MODULES and name in _PURE_PATHS:
-        import pathlib
-
-        return getattr(pathlib, _PURE_PATHS[name])
-    if name not in _METADATA_GLOBALS.get(module, ()):
-        return None
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """Unpickles DCP metadata and nothing else: every other global (``os.system``, ``builtins.exec``) is refused
-    before it is looked up, so no code a file names ever runs."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        found = _metadata_global(module, name)
-        if found is None:
-            raise _RefusedGlobal(f"{module}.{name}")
-        return found
-
-
-def read_sharded_metadata(directory: Path) -> Any:
-    """The ``torch.distributed.checkpoint`` Metadata of a sharded checkpoint, unpickled with the allowlist.
-
-    ValueError naming ``.metadata`` when it pickles anything else, is damaged, or names a shard file that is
-    not a plain file name in ``directory`` or that is missing."""
-    from torch.distributed.checkpoint.metadata import Metadata
-
-    path = Path(directory) / METADATA
-    try:
-        with open(path, "rb") as handle:
-            metadata = _MetadataUnpickler(handle).load()
-    except _RefusedGlobal as error:
-        raise ValueError(f"{str(path)!r}: refuses to load pickled class {error.name!r} "
-                         f"(not a torch.distributed.checkpoint metadata class)") from None
-    except OSError as error:
-        raise ValueError(f"cannot read {str(path)!r}: {error.strerror or error}") from None
-    except Exception as error:  # noqa: BLE001 - a damaged pickle raises any of a dozen types
-        raise ValueError(f"{str(path)!r} is not torch.distributed.checkpoint metadata, or is damaged "
-                         f"(could not be read: {type(error).__name__})") from None
-    if not isinstance(metadata, Metadata) or not isinstance(metadata.storage_data, dict):
-        raise ValueError(f"{str(path)!r} is not torch.distributed.checkpoint metadata "
-                         f"(it holds a {type(metadata).__name__})")
-    for name in sorted({getattr(info, "relative_path", None) for info in metadata.storage_data.values()},
-                       key=str):
-        _check_shard_name(path, name)
-    return metadata
-
-
-def _check_shard_name(metadata_path: Path, name: Any) -> None:
-    """ValueError unless ``name``, a shard file ``.metadata`` names, is a file beside it: dcp joins it to the
-    directory as given, so ``../x`` or ``/x`` would read a file no checksum covers."""
-    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name:
-        raise ValueError(f"{str(metadata_path)!r} names shard file {name!r}; shard files are plain file names "
-                         f"in {str(metadata_path.parent)!r}")
-    if not (metadata_path.parent / name).is_file():
-        raise ValueError(f"{str(metadata_path)!r} names shard file {name!r}, which is missing")
-
-
-@functools.cache
-def _safe_loading() -> tuple[type, type]:
-    """``(reader, planner)`` classes for ``dcp.load``; made on first use, torch.distributed.checkpoint being slow
-    to import."""
-    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
-    from torch.distributed.checkpoint._traverse import set_element
-
-    class MetadataReader(FileSystemReader):
-        """A FileSystemReader whose metadata is the one :func:`read_sharded_metadata` parsed, never unpickled
-        by dcp."""
-
-        def __init__(self, directory: Path, metadata: Any):
-            super().__init__(str(directory))
-            self.directory, self.parsed = Path(directory), metadata
-
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            from torch.distributed.checkpoint.metadata import StorageMeta
-
-            if getattr(self.parsed, "storage_meta", None) is None:  # what FileSystemReader does
-                self.parsed.storage_meta = StorageMeta()
-            self.parsed.storage_meta.load_id = self.load_id
-            return self.parsed
-
-    class PlainDataPlanner(DefaultLoadPlanner):
-        """A DefaultLoadPlanner that loads non-tensor values with ``torch.load(weights_only=True)``."""
-
-        def __init__(self, reader: MetadataReader):
-            super().__init__()
-            self.reader = reader
-
-        def load_bytes(self, read_item: Any, value: Any) -> None:
-            fqn = read_item.dest_index.fqn
-            try:
-                loaded = torch.load(value, map_location="cpu", weights_only=True)
-            except Exception as error:  # noqa: BLE001 - pickle, zip and torch errors: all refusals
-                info = self.reader.storage_data.get(read_item.storage_index)
-                file = self.reader.directory / getattr(info, "relative_path", "")
-                raise _ShardValueError(f"{str(file)!r}: refuses to load the value of {fqn!r}: "
-                                       f"{weights_only_refusal(error)}") from None
-            if self.flatten_state_dict:  # as DefaultLoadPlanner.load_bytes, but weights_only
-                set_element(self.original_state_dict, self.mappings[fqn], loaded)
-            else:
-                self.state_dict[fqn] = loaded
-
-    return MetadataReader, PlainDataPlanner
-
-
-class _ShardValueError(ValueError):
-    """A value in a shard file that s2hc refuses; raised inside dcp.load, which wraps it."""
-
-
-def weights_only_refusal(error: Exception) -> str:
-    """What ``torch.load(weights_only=True)`` refused, in a few words (its message is a page long): a pickled
-    global that is not data, or a file that is not plain data or is damaged."""
-    # torch words it "Unsupported global: GLOBAL m.f" or "unsupported GLOBAL m.f whose module m is blocked"
-    found = re.search(r"unsupported (?:global: )?GLOBAL (\S+)", str(error), re.IGNORECASE)
-    if found:
-        return f"it pickles {found.group(1)!r}, which is not data; it was not loaded"
-    return f"it is not plain data or is damaged ({type(error).__name__})"
-
-
-def _unreadable(directory: Path, error: BaseException) -> ValueError:
-    """One ValueError for what dcp.load raised: ours, when one of its ranks' failures is ours, else one naming
-    the directory and the first failure."""
-    causes = [failure[0] for failure in getattr(error, "failures", {}).values()] or [error]
-    for cause in causes:
-        if isinstance(cause, _ShardValueError):
-            return ValueError(str(cause))
-    first = next((line for line in str(causes[0]).splitlines() if line.strip()), "")
-    return ValueError(f"sharded checkpoint {str(directory)!r} is damaged or not s2hc's (torch.distributed."
-                      f"checkpoint could not read it: {type(causes[0]).__name__}: {first.strip()})")
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -804,7 +310,7 @@ def load_checkpoint(
     if not with_model:
         checkpoint.model = checkpoint.optimizer = None
     elif is_sharded(file):
-        checkpoint.model = _full_model_state(file, checkpoint.model_config)
+        checkpoint.model = full_model_state(file, checkpoint.model_config)
     return checkpoint
 
 

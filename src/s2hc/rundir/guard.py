@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..io import check_output_dir
 from ..loggers import TENSORBOARD_DIR, clear_tensorboard_dir
-from .checkpoint import is_sharded, kept_directory
+from .kept import kept_directory
 from .layout import (
     CONFIG,
     DERIVED,
@@ -44,6 +44,7 @@ from .layout import (
     parse_kept_name,
     sharded_temporaries,
 )
+from .sharded import is_sharded
 
 try:
     import fcntl

@@ -46,7 +46,7 @@ BEST = "best"
 
 def sharded_temporaries(name: str) -> tuple[str, str]:
     """``(NAME.tmp, NAME.old)``: a sharded checkpoint ``NAME`` being written, and the one it replaces while the
-    new one is swapped in (:func:`s2hc.rundir.checkpoint.swap_in`)."""
+    new one is swapped in (:func:`s2hc.rundir.sharded.swap_in`)."""
     return name + ".tmp", name + ".old"
 
 
