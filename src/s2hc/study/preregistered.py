@@ -27,6 +27,7 @@ exploratory.
 
 from __future__ import annotations
 
+import datetime
 import math
 import statistics
 from collections.abc import Callable
@@ -61,15 +62,21 @@ def parse_preregistered(value: Any, configurations: tuple, resolve: Callable[[An
     for key in ("registered", "hypothesis", "contrasts"):
         if not value.get(key):
             raise ValueError(f"{where}: {key!r} is required (the test is written down before the runs)")
-    measure = value.get("measure", DEFAULT_MEASURE)
-    if measure not in MEASURES:
-        raise ValueError(f"{where}: measure must be one of {list(MEASURES)}, got {measure!r}")
-    choices = {"primary": (PRIMARY, "mean"), "alternative": (ALTERNATIVES, None), "secondary": (SECONDARY, "holm")}
+    if not isinstance(value["registered"], (str, datetime.date)):
+        raise ValueError(f"{where}: registered must be a date (2026-12-04) or a string, got "
+                         f"{_kind(value['registered'])} {value['registered']!r}")
+    if not isinstance(value["hypothesis"], str):
+        raise ValueError(f"{where}: hypothesis must be a string (the hypothesis in words), got "
+                         f"{_kind(value['hypothesis'])} {value['hypothesis']!r}")
+    choices = {"measure": (tuple(MEASURES), DEFAULT_MEASURE), "primary": (PRIMARY, "mean"),
+               "alternative": (ALTERNATIVES, None), "secondary": (SECONDARY, "holm")}
     chosen = {}
     for key, (allowed, default) in choices.items():
         chosen[key] = value.get(key, default)
-        if chosen[key] not in allowed:
-            raise ValueError(f"{where}: {key} must be one of {list(allowed)}, got {chosen[key]!r}")
+        if not isinstance(chosen[key], str) or chosen[key] not in allowed:  # a list or mapping: one line, no hash
+            kind = "" if isinstance(chosen[key], str) else f" (a string), got {_kind(chosen[key])}"
+            raise ValueError(f"{where}: {key} must be one of {list(allowed)}{kind or ', got'} {chosen[key]!r}")
+    measure = chosen.pop("measure")
     alpha = value.get("alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
         raise ValueError(f"{where}: alpha must be a number in (0, 0.5), e.g. 0.05, got {alpha!r}")
@@ -88,6 +95,12 @@ def parse_preregistered(value: Any, configurations: tuple, resolve: Callable[[An
         raise ValueError(f"{where}: a contrast is listed twice: {labels}")
     return {"registered": str(value["registered"]), "hypothesis": " ".join(str(value["hypothesis"]).split()),
             "measure": measure, "contrasts": labels, **chosen, "alpha": float(alpha)}
+
+
+def _kind(value: Any) -> str:
+    """``a list``, ``a mapping``, ``a string``: what a YAML value is, in words."""
+    kinds = {list: "a list", dict: "a mapping", str: "a string", bool: "a boolean", type(None): "nothing"}
+    return kinds.get(type(value), f"a {type(value).__name__}")
 
 
 def _label(entry: Any, configurations: tuple, resolve: Callable[[Any, str], list], where: str) -> str:

@@ -277,12 +277,18 @@ def diagnostics_table(results: dict[str, Any]) -> list[str]:
     groups = {label: [r for r in runs if r.get("diagnostics")]
               for label, runs in by_configuration(results["rows"]).items()}
     groups = {label: runs for label, runs in groups.items() if runs}
+    # a form without a residual matrix (the gated and wide residuals) is never given H_res numbers
+    without = [label for label, runs in groups.items() if not forms.get(runs[0]["family"]).has_res]
+    groups = {label: runs for label, runs in groups.items() if label not in without}
     if not groups:
         return []
     lines = []
     for columns in (MIXING_COLUMNS, GUARANTEE_COLUMNS):
         rows = [[label, *_column_cells(runs, columns, _stream_reduce(results))] for label, runs in groups.items()]
         lines += table(["configuration", *(name for name, *_ in columns)], rows) + [""]
+    if without:
+        lines += [f"Not in these tables: {', '.join(without)}, which have no residual matrix (their streams are "
+                  "never mixed); what their own maps do is in each run's diagnostics report.", ""]
     lines += _older_rows_line([r for runs in groups.values() for r in runs])
     lines += [f"- **{name}**: {meaning}." for name, _, _, meaning in (*MIXING_COLUMNS, *GUARANTEE_COLUMNS)] + [""]
     return lines
@@ -350,7 +356,7 @@ def runs_table(results: dict[str, Any]) -> list[str]:
     for label, runs in by_configuration(results["rows"]).items():
         directories = ", ".join(f"`{RUNS}/{r['name']}/`" + ("" if r["status"] == "finished" else f" ({r['status']})")
                                 for r in runs)
-        measured = [r for r in runs if r.get("diagnostics") or r.get("depth_attention")]
+        measured = [r for r in runs if r.get("diagnostics") or r.get("depth_attention") or r.get("learned_maps")]
         if len(measured) == len(runs):
             reports = f"`diagnostics/{REPORT}` in each"
         elif measured:
@@ -515,6 +521,7 @@ def write_report(out: str | Path, strict: bool = True) -> Path:
         raise ValueError(f"{str(path)!r} is not valid JSON ({error})") from None
     if not isinstance(results, dict) or not {"study", "rows"} <= set(results) or None in results["rows"]:
         raise ValueError(f"{str(path)!r} is not the results of a finished study (it needs 'study' and 'rows')")
+    check_results(results, path)
     report = out / REPORT
     _remove_durably(report)  # complete or absent, see below
     groups = by_configuration(results["rows"])
@@ -523,6 +530,115 @@ def write_report(out: str | Path, strict: bool = True) -> Path:
     _write_verdicts(results, out)
     atomic_write_text(report, build_report(results, made, out))  # last: it names the figures
     return report
+
+
+# ------------------------------------------------------------------------------------------ reading results.json
+
+
+def _number(value: Any, finite: bool = True) -> bool:
+    """Whether ``value`` is a number (not a boolean), finite unless ``finite`` is False."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (not finite or math.isfinite(value)))
+
+
+def _what(value: Any) -> str:
+    """A value as a one-line message shows it: ``'abc' (a string)``, ``NaN``, ``nothing`` (absent)."""
+    if value is _ABSENT:
+        return "absent"
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value).replace("nan", "NaN")
+    text = repr(value)
+    text = text if len(text) <= 40 else text[:37] + "..."
+    kind = {str: "a string", list: "a list", dict: "a mapping", bool: "a boolean", type(None): "null"}.get(type(value))
+    return f"{text} ({kind})" if kind else text
+
+
+_ABSENT = object()
+#: What the report reads of each row, checked before anything is drawn: field -> (what it must be, the check).
+_ROW_FIELDS = {
+    "name": ("a string", lambda v: isinstance(v, str)),
+    "label": ("a string", lambda v: isinstance(v, str)),
+    "family": ("a family's name", lambda v: isinstance(v, str) and v in forms.families()),
+    "options": ("a mapping", lambda v: isinstance(v, dict)),
+    "n_streams": ("an integer >= 1", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1),
+    "seed": ("an integer >= 0", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0),
+    "status": ("'finished' or 'diverged'", lambda v: v in ("finished", "diverged")),
+    "loss_spike": ("a finite number", _number),
+    "curves": ("a mapping with 'train' and 'val', lists of [step, loss]",
+               lambda v: isinstance(v, dict) and all(isinstance(v.get(k), list) for k in ("train", "val"))),
+    "timing": ("a mapping", lambda v: isinstance(v, dict)),
+    "params": ("an integer or null", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool))),
+    "hc_params": ("an integer or null", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool))),
+    "grad_norm": ("null or a mapping of finite numbers (mean, median, p95, max)",
+                  lambda v: v is None or (isinstance(v, dict)
+                                          and all(_number(v.get(k)) for k in ("mean", "median", "p95", "max")))),
+    "diagnostics": ("null or a mapping with 'headline' (a mapping) and 'layers' (a list)",
+                    lambda v: v is None or (isinstance(v, dict) and isinstance(v.get("headline"), dict)
+                                            and isinstance(v.get("layers"), list))),
+}
+#: Fields older rows may lack: field -> (what it must be where present, the check).
+_OPTIONAL_ROW_FIELDS = {
+    "settings": ("a mapping", lambda v: isinstance(v, dict)),
+    "version": ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    "diverged_at": ("an integer or null", lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool))),
+    "trajectory": ("null or a mapping with 'steps'", lambda v: v is None or (isinstance(v, dict)
+                                                                           and isinstance(v.get("steps"), list))),
+    "platform": ("null or a list of mappings", lambda v: v is None or (isinstance(v, list)
+                                                                     and all(isinstance(p, dict) for p in v))),
+    "rotations": ("null or a mapping", lambda v: v is None or isinstance(v, dict)),
+    "cost": ("null or a mapping with 'tokens_per_step' (a number > 0)",
+             lambda v: v is None or (isinstance(v, dict) and _number(v.get("tokens_per_step"))
+                                     and v["tokens_per_step"] > 0)),
+}
+_TIMING_FIELDS = ("median_step_s", "tokens_per_s")
+
+
+def check_results(results: dict[str, Any], path: Path) -> None:
+    """Whether what the report reads of ``results`` (``path``'s) has the types it reads: each row's fields, its
+    losses finite numbers (null where it has none), its curves ``[step, loss]`` pairs. ValueError in one line naming
+    the file, the row and the field otherwise (a hand-edited file: a NaN or a string loss, a row without curves)."""
+    where = str(path)
+    study = results["study"]
+    if not isinstance(study, dict) or not isinstance(study.get("train"), dict) or not isinstance(
+            study.get("configurations"), list):
+        raise ValueError(f"{where!r}: 'study' must be a mapping with 'train' (a mapping) and 'configurations' (a "
+                         "list), as the study writes it")
+    if not isinstance(results["rows"], list):
+        raise ValueError(f"{where!r}: 'rows' is {_what(results['rows'])}, not a list of rows")
+    for index, row in enumerate(results["rows"]):
+        if not isinstance(row, dict):
+            raise ValueError(f"{where!r}: rows[{index}] is {_what(row)}, not a row (a mapping)")
+        name = row.get("name")
+        at = f"{where!r}: rows[{index}]" + (f" ({name!r})" if isinstance(name, str) else "")
+
+        def refuse(field: str, value: Any, wanted: str, at=at) -> None:
+            raise ValueError(f"{at}: {field} is {_what(value)}; it must be {wanted}")
+
+        for field, (wanted, check) in _ROW_FIELDS.items():
+            value = row.get(field, _ABSENT)
+            if value is _ABSENT or not check(value):
+                refuse(field, value, wanted)
+        for field, (wanted, check) in _OPTIONAL_ROW_FIELDS.items():
+            if field in row and not check(row[field]):
+                refuse(field, row[field], wanted)
+        finished = row["status"] == "finished"
+        for field in ("val_loss", "train_loss"):  # finite on a finished row; null where there is none
+            value = row.get(field, _ABSENT)
+            if not (value is None or _number(value)):
+                refuse(field, value, "a finite number, or null" + (" (a diverged row)" if not finished else ""))
+        for key in ("train", "val"):
+            for point_index, point in enumerate(row["curves"][key]):
+                if not (isinstance(point, list) and len(point) == 2 and _number(point[0])
+                        and _number(point[1], finite=finished)):
+                    refuse(f"curves.{key}[{point_index}]", point, "a [step, loss] pair of numbers"
+                           + (" (finite on a finished row)" if finished else ""))
+        for field in _TIMING_FIELDS:
+            value = row["timing"].get(field, _ABSENT)
+            if value is _ABSENT or not (value is None or _number(value)):
+                refuse(f"timing.{field}", value, "a finite number, or null")
+        seconds = row["timing"].get("val_seconds")
+        if not (seconds is None or (isinstance(seconds, list) and all(_number(s) for s in seconds))):
+            refuse("timing.val_seconds", seconds, "null or a list of finite numbers")
 
 
 def _remove_durably(report: Path) -> None:
