@@ -138,13 +138,13 @@ def test_a_full_disk_while_re_exporting_keeps_the_previous_export(disk, tiny_che
         monkeypatch.setattr(modeling_utils, "safe_save_file", save_file)
     else:
         fail_fsync_for(monkeypatch, "model.safetensors")
-    code, _, line = run_cli(["export", str(residual_run), "--out", str(out)], capsys)
+    code, _, line = run_cli(["export", str(residual_run), "--out", str(out), "--overwrite"], capsys)
     assert code == 1
     assert_error(line, "export", repr(str(out / "model.safetensors")), "No space left on device")
     assert_export_of(out, tiny_checkpoint)  # one model's config with its own weights, the tokenizer with them
     assert leftovers(out) == []
     monkeypatch.undo()
-    assert run_cli(["export", str(residual_run), "--out", str(out)], capsys)[0] == 0
+    assert run_cli(["export", str(residual_run), "--out", str(out), "--overwrite"], capsys)[0] == 0
     assert_export_of(out, residual_run)
 
 
@@ -155,7 +155,7 @@ def test_an_export_killed_while_building_leaves_the_previous_export_or_nothing(p
     out = tmp_path / "hf"
     if previous:
         assert run_cli(["export", str(tiny_checkpoint), "--out", str(out)], capsys)[0] == 0
-    run_killed(tmp_path, "export-building", ["export", str(residual_run), "--out", str(out)])
+    run_killed(tmp_path, "export-building", ["export", str(residual_run), "--out", str(out), "--overwrite"])
     if previous:
         assert_export_of(out, tiny_checkpoint)
     else:
@@ -163,7 +163,7 @@ def test_an_export_killed_while_building_leaves_the_previous_export_or_nothing(p
     # what the kill left is hidden and marked temporary: no other directory holds an export
     assert all(".s2hc-tmp-" in name or name.endswith(".s2hc-lock") for name in leftovers(out))
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["hf"] * previous + ["kill"]
-    code, _, _ = run_cli(["export", str(residual_run), "--out", str(out)], capsys)
+    code, _, _ = run_cli(["export", str(residual_run), "--out", str(out), "--overwrite"], capsys)
     assert code == 0
     assert_export_of(out, residual_run)
     assert leftovers(out) == []
@@ -176,14 +176,14 @@ def test_an_export_killed_between_the_renames_is_put_back_by_the_next(tiny_check
 
     out = tmp_path / "hf"
     assert run_cli(["export", str(tiny_checkpoint), "--out", str(out)], capsys)[0] == 0
-    run_killed(tmp_path, "swap", ["export", str(residual_run), "--out", str(out)])
+    run_killed(tmp_path, "swap", ["export", str(residual_run), "--out", str(out), "--overwrite"])
     assert not out.exists()  # what a user finds: the previous export in .hf.s2hc-old-*, the new in .hf.s2hc-tmp-*
     assert [name.split("-")[1] for name in leftovers(out) if "s2hc-" in name and "lock" not in name] == [
         "old", "tmp"]
     recover_directory(out, log=None)
     assert_export_of(out, tiny_checkpoint)
     assert leftovers(out) == []
-    assert run_cli(["export", str(residual_run), "--out", str(out)], capsys)[0] == 0
+    assert run_cli(["export", str(residual_run), "--out", str(out), "--overwrite"], capsys)[0] == 0
     assert_export_of(out, residual_run)
 
 

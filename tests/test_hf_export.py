@@ -141,6 +141,22 @@ def test_an_untied_qwen3_shape_survives_save_and_load(tmp_path):
         assert torch.equal(loaded(ids).logits, model(ids))
 
 
+def test_export_into_an_export_needs_overwrite_and_shows_no_progress_bar(tiny, tmp_path, capsys):
+    """A second export to the same --out is refused, as `s2hc train` refuses a directory holding a run, unless
+    --overwrite; and transformers' "Writing model shards ... 100%|███" bar stays out of non-terminal output."""
+    out = tmp_path / "model"
+    assert main(["export", str(tiny), "--out", str(out)]) == 0
+    first = capsys.readouterr()
+    assert "Writing model shards" not in first.err + first.out and "█" not in first.err
+    before = (out / "model.safetensors").stat().st_mtime_ns
+    assert main(["export", str(tiny), "--out", str(out)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"s2hc export: error: {str(out)!r} already holds an export (") and "--overwrite" in line
+    assert (out / "model.safetensors").stat().st_mtime_ns == before  # untouched
+    assert main(["export", str(tiny), "--out", str(out), "--overwrite"]) == 0
+    assert transformers.utils.logging.is_progress_bar_enabled()  # the bars are back for whoever comes next
+
+
 def test_bfloat16_export(tiny, tmp_path):
     assert main(["export", str(tiny), "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16"]) == 0
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)

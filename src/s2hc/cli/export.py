@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
+from pathlib import Path
 
 from ..extras import check_available
 from .common import add_step_option, deprecated, resolve_step
@@ -26,7 +30,9 @@ def register(subparsers) -> None:
     add_step_option(parser)
     parser.add_argument("--out", metavar="DIR",
                         help="directory to write: built beside it and swapped in whole; an earlier export there "
-                        "is replaced, a directory holding other files is refused")
+                        "is refused unless --overwrite, a directory holding other files always")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an earlier export in DIR (without it, a DIR that holds one is refused)")
     parser.add_argument("out_dir", nargs="?", metavar="OUT_DIR", help="deprecated spelling of --out DIR")
     parser.add_argument("--dtype", default=None, choices=list(DTYPES),
                         help="weights' dtype (default: as saved, float32)")
@@ -50,8 +56,10 @@ def run(args: argparse.Namespace) -> int:
     from ..hf import export  # the hf extra: imported on use
 
     try:
+        _check_not_exported(args.out, args.overwrite)
         resolve_step(args)  # --step N|best: that checkpoint of the run directory
-        out = export(args.checkpoint, args.out, dtype=args.dtype, native=args.native)
+        with _quiet_progress_bars():
+            out = export(args.checkpoint, args.out, dtype=args.dtype, native=args.native)
     except ValueError as error:
         parser.error(str(error))
     print(f"exported {args.checkpoint} to {out}")
@@ -61,3 +69,32 @@ def run(args: argparse.Namespace) -> int:
     print(f"load it with: import s2hc.hf; AutoModelForCausalLM.from_pretrained({str(out)!r}) "
           "(or trust_remote_code=True without the import)")
     return 0
+
+
+def _check_not_exported(out: str, overwrite: bool) -> None:
+    """ValueError, as ``s2hc train`` refuses a directory that already holds a run, when ``out`` holds an export
+    and ``overwrite`` was not given (a directory of other files is :func:`s2hc.hf.export`'s to refuse)."""
+    from ..hf.export import is_export_file
+
+    target = Path(out).expanduser()
+    found = sorted(os.listdir(target)) if target.is_dir() else []
+    if found and all(map(is_export_file, found)) and not overwrite:
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise ValueError(f"{out!r} already holds an export ({shown}); pass --overwrite to replace it, or choose "
+                         "another --out")
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars():
+    """transformers' progress bars ("Writing model shards ... 100%|███") off while exporting, unless both outputs are
+    terminals: in a log file or a pipe each redraw would stay."""
+    from transformers.utils import logging as hf_logging
+
+    quiet = not (sys.stdout.isatty() and sys.stderr.isatty()) and hf_logging.is_progress_bar_enabled()
+    if quiet:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if quiet:
+            hf_logging.enable_progress_bar()
