@@ -387,6 +387,19 @@ def test_train_export_reload_and_diagnose(family, streams, options, corpus_file,
     assert main(["diagnose", str(run), "--out", str(tmp_path / "diag"), "--tokens", "64"]) == 0
     report = (tmp_path / "diag" / "report.md").read_text()
     assert ("## Depth attention" in report) == (family == "attn-res")
+    assert ("## Read and write maps" in report) == (family == "wide-residual")
+    assert "H_res" not in report and "column-sum" not in report and "spectral norm" not in report
+    diagnostics = records[-1]["diagnostics"]
+    if family == "wide-residual":  # its maps: what the loggers carry too
+        assert diagnostics["layers"] == [f"blocks.{i // 2}.{('attn', 'mlp')[i % 2]}_hc" for i in range(4)]
+        assert len(diagnostics["map_read_start_distance"]) == 4 and "spectral_norm_max" not in diagnostics
+        assert diagnostics["map_read_effective_blocks"][0] < 3  # reads about one block, as it started
+    from s2hc.loggers import scalars
+
+    logged = scalars(records[-1])
+    key = "hc/map_write_effective_blocks/blocks.1.mlp_hc" if family == "wide-residual" else \
+        "hc/depth_effective_sources/output"
+    assert key in logged
 
 
 @pytest.mark.slow
@@ -412,7 +425,7 @@ def test_compiled_blocks_compute_what_eager_blocks_do(family, n, options):
 
 def test_a_comparison_of_the_new_forms_measures_and_reports_each(corpus_file, tmp_path):
     """``s2hc compare`` with AttnRes and the wide residual: each run is measured (AttnRes's row keeps its depth
-    softmax, the wide residual's the stream matrices), counted (its FLOPs) and given a verdict against residual."""
+    softmax, the wide residual's read and write maps), counted (its FLOPs) and given a verdict against residual."""
     from helpers import small_config
 
     from s2hc.study import compare
@@ -423,7 +436,9 @@ def test_a_comparison_of_the_new_forms_measures_and_reports_each(corpus_file, tm
     assert rows["attn-res"]["n_streams"] == 1 and rows["attn-res"]["diagnostics"] is None
     reads = rows["attn-res"]["depth_attention"]["reads"]
     assert [r["sources"] for r in reads] == [1, 2, 3, 4, 5]  # SMALL_MODEL: 2 layers, Full at this depth, the head
-    assert rows["wide-residual"]["diagnostics"]["n_streams"] == 4
+    assert rows["wide-residual"]["diagnostics"] is None  # no residual matrix: its own maps instead
+    maps = rows["wide-residual"]["learned_maps"]["connections"]
+    assert len(maps) == 4 and all(len(m["read_share"]) == 4 for m in maps)
     assert all(row["cost"]["flops"]["train_per_token"] > 0 for row in rows.values())
     assert "- **attn-res** against `residual`" in report and "- **wide-residual n=4** against `residual`" in report
 

@@ -198,3 +198,17 @@ def test_s2hc_params_counts_a_family_with_its_options(capsys):
                               (",", "no family named in ','")):
         assert main(["params", "--families", families]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_diagnose_reports_what_the_gated_residual_reads_and_writes_and_no_residual_matrix(tmp_path):
+    """Its H_res is the identity it never leaves: the report gives its reads, writes and stream usage, and no H_res
+    number (no sums, norms, guarantees or composites of a matrix it does not have)."""
+    from helpers import random_model
+
+    from s2hc.diagnostics import diagnose_model
+
+    model = random_model("gated-residual", 3, vocab_size=64)
+    path = diagnose_model(model, torch.randint(0, 64, (2, 16)), tmp_path / "diag", tokens=20)
+    report = path.read_text()
+    assert "no residual matrix" in report and "Σ H_pre mean (read)" in report and "## Stream usage" in report
+    assert "H_res can change" not in report and "column-sum" not in report and "Guarantees" not in report

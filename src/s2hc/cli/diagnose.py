@@ -138,7 +138,13 @@ def _static(args: argparse.Namespace) -> int:
 
 def _checkpoint(args: argparse.Namespace) -> int:
     from ..data.sources import required_packages
-    from ..diagnostics.report import REPORT_NAME, default_out, diagnose_checkpoint, nothing_message
+    from ..diagnostics.report import (
+        REPORT_NAME,
+        default_out,
+        diagnose_checkpoint,
+        has_residual_matrix,
+        nothing_message,
+    )
     from ..rundir import resolve_checkpoint
     from ..rundir.layout import DIAGNOSTICS, kept_name
 
@@ -166,6 +172,22 @@ def _checkpoint(args: argparse.Namespace) -> int:
         spread = ", ".join(f"{r['effective_sources']:.2f}/{r['sources']}" for r in reads)
         print(f"{result['family']}, {len(reads)} depth reads, {result['depth_attention']['tokens']} tokens: effective "
               f"sources (of the count) {spread}")
+        print(f"Report: {out / REPORT_NAME}")
+        return 0
+    if "learned_maps" in result:  # the wide residual: its read and write maps
+        maps = result["learned_maps"]["connections"]
+        reads = ", ".join(f"{c['read_effective_blocks']:.2f}" for c in maps)
+        distance = max(max(c["read_start_distance"], c["write_start_distance"]) for c in maps)
+        print(f"{result['family']} (n = {result['n_streams']}), {len(maps)} connections: effective blocks read "
+              f"{reads}; largest distance of a map from its residual start {distance:.3g}")
+        print(f"Report: {out / REPORT_NAME}")
+        return 0
+    if not has_residual_matrix(result):  # the gated residual: what it reads and writes
+        usage = result.get("read_depth_effective_streams"), result.get("write_depth_effective_streams")
+        reads = "" if None in usage else (f": effective streams read {usage[0]:.2f}, written {usage[1]:.2f} "
+                                          f"(of {result['n_streams']}, interior connections)")
+        print(f"{result['family']} (n = {result['n_streams']}), {result['depth']} connections, no residual matrix"
+              f"{reads}")
         print(f"Report: {out / REPORT_NAME}")
         return 0
     head = result["headline"]

@@ -33,6 +33,8 @@ from . import measures
 from .depth import depth_modules
 from .depth import training_record as depth_record
 from .inert import SUM_KEEPING_REDUCTIONS, model_inert_connections
+from .maps import map_modules
+from .maps import training_record as maps_record
 from .positions import model_device, sample_positions
 from .summary import summarize
 
@@ -389,8 +391,9 @@ def training_diagnostics(
     ``common_mode_gain_mean`` (``1ᵀH1/n``, what ``H_res`` does to what the streams share), ``row_sum_min``,
     ``row_sum_max``, ``column_sum_min``, ``column_sum_max``, ``composite_common_mode_gain_mean``; and
     ``grad_norm``. An AttnRes model gets its depth softmax instead (:func:`s2hc.diagnostics.depth.training_record`:
-    ``depth_effective_sources``, ``depth_embedding_weight``, ``depth_uniform_sources``); a model without mixing
-    connections gets only ``grad_norm``. Deterministic and free of the
+    ``depth_effective_sources``, ``depth_embedding_weight``, ``depth_uniform_sources``), a wide residual its read
+    and write maps (:func:`s2hc.diagnostics.maps.training_record`: ``map_read_effective_blocks`` and the like); a
+    model without any of these gets only ``grad_norm``. Deterministic and free of the
     global RNG, so a resumed run writes the same records. Compiled blocks run eagerly for this forward pass
     (``torch.compiler.set_stance("force_eager")``); under FSDP2 every rank must call it (the forward gathers).
     """
@@ -427,6 +430,8 @@ def training_diagnostics(
             column_sum_max=s["column_sums"]["max"],
             composite_common_mode_gain_mean=s["composite_common_mode_gain"]["mean"],
         )
+    elif map_modules(model):  # the wide residual: its read and write maps, from the weights
+        record.update(maps_record(model))
     elif depth_modules(model):  # AttnRes: the depth softmax's spread and its weight on the embedding
         stance = getattr(torch.compiler, "set_stance", None)
         with stance("force_eager") if stance is not None else contextlib.nullcontext():

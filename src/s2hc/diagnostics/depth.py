@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..connection import ConnectionModule
+from ..connection import Connection, ConnectionModule
 from .positions import model_device, sample_positions
 
 
@@ -99,11 +99,13 @@ def depth_lines(result: dict[str, Any]) -> list[str]:
 
 def training_record(model: nn.Module, input_ids: torch.Tensor, tokens: int, seed: int,
                     autocast_dtype: torch.dtype | None) -> dict[str, Any]:
-    """The compact ``metrics.jsonl`` record of an AttnRes model: per read, its effective sources and embedding
-    weight (lists in depth order, the output query last)."""
+    """The compact ``metrics.jsonl`` record of an AttnRes model: ``layers`` (its connections' names) and per read
+    its effective sources and embedding weight (lists in depth order, the output query last, which the loggers
+    name ``output``)."""
     result = depth_attention(model, input_ids, tokens=tokens, seed=seed, autocast_dtype=autocast_dtype)
     reads = result["reads"]
-    return {"tokens": result["tokens"],
+    connections = [name for name, module in depth_modules(model) if isinstance(module, Connection)]
+    return {"tokens": result["tokens"], "layers": connections,  # the output query's read comes last: "output"
             "depth_effective_sources": [round(r["effective_sources"], 6) for r in reads],
             "depth_embedding_weight": [round(r["embedding_weight"], 6) for r in reads],
             "depth_uniform_sources": [r["sources"] for r in reads]}

@@ -23,7 +23,7 @@ from torch import nn
 
 from .. import mixers
 from ..checks import check_int, check_str
-from ..connection import Connection
+from ..connection import Connection, forms
 from ..data.loader import eval_batches
 from ..data.shards import stored_cache_dir
 from ..data.sources import spec_for
@@ -38,6 +38,7 @@ from . import plots
 from .collect import collect, mixing_connections
 from .depth import depth_attention, depth_modules
 from .depth import depth_lines as depth_attention_lines
+from .maps import learned_maps, map_modules, maps_lines
 from .measures import NEGATIVE_TOLERANCE
 from .summary import OUTPUT_READS
 from .synthetic import DEFAULT_SWEEP, logit_scale_sweep, synthetic_summaries
@@ -451,11 +452,19 @@ def diagnose_checkpoint(
     path = resolve_checkpoint(checkpoint)
     model, config = loaded if loaded is not None else load_model(path)
     out = Path(out).expanduser() if out is not None else None
-    if not mixing_connections(model) and not depth_modules(model):
+    if not mixing_connections(model) and not depth_modules(model) and not map_modules(model):
         result = _nothing_to_measure(path, model, config)
         if out is not None:
             write_json(out / JSON_NAME, result)
             write_text(out / REPORT_NAME, _nothing_report(result))
+        return result
+    if not mixing_connections(model) and map_modules(model):  # the wide residual: its maps, read from the weights
+        result = {"kind": "checkpoint", "checkpoint": str(path), "family": model.config.family,
+                  "n_streams": model.config.n_streams, "family_options": dict(model.config.family_options),
+                  "preset": config.preset, "n_layers": model.config.n_layers, "learned_maps": learned_maps(model)}
+        if out is not None:
+            write_json(out / JSON_NAME, result)
+            write_text(out / REPORT_NAME, _maps_report(result))
         return result
     check_tokenizer_fits(get_tokenizer(config.tokenizer), model.config.vocab_size, path)  # as eval does
     target = resolve_device(device)
@@ -499,6 +508,17 @@ def _depth_report(result: dict[str, Any]) -> str:
              f"Measured on the validation split of `{result['data']}` (windows of {result['seq_len']} tokens, seed "
              f"{result['seed']}). The numbers: [`{JSON_NAME}`]({JSON_NAME}).", ""]
     return "\n".join(lines + depth_attention_lines(result["depth_attention"])) + "\n"
+
+
+def _maps_report(result: dict[str, Any]) -> str:
+    """The report of a checkpoint whose form has learned maps of its own (the wide residual): its read and write
+    maps, and no residual-matrix measure (it has no residual matrix)."""
+    options = options_text(result.get("family_options"))
+    lines = [f"# s2hc diagnose: `{result['checkpoint']}`", "",
+             f"Family `{result['family']}`{options} with n = {result['n_streams']}, preset `{result['preset']}` "
+             f"({result['n_layers']} layers). Read from the weights (the maps do not depend on the tokens). The "
+             f"numbers: [`{JSON_NAME}`]({JSON_NAME}).", ""]
+    return "\n".join(lines + maps_lines(result["learned_maps"])) + "\n"
 
 
 def _history_figure(run_dir: Path, out: Path) -> dict[str, Path]:
@@ -562,9 +582,40 @@ def _heading_lines(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def has_residual_matrix(summary: dict[str, Any]) -> bool:
+    """Whether the measured family mixes its streams by a residual matrix (False for the gated residual, whose
+    ``H_res`` is the identity it never leaves: its H_res numbers would say nothing)."""
+    family = summary.get("family")
+    return family is None or family not in forms.REGISTRY or forms.get(family).has_res
+
+
+def gate_layer_lines(summary: dict[str, Any]) -> list[str]:
+    """One row per connection of a family without a residual matrix: its read and write weights and the streams'
+    cosine, no H_res column."""
+    sim = summary.get("stream_similarity") or {}
+    off = sim.get("offdiagonal")
+    rows = [[f"{i} `{name}`", summary["h_pre"]["sum"]["mean"][i] if "h_pre" in summary else None,
+             summary["h_post"]["sum"]["mean"][i] if "h_post" in summary else None, off["mean"][i] if off else None]
+            for i, name in enumerate(summary["layers"])]
+    return table(["connection", "Σ H_pre mean (read)", "Σ H_post mean (write)", "stream cosine mean"], rows,
+                 align="lrrr") + [""]
+
+
 def _model_report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
     """``report.md`` of a measured model: what was measured, the headline, the family's guarantees, per connection,
-    across depth, the stream usage and the figures."""
+    across depth, the stream usage and the figures; for a family without a residual matrix its reads and writes
+    per connection and the stream usage, no H_res number."""
+    if not has_residual_matrix(result):
+        lines = _heading_lines(result) + [
+            "## Per connection", "",
+            f"Family `{result['family']}` has no residual matrix: its streams are never mixed (H_res = I), so there "
+            "is no H_res to measure. What each connection reads and writes, mean over tokens:", ""]
+        lines += gate_layer_lines(result)
+        usage = stream_usage_lines(result)
+        if usage:
+            lines += ["## Stream usage", ""] + usage
+        shown = {key: path for key, path in figures.items() if key.startswith("stream")}
+        return "\n".join(lines + ["## Figures", ""] + figure_lines(shown, out))
     lines = _heading_lines(result) + ["## Summary", ""]
     lines += summary_lines(result, "worst over layers and tokens", " (mean over tokens)")
     guarantees = guarantee_lines(result)

@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ..connection import forms
 from ..diagnostics import plots
 from .rows import by_configuration, finished_values
 from .stats import describe
@@ -244,6 +245,10 @@ def _first_seed_diagnostics(results: dict[str, Any]) -> dict[str, dict[str, Any]
     return out
 
 
+def _has_res(results: dict[str, Any], label: str) -> bool:
+    return forms.get(by_configuration(results["rows"])[label][0]["family"]).has_res
+
+
 def figures(results: dict[str, Any], out: Path, baseline_of=None) -> dict[str, Path]:
     """Every figure of the report, under ``out/figures/``; empty without matplotlib."""
     if not plots.have_matplotlib():
@@ -267,7 +272,9 @@ def figures(results: dict[str, Any], out: Path, baseline_of=None) -> dict[str, P
     if setting is not None:
         made[f"loss, gradient norm and composite gain against {setting.removeprefix('model_overrides.')}"] = (
             plot_against_setting(results, setting, directory / "against_setting.png"))
-    diagnostics = _first_seed_diagnostics(results)
+    everything = _first_seed_diagnostics(results)
+    # the H_res figures leave out the forms without one (the gated and wide residuals); the streams' figure keeps them
+    diagnostics = {label: d for label, d in everything.items() if _has_res(results, label)}
     if diagnostics:
         made["deviation singular values per layer (s²HC paper Fig. 5)"] = plots.plot_deviation_singular_values(
             diagnostics, directory / "deviation_singular_values.png")
@@ -278,7 +285,8 @@ def figures(results: dict[str, Any], out: Path, baseline_of=None) -> dict[str, P
         if with_mixing:
             made["what each H_res does to the streams (hollow: cannot change the output)"] = plots.plot_mixing(
                 with_mixing, directory / plots.FIGURES["mixing"])
-        with_streams = {k: v for k, v in diagnostics.items() if v.get("stream_similarity")}
+    if everything:
+        with_streams = {k: v for k, v in everything.items() if v.get("stream_similarity")}
         if with_streams:
             made["stream similarity"] = plots.plot_stream_similarity(with_streams, directory / "stream_similarity.png")
     return made

@@ -47,19 +47,30 @@ class WideResidual(Connection):
     def family(self) -> str:
         return WIDE_RESIDUAL.name
 
-    def matrices(self, x: torch.Tensor, fused: bool | None = None) -> dict[str, torch.Tensor]:
-        """What the stream diagnostics read, per token (the same for every token): ``pre`` ``(B, T, n)``, the norm
-        ratio of each block of the read ``‖R_s‖_F / ‖[I]‖_F``; ``post`` ``(B, T, n)``, the same of the write;
-        ``res`` the identity."""
-        check_stream_tensor(x, self.n_streams, self.dim, self)
+    def start(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(R₀, W₀)``, the residual start (module docstring), float64 on the CPU."""
         n, c = self.n_streams, self.dim
-        unit = c**0.5
-        pre = self.read.detach().float().view(c, n, c).norm(dim=(0, 2)) / unit
-        post = self.write.detach().float().view(n, c, c).norm(dim=(1, 2)) / unit
-        shape = (*x.shape[:2], n)
-        eye = torch.eye(n, device=x.device)
-        return {"pre": pre.to(x.device).expand(shape), "post": post.to(x.device).expand(shape),
-                "res": eye.expand(*x.shape[:2], n, n)}
+        read = torch.zeros(c, n, c, dtype=torch.float64)
+        read[:, self.layer_index % n] = torch.eye(c, dtype=torch.float64)
+        return read.reshape(c, n * c), torch.eye(c, dtype=torch.float64).repeat(n, 1)
+
+    @torch.no_grad()
+    def measures(self) -> dict[str, Any]:
+        """What the read and write maps do (:mod:`s2hc.diagnostics.maps` says each key): each block's share of each
+        map, their effective number of blocks, singular values and distance from the residual start."""
+        n, c = self.n_streams, self.dim
+        read, write = self.read.detach().double().cpu(), self.write.detach().double().cpu()
+        start_read, start_write = self.start()
+        out: dict[str, Any] = {}
+        for name, matrix, blocks, begin in (("read", read, read.view(c, n, c).norm(dim=(0, 2)), start_read),
+                                             ("write", write, write.view(n, c, c).norm(dim=(1, 2)), start_write)):
+            share = blocks / blocks.sum()
+            singular = torch.linalg.svdvals(matrix)
+            out[f"{name}_share"] = [float(v) for v in share]
+            out[f"{name}_effective_blocks"] = float((-(share * share.clamp_min(1e-30).log()).sum()).exp())
+            out[f"{name}_sv_max"], out[f"{name}_sv_min"] = float(singular.max()), float(singular.min())
+            out[f"{name}_start_distance"] = float((matrix - begin).norm() / begin.norm())
+        return out
 
     def forward(self, x: torch.Tensor, branch: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
         check_stream_tensor(x, self.n_streams, self.dim, self)
@@ -77,6 +88,7 @@ class WideResidualForm(ConnectionForm):
     name = "wide-residual"
     summary = "one residual stream of width n·C, dense learned read and write per sublayer"
     min_streams = 2
+    mixes_streams = False  # no residual matrix: its diagnostics are its maps (WideResidual.measures)
 
     def build(self, dim: int, n_streams: int, layer_index: int = 0, *, sublayer: int = 0, n_sublayers: int = 1,
               **options: Any) -> nn.Module:
