@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from s2hc.cli import main
+from s2hc.study import parse_spec, runner
+from s2hc.study.report import build_report
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -77,3 +80,83 @@ def test_report_only_over_a_hand_edited_row_is_one_line_naming_the_row_and_field
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and str(out / "results.json") in err and message.format(name) in err, err
     assert not (out / "report.md").exists()
+
+
+# ----------------------------------------------------------------------------------------------- provenance
+
+
+def _git(directory: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(directory), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def _checkout(root: Path, files: dict[str, str]) -> Path:
+    """A git checkout at ``root`` holding ``files``, committed."""
+    root.mkdir(parents=True)
+    _git(root, "init", "-q")
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    _git(root, "add", ".")
+    _git(root, "commit", "-q", "-m", "initial")
+    return root
+
+
+SMALL = {"families": ["residual", "mhc"], "train": {"max_steps": 2}, "seeds": 1}
+
+
+def _invocations(out: Path) -> list[dict]:
+    return json.loads((out / "study.json").read_text())["invocations"]
+
+
+def test_every_invocation_records_the_commit_of_s2hc_s_own_checkout(tmp_path, monkeypatch):
+    package = _checkout(tmp_path / "checkout", {"src/s2hc/__init__.py": "", "src/s2hc/study.py": "x = 1\n"})
+    monkeypatch.setattr(runner, "_package_dir", lambda: package / "src" / "s2hc")
+    monkeypatch.delenv(runner.COMMIT_ENV, raising=False)
+    spec, out = parse_spec(SMALL), tmp_path / "out"
+    runner.prepare(spec, out, code=runner.provenance())
+    (package / "src" / "s2hc" / "study.py").write_text("x = 2\n")  # the sources differ from the commit now
+    runner.prepare(spec, out, code=runner.provenance(), action="print-commands")
+    head = _git(package, "rev-parse", "--short", "HEAD")
+    first, second = _invocations(out)
+    assert (first["commit"], first["dirty"], first["commit_source"]) == (head, False, "s2hc's checkout")
+    assert (second["commit"], second["dirty"], second["action"]) == (head, True, "print-commands")
+    assert first["at"] and first["s2hc"]
+
+
+def test_an_installed_snapshot_records_the_commit_it_is_given_or_the_config_s_checkout(tmp_path, monkeypatch):
+    installed = tmp_path / "site-packages" / "s2hc"  # not a checkout: no commit of its own
+    installed.mkdir(parents=True)
+    (installed / "__init__.py").write_text("")
+    monkeypatch.setattr(runner, "_package_dir", lambda: installed)
+    monkeypatch.delenv(runner.COMMIT_ENV, raising=False)
+    configs = _checkout(tmp_path / "configs", {"study.yaml": json.dumps(SMALL)})
+    code = runner.provenance(configs / "study.yaml")
+    assert code == {"commit": _git(configs, "rev-parse", "--short", "HEAD"), "dirty": False,
+                    "commit_source": "the config's checkout"}
+    monkeypatch.setenv(runner.COMMIT_ENV, "abc1234")  # what the snapshot was built from: it comes first
+    monkeypatch.setenv(runner.DIRTY_ENV, "0")
+    assert runner.provenance(configs / "study.yaml") == {"commit": "abc1234", "dirty": False,
+                                                         "commit_source": "S2HC_COMMIT"}
+    monkeypatch.delenv(runner.COMMIT_ENV)
+    assert runner.provenance(tmp_path / "elsewhere.yaml")["commit"] is None  # nothing says: unknown, said so
+    # a snapshot inside an unrelated checkout (a virtual environment in a repository) is not that checkout's code
+    venv_checkout = _checkout(tmp_path / "repo", {"README": "x"})
+    inside = venv_checkout / ".venv" / "s2hc"
+    inside.mkdir(parents=True)
+    (inside / "__init__.py").write_text("")
+    monkeypatch.setattr(runner, "_package_dir", lambda: inside)
+    assert runner.provenance()["commit"] is None
+
+
+def test_results_and_report_say_where_the_commit_came_from():
+    env = runner._environment(1.0, 1, {"commit": "abc1234", "dirty": None, "commit_source": "S2HC_COMMIT"})
+    assert (env["commit"], env["dirty"], env["commit_source"]) == ("abc1234", None, "S2HC_COMMIT")
+    results = json.loads((DOCS / "start" / "results.json").read_text())
+    results["environment"].update(env, invocations=[{"commit": "abc1234", "dirty": False}, {"commit": None}])
+    text = build_report(results, {}, None)
+    assert "s2hc 0" in text and "(commit `abc1234` (as S2HC_COMMIT gave it: an installed snapshot), clean or not " \
+                                "unknown)" in text
+    assert ("- Invocations in this directory (study.json lists them): 2, commit `abc1234` (1×); commit unknown: s2hc "
+            "did not run from a git checkout (1×).") in text

@@ -47,6 +47,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..config import config_path
     from ..study import StudyFailed, StudyInterrupted, print_commands, run_study, write_report
     from ..study.spec import parse_spec
     from .configs import read_config
@@ -62,13 +63,14 @@ def run(args: argparse.Namespace) -> int:
     overrides = [*args.set, *([f"logger={args.logger}"] if args.logger is not None else [])]
     values, source = read_config(args.config, "study")
     spec = parse_spec(values, overrides, source=source)
+    path = config_path(args.config)  # where the commit is read when s2hc is not a checkout (an installed package)
     if args.print_commands:
-        commands = print_commands(spec, args.out)
+        commands = print_commands(spec, args.out, config=path)
         print("\n".join(commands) if commands else "# every run is finished")
         print(f"# then: s2hc study {args.config} --out {args.out}   (measures the runs and writes the report)")
         return 0
     try:
-        report = run_study(spec, args.out, jobs=args.jobs, device=args.device)
+        report = run_study(spec, args.out, jobs=args.jobs, device=args.device, config=path)
     except StudyInterrupted as error:
         print(f"s2hc study: {error}", file=sys.stderr)
         return 128 + error.signum

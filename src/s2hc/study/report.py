@@ -37,6 +37,7 @@ RESULTS = "results.json"
 #: What the report's statistics (SciPy's t distribution) and figures need: the study extra.
 REPORT_PACKAGES = ("scipy", "matplotlib")
 REPORT = "report.md"
+STUDY_FILE = "study.json"  # the study's record of its grid and invocations (:mod:`.runner`)
 RUNS = "runs"  # each run's directory is RUNS/NAME under the study's
 
 
@@ -386,6 +387,7 @@ def _setup_lines(results: dict[str, Any]) -> list[str]:
         f"- Machine: {env.get('machine', '?')}; {env.get('jobs', 1)} run(s) at a time; s2hc {env.get('s2hc', '?')}"
         f" ({_commit_text(env)}), torch {env.get('torch', '?')}; wall time of the last call "
         f"{env.get('wall_s', 0) / 60:.0f} min.",
+        *_invocation_lines(results),
         "",
     ]
     return lines
@@ -401,12 +403,33 @@ def _grid_text(study: dict[str, Any]) -> str:
     return " + ".join(f"{count} configurations × seeds {seeds}" for seeds, count in groups.items())
 
 
+#: Where a commit that is not s2hc's own checkout's came from (``commit_source``, :func:`.runner.provenance`).
+COMMIT_SOURCES = {"S2HC_COMMIT": " (as S2HC_COMMIT gave it: an installed snapshot)",
+                  "the config's checkout": " of the config's checkout (s2hc ran from an installed package)"}
+
+
 def _commit_text(env: dict[str, Any]) -> str:
-    """``commit `abc1234```, with ``and uncommitted changes`` when the sources differ from it; where s2hc did not run
-    from a git checkout (a pip install) the commit is unknown and said so."""
+    """``commit `abc1234```, with ``and uncommitted changes`` when the sources differ from it (``, clean or not
+    unknown`` where nothing said) and where it came from when not s2hc's own checkout; where s2hc did not run from a
+    git checkout (a pip install) and nothing else gave it, the commit is unknown and said so."""
     if not env.get("commit"):
         return "commit unknown: s2hc did not run from a git checkout"
-    return f"commit `{env['commit']}`" + (" and uncommitted changes" if env.get("dirty") else "")
+    dirty = {True: " and uncommitted changes", False: "", None: ", clean or not unknown"}[env.get("dirty", False)]
+    return f"commit `{env['commit']}`{COMMIT_SOURCES.get(env.get('commit_source'), '')}{dirty}"
+
+
+def _invocation_lines(results: dict[str, Any]) -> list[str]:
+    """One line on every invocation of the study in its directory (``study.json``'s ``invocations``, copied into
+    the results' environment): how many, with which commits; none for results written before they were recorded."""
+    invocations = results.get("environment", {}).get("invocations")
+    if not isinstance(invocations, list) or not invocations:
+        return []
+    codes: dict[str, int] = {}
+    for entry in invocations:
+        entry = entry if isinstance(entry, dict) else {}
+        codes[_commit_text(entry)] = codes.get(_commit_text(entry), 0) + 1
+    listed = "; ".join(f"{text} ({count}×)" if len(codes) > 1 else text for text, count in codes.items())
+    return [f"- Invocations in this directory ({STUDY_FILE} lists them): {len(invocations)}, {listed}."]
 
 
 def _paired_lines(results: dict[str, Any]) -> list[str]:

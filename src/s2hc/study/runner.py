@@ -43,10 +43,10 @@ from ..rundir import RunLock, holds_run, read_metrics, saved_step
 from ..rundir.guard import clear_run
 from ..train.processes import die_with_parent_env, stop_processes
 from .measure import ROW_VERSION, measure_run
-from .report import REPORT, REPORT_PACKAGES, RESULTS, RUNS, write_report
+from .report import REPORT, REPORT_PACKAGES, RESULTS, RUNS, STUDY_FILE, write_report
 from .spec import Configuration, StudySpec
 
-STUDY = "study.json"
+STUDY = STUDY_FILE
 STOP_GRACE_S = 60.0  # how long a run asked to stop may take to finish its step and save before it is killed
 
 
@@ -177,10 +177,11 @@ def _recorded_grid(path: Path, recorded: dict[str, Any]) -> dict[str, Any]:
     return grid
 
 
-def prepare(spec: StudySpec, out: Path) -> list[Run]:
+def prepare(spec: StudySpec, out: Path, *, code: dict[str, Any] | None = None, action: str = "run") -> list[Run]:
     """Write ``study.json`` and every run's config; ValueError when ``out`` holds a study whose runs the grid
     would not keep (other training settings, or configurations or seeds left out); MissingExtra when a run
-    needs an optional package that is not installed."""
+    needs an optional package that is not installed. ``study.json`` keeps every invocation (``invocations``:
+    when, ``action``, and ``code``, the :func:`provenance` of the code that ran)."""
     for configuration, seed in spec.runs():  # before anything is written, as `s2hc train` checks
         spec.run_config(configuration, seed, out).check_extras()
     check_output_dir(out, "--out")
@@ -191,7 +192,11 @@ def prepare(spec: StudySpec, out: Path) -> list[Run]:
         raise ValueError(f"--out {str(out)!r} holds a study of another grid or training settings ({STUDY} "
                          "differs); a study may only grow (the same train settings, more configurations or seeds): "
                          "choose another --out, or remove that directory to start it again")
-    atomic_write_text(recorded, json.dumps({"grid": spec.grid(), "study": spec.to_dict()}, indent=2) + "\n")
+    invocations = (previous or {}).get("invocations")
+    invocations = [*(invocations if isinstance(invocations, list) else []),
+                   _invocation(action, provenance() if code is None else code)]
+    atomic_write_text(recorded, json.dumps({"grid": spec.grid(), "study": spec.to_dict(), "invocations": invocations},
+                                           indent=2) + "\n")
     runs = [Run(configuration, seed, out) for configuration, seed in spec.runs()]
     for run in runs:
         config = spec.run_config(run.configuration, run.seed, run.run_dir).to_dict()
@@ -214,28 +219,86 @@ def schedule_warnings(spec: StudySpec) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
-def print_commands(spec: StudySpec, out: Path) -> list[str]:
-    """The shell commands of every run not yet finished, one per line (what a scheduler would run)."""
+def print_commands(spec: StudySpec, out: Path, config: str | Path | None = None) -> list[str]:
+    """The shell commands of every run not yet finished, one per line (what a scheduler would run). ``config``:
+    the study config's file (where the commit is read when s2hc is not a checkout, :func:`provenance`)."""
     out = Path(out).expanduser()
     check_output_dir(out, "--out")
     with RunLock(out):
-        runs = prepare(spec, out)
+        runs = prepare(spec, out, code=provenance(config), action="print-commands")
         return [shlex.join(train_command(run, spec.nproc)) for run in runs if _state(run, spec) in ("new", "started")]
 
 
-def _environment(elapsed_s: float, jobs: int) -> dict[str, Any]:
-    commit, dirty = None, False
+#: The commit an installed snapshot of s2hc was built from, for a study that runs it outside a git checkout
+#: (``S2HC_COMMIT=$(git rev-parse --short HEAD)``); :data:`DIRTY_ENV` ``1`` when that tree was not clean, ``0``
+#: when it was (unset: unknown).
+COMMIT_ENV, DIRTY_ENV = "S2HC_COMMIT", "S2HC_DIRTY"
+#: Where a recorded commit came from (``commit_source``).
+FROM_PACKAGE, FROM_ENV, FROM_CONFIG = "s2hc's checkout", COMMIT_ENV, "the config's checkout"
+
+
+def _git(directory: Path, *args: str) -> str | None:
+    """``git -C directory ARGS``'s output, stripped; None when git fails (no checkout, no git)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        source = Path(__file__).resolve().parent
-        done = subprocess.run(["git", "-C", str(source), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10)
-        commit = done.stdout.strip() or None
+        done = subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=True, timeout=10)
+        return done.stdout.strip() if done.returncode == 0 else None
+    return None
+
+
+def _tracked(path: Path) -> bool:
+    """Whether ``path`` is a file git tracks in the checkout it lies in (an installed package inside an unrelated
+    checkout, a virtual environment's site-packages, is not: that checkout's commit is not its code)."""
+    return _git(path.parent, "ls-files", "--error-unmatch", "--", path.name) is not None
+
+
+def _package_dir() -> Path:
+    """The directory of the s2hc package that runs (a checkout's ``src/s2hc``, or an installed copy)."""
+    return Path(__file__).resolve().parent.parent
+
+
+def provenance(config: str | Path | None = None) -> dict[str, Any]:
+    """The code a study runs, as far as it can be known: ``commit`` (short hash), ``dirty`` (whether the sources
+    differed from it; None: unknown) and ``commit_source``, the first of: s2hc's own checkout (the package's files
+    tracked there; dirty: its sources or the config differ), :data:`COMMIT_ENV` (an installed snapshot that says
+    which commit it was built from), the checkout the study's ``config`` lies in (s2hc ran from an installed
+    package; dirty: that checkout's tracked files differ). ``commit`` None when none of them says."""
+    package = _package_dir()
+    config = Path(config).resolve() if config else None
+    if _tracked(package / "__init__.py"):
+        commit = _git(package, "rev-parse", "--short", "HEAD")
         if commit:  # a checkout whose s2hc sources differ from the commit: say so, the commit alone is not the code
-            changed = subprocess.run(["git", "-C", str(source), "status", "--porcelain", "--untracked-files=no",
-                                      "--", "."], capture_output=True, text=True, timeout=10)
-            dirty = bool(changed.stdout.strip())
+            paths = ["."] + ([str(config)] if config and _git(package, "ls-files", "--", str(config)) else [])
+            changed = _git(package, "status", "--porcelain", "--untracked-files=no", "--", *paths)
+            return {"commit": commit, "dirty": changed is None or bool(changed), "commit_source": FROM_PACKAGE}
+    if os.environ.get(COMMIT_ENV, "").strip():
+        dirty = os.environ.get(DIRTY_ENV, "").strip().lower()
+        return {"commit": os.environ[COMMIT_ENV].strip(), "commit_source": FROM_ENV,
+                "dirty": {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}.get(dirty)}
+    if config is not None and _tracked(config):
+        commit = _git(config.parent, "rev-parse", "--short", "HEAD")
+        if commit:
+            changed = _git(config.parent, "status", "--porcelain", "--untracked-files=no")
+            return {"commit": commit, "dirty": changed is None or bool(changed), "commit_source": FROM_CONFIG}
+    return {"commit": None, "dirty": None, "commit_source": None}
+
+
+def _invocation(action: str, code: dict[str, Any]) -> dict[str, Any]:
+    """One entry of ``study.json``'s ``invocations``: when, what (``run``, ``print-commands``), the s2hc version
+    and :func:`provenance`."""
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"at": at, "action": action, "s2hc": __version__, **code}
+
+
+def _environment(elapsed_s: float, jobs: int, code: dict[str, Any] | None = None) -> dict[str, Any]:
+    code = provenance() if code is None else code
+    commit = code["commit"]
+    found = {"commit": commit}
+    if commit:
+        found["dirty"] = code["dirty"]
+        if code["commit_source"] != FROM_PACKAGE:  # as results always said it for a checkout: no new key there
+            found["commit_source"] = code["commit_source"]
     return {
-        "s2hc": __version__, "commit": commit, **({"dirty": dirty} if commit else {}), "torch": torch.__version__,
+        "s2hc": __version__, **found, "torch": torch.__version__,
         "python": platform.python_version(),
         "machine": f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores visible, "
                    + (torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"),
@@ -325,14 +388,15 @@ def _signals_to(received: list[int]):
 
 
 def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "auto", log=None, *,
-              strict: bool = True, fresh: bool = False) -> Path:
+              strict: bool = True, fresh: bool = False, config: str | Path | None = None) -> Path:
     """Run every run of ``spec`` not yet finished in ``out``, measure each, write ``results.json`` and the report.
 
     ``jobs`` runs at a time; ``device`` measures the trained models (``auto``: a GPU when there is one).
     ``log``: where progress lines go (default stderr). ``strict``: refuse before the first run without the study
     extra (False: the report says what it leaves out, see :func:`.report.write_report`). ``fresh``: start this
     grid anew (``s2hc compare --overwrite``): its runs' directories, rows and logs and the recorded grid are
-    removed first, under the lock (other runs in ``out`` are left alone). Raises
+    removed first, under the lock (other runs in ``out`` are left alone). ``config``: the study config's file,
+    where the commit is read when s2hc does not run from a checkout (:func:`provenance`). Raises
     :class:`StudyInterrupted` after SIGINT/SIGTERM (the runs saved checkpoints) and :class:`StudyFailed` when a
     run failed (the others are finished and kept). Returns the report's path.
     """
@@ -346,7 +410,8 @@ def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "au
     with RunLock(out):
         if fresh:
             _start_anew(spec, out)
-        runs = prepare(spec, out)
+        code = provenance(config)
+        runs = prepare(spec, out, code=code)
         for line in schedule_warnings(spec):
             log(f"warning: {line}")
         states = {run.name: _state(run, spec) for run in runs}
@@ -362,8 +427,10 @@ def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "au
             raise StudyFailed(f"{len(failures)} run(s) failed: " + "; ".join(failures)
                               + f". The others are kept; see {out / 'logs'}, then run the same command again")
         rows = [_row(run) for run in runs]
+        recorded = _read_object(out / STUDY, "records its grid again")
         results = {"study": spec.to_dict(), "rows": rows,
-                   "environment": _environment(time.monotonic() - started_at, jobs)}
+                   "environment": {**_environment(time.monotonic() - started_at, jobs, code),
+                                   "invocations": recorded.get("invocations", [])}}
         atomic_write_text(out / RESULTS, json.dumps(results, indent=1) + "\n")
         return write_report(out, strict=strict)
 
