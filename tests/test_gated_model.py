@@ -212,3 +212,4 @@ def test_diagnose_reports_what_the_gated_residual_reads_and_writes_and_no_residu
     report = path.read_text()
     assert "no residual matrix" in report and "Σ H_pre mean (read)" in report and "## Stream usage" in report
     assert "H_res can change" not in report and "column-sum" not in report and "Guarantees" not in report
+    assert not (tmp_path / "diag" / "mixing.png").exists() and not (tmp_path / "diag" / "column_sums.png").exists()

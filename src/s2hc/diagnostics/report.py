@@ -83,12 +83,16 @@ def write_figures(out: Path, summaries: dict[str, dict[str, Any]], with_streams:
     if not plots.have_matplotlib():
         return {}
     path = {key: out / name for key, name in plots.FIGURES.items()}
-    found = {
-        "deviation_singular_values": plots.plot_deviation_singular_values(summaries, path["deviation_singular_values"]),
-        "amax_gain": plots.plot_amax_gain(summaries, path["amax_gain"]),
-        "column_sums": plots.plot_column_sums(summaries, path["column_sums"]),
-        "mixing": plots.plot_mixing(summaries, path["mixing"]),
-    }
+    found = {}
+    matrices = {name: summary for name, summary in summaries.items() if has_residual_matrix(summary)}
+    if matrices:  # the H_res figures, of the families that have one
+        found = {
+            "deviation_singular_values": plots.plot_deviation_singular_values(matrices,
+                                                                              path["deviation_singular_values"]),
+            "amax_gain": plots.plot_amax_gain(matrices, path["amax_gain"]),
+            "column_sums": plots.plot_column_sums(matrices, path["column_sums"]),
+            "mixing": plots.plot_mixing(matrices, path["mixing"]),
+        }
     if with_streams and any(s.get("stream_similarity", {}).get("offdiagonal") for s in summaries.values()):
         found["stream_similarity"] = plots.plot_stream_similarity(summaries, path["stream_similarity"])
     if any(plots.has_stream_usage(s) for s in summaries.values()):
@@ -312,7 +316,7 @@ def _diagnose(model: nn.Module, input_ids: torch.Tensor, out: Path | None, about
         return result, None
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / JSON_NAME, result)
-    figures = write_figures(out, {result["family"] or "model": summary}, with_streams=True)
+    figures = write_figures(out, {result["family"] or "model": result}, with_streams=True)
     if more_figures is not None:
         figures.update(more_figures(out))
     return result, write_text(out / REPORT_NAME, _model_report(result, figures, out))
