@@ -32,6 +32,9 @@ from .extras import check_available
 from .init_rng import DEFAULT_INIT_RNG, check_init_rng
 from .loggers import logger_packages, parse_loggers
 from .models import PRESETS, get_preset
+from .schedule import DEFAULT_DECAY_FRACTION, MAX_DEFAULT_WARMUP, SCHEDULES, span_and_warmup, warmup_warnings
+from .yaml_safety import MAX_YAML_VALUES as MAX_YAML_VALUES  # s2hc.config's names before the module existed
+from .yaml_safety import YAMLRefused, load_yaml, yaml_problem
 
 PARALLEL_MODES = ("auto", "none", "ddp", "fsdp")
 #: Which parameters AdamW decays (s2hc.train.optim): weight matrices, embeddings and the connections' projections
@@ -52,12 +55,10 @@ MAX_SEEDS = 1000
 #: AdamW moves every weight by about lr per step: above 1 a step is larger than the weights themselves
 #: (and lr / (1 - beta1) overflows float32 inside the optimizer near 1e38).
 MAX_LR = 1.0
-#: The default warmup (``warmup_steps`` unset): a tenth of the schedule, at most this many steps, so that a short run
-#: warms up for a tenth of itself and a long one for as long as s2hc's fixed default did (100 steps).
-MAX_DEFAULT_WARMUP = 100
 FLOAT_RANGES: dict[str, dict[str, Any]] = {
     "lr": dict(positive=True, maximum=MAX_LR),
     "min_lr_ratio": dict(minimum=0.0, maximum=1.0),
+    "decay_fraction": dict(positive=True, maximum=1.0),
     "weight_decay": dict(minimum=0.0),
     "beta1": dict(minimum=0.0, maximum=1.0, open_maximum=True),
     "beta2": dict(minimum=0.0, maximum=1.0, open_maximum=True),
@@ -144,13 +145,20 @@ class TrainConfig:
     streaming: str = _setting(
         "auto", "tokenise the data chunk by chunk as training reads it: 'auto' (hf: sources and local ones over "
         "1 GiB), 'always' or 'never' (all before step 1)", DATA)
-    # the schedule: AdamW (or Muon with AdamW), cosine with linear warmup and a floor
+    # the schedule: AdamW (or Muon with AdamW), a learning-rate schedule (s2hc.schedule) with linear warmup
     max_steps: int = _setting(1000, "optimizer steps", SCHEDULE, resumable=True)
     schedule_steps: int | None = _setting(
-        None, "steps the cosine schedule spans: it reaches its floor there and holds it after (None: max_steps; a "
+        None, "steps the schedule spans: it reaches its floor there and holds it after (None: max_steps; a "
         "resume that changes max_steps keeps the run's, so the learning rate never jumps)", SCHEDULE, resumable=True)
     lr: float = _setting(6e-4, "peak learning rate", SCHEDULE)
-    min_lr_ratio: float = _setting(0.1, "floor of the cosine schedule, as a fraction of lr", SCHEDULE)
+    lr_schedule: str = _setting(
+        "cosine", "after the warmup: 'cosine' (decay to the floor over the schedule), 'wsd' (warmup-stable-decay: lr "
+        "held, then a linear decay to the floor over the schedule's last decay_fraction) or 'constant' (lr held)",
+        SCHEDULE)
+    decay_fraction: float | None = _setting(
+        None, f"the share of the schedule a 'wsd' schedule decays over, in (0, 1] (None: {DEFAULT_DECAY_FRACTION})",
+        SCHEDULE)
+    min_lr_ratio: float = _setting(0.1, "floor of the schedule, as a fraction of lr", SCHEDULE)
     warmup_steps: int | None = _setting(
         None, f"linear warmup steps (None: a tenth of the schedule, at most {MAX_DEFAULT_WARMUP})", SCHEDULE)
     weight_decay: float = _setting(
@@ -222,6 +230,11 @@ class TrainConfig:
             raise ValueError(f"optimizer must be one of {list(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.parallel not in PARALLEL_MODES:
             raise ValueError(f"parallel must be one of {list(PARALLEL_MODES)}, got {self.parallel!r}")
+        if self.lr_schedule not in SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {list(SCHEDULES)}, got {self.lr_schedule!r}")
+        if self.decay_fraction is not None and self.lr_schedule != "wsd":
+            raise ValueError(f"decay_fraction={self.decay_fraction!r} is the decay of lr_schedule 'wsd', and "
+                             f"lr_schedule is {self.lr_schedule!r}; set lr_schedule: wsd, or leave decay_fraction out")
         check_init_rng(self.init_rng)
         if self.streaming not in STREAMING_CHOICES:
             raise ValueError(f"streaming must be one of {list(STREAMING_CHOICES)}, got {self.streaming!r}")
@@ -247,15 +260,15 @@ class TrainConfig:
 
     @property
     def schedule_span(self) -> int:
-        """The steps the cosine schedule spans (``schedule_steps``, else ``max_steps``): the learning rate decays to
-        ``min_lr_ratio × lr`` at this step and stays there."""
-        return _schedule(self.max_steps, self.schedule_steps, self.warmup_steps)[0]
+        """The steps the schedule spans (``schedule_steps``, else ``max_steps``): the learning rate decays to
+        ``min_lr_ratio × lr`` at this step and stays there (``lr_schedule: constant``: it never decays)."""
+        return span_and_warmup(self.max_steps, self.schedule_steps, self.warmup_steps)[0]
 
     @property
     def warmup(self) -> int:
         """The linear warmup steps: ``warmup_steps``, else a tenth of :attr:`schedule_span`, at most
-        :data:`MAX_DEFAULT_WARMUP`."""
-        return _schedule(self.max_steps, self.schedule_steps, self.warmup_steps)[1]
+        :data:`~s2hc.schedule.MAX_DEFAULT_WARMUP`."""
+        return span_and_warmup(self.max_steps, self.schedule_steps, self.warmup_steps)[1]
 
     def _check_field(self, name: str, kind: str) -> None:
         value = getattr(self, name)
@@ -312,19 +325,18 @@ class TrainConfig:
             check_available(logger_packages(name), f"--logger {name}")
 
     def schedule_warnings(self) -> list[str]:
-        """What in the schedule is probably not meant (one line each): a warmup as long as the run, whose learning
-        rate then rises throughout and never decays (nor, when longer, reaches ``lr``). The default warmup (a
-        tenth of the schedule) never is."""
-        if self.warmup_steps is None or self.warmup_steps < self.max_steps:
-            return []
-        if self.warmup_steps == self.max_steps:
-            effect = f"reaches lr={self.lr:g} only at its last step and never decays"
-        else:
-            effect = (f"reaches {self.lr * self.max_steps / self.warmup_steps:.3g}, "
-                      f"{self.max_steps / self.warmup_steps:.0%} of lr={self.lr:g}")
-        tenth = f" (a tenth of the run would be {self.max_steps // 10})" if self.max_steps >= 10 else ""
-        return [f"warmup_steps={self.warmup_steps} is not below max_steps={self.max_steps}: the learning rate rises "
-                f"for the whole run and {effect}; lower warmup_steps{tenth}"]
+        """What in the schedule is probably not meant (one line each, :func:`s2hc.schedule.warmup_warnings`): a
+        warmup as long as the run, whose learning rate then rises throughout and never decays (nor, when longer,
+        reaches ``lr``). The default warmup (a tenth of the schedule) never is."""
+        return warmup_warnings(self.max_steps, self.warmup_steps, self.lr)
+
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based) of this run's schedule
+        (:func:`s2hc.schedule.learning_rate`)."""
+        from .schedule import learning_rate
+
+        return learning_rate(step, peak=self.lr, warmup_steps=self.warmup, max_steps=self.schedule_span,
+                             min_ratio=self.min_lr_ratio, kind=self.lr_schedule, decay_fraction=self.decay_fraction)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -375,8 +387,9 @@ class TrainConfig:
 
 #: What s2hc computed before a field existed, where that is not (or may stop being) the field's default: a run
 #: configured before it resumes computing what it did (before ``streaming``, every source was tokenised whole before
-#: step 1; before ``optimizer``, AdamW updated every parameter, which stays so should the default ever change).
-BEFORE_FIELD = {"streaming": "never", "init_rng": "sequential", "optimizer": "adamw"}
+#: step 1; before ``optimizer``, AdamW updated every parameter, and before ``lr_schedule`` every schedule was the
+#: cosine, which stay so should the defaults ever change).
+BEFORE_FIELD = {"streaming": "never", "init_rng": "sequential", "optimizer": "adamw", "lr_schedule": "cosine"}
 
 
 def completed_settings(stored: dict[str, Any]) -> dict[str, Any]:
@@ -396,15 +409,10 @@ def completed_settings(stored: dict[str, Any]) -> dict[str, Any]:
 
 
 def schedule_of(settings: dict[str, Any]) -> tuple[int, int]:
-    """``(steps the cosine schedule spans, warmup steps)`` of a run's settings (a TrainConfig's dict, completed):
+    """``(steps the schedule spans, warmup steps)`` of a run's settings (a TrainConfig's dict, completed):
     ``schedule_steps`` else ``max_steps``; ``warmup_steps`` else a tenth of that span, at most
-    :data:`MAX_DEFAULT_WARMUP`."""
-    return _schedule(settings["max_steps"], settings.get("schedule_steps"), settings.get("warmup_steps"))
-
-
-def _schedule(max_steps: int, schedule_steps: int | None, warmup_steps: int | None) -> tuple[int, int]:
-    span = max_steps if schedule_steps is None else schedule_steps
-    return span, min(MAX_DEFAULT_WARMUP, span // 10) if warmup_steps is None else warmup_steps
+    :data:`~s2hc.schedule.MAX_DEFAULT_WARMUP` (:func:`s2hc.schedule.span_and_warmup`)."""
+    return span_and_warmup(settings["max_steps"], settings.get("schedule_steps"), settings.get("warmup_steps"))
 
 
 def check_seed_count(name: str, value: Any) -> int:
@@ -454,71 +462,6 @@ def config_path(text: str | Path) -> Path:
                      "is for)")
 
 
-#: The most values a YAML text may hold once its aliases (``*name``) are expanded: a config holds a few hundred.
-#: A kilobyte of nested aliases (an alias bomb, "billion laughs") expands to billions, which every reader of the
-#: values (a check, a copy, a message) would walk: refused at the load, before anything walks them.
-MAX_YAML_VALUES = 100_000
-
-
-class YAMLRefused(yaml.YAMLError):
-    """A YAML text s2hc does not read (aliases that expand too far, or to themselves; nesting too deep): one line,
-    that never shows the values."""
-
-    def __init__(self, problem: str):
-        super().__init__(problem)
-        self.problem, self.problem_mark = problem, None
-
-
-class _SafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses, before constructing anything, a document whose aliases expand past
-    :data:`MAX_YAML_VALUES` values or refer to a value that holds them."""
-
-    def construct_document(self, node):
-        _check_expansion(node)
-        return super().construct_document(node)
-
-
-def _check_expansion(root: yaml.Node) -> None:
-    """YAMLRefused when the node graph, its aliases expanded, holds more than :data:`MAX_YAML_VALUES` values, or
-    holds itself. Walked once per node (shared nodes counted by multiplication), without recursion."""
-    sizes: dict[int, int] = {}
-    open_nodes: set[int] = set()
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-
-    def children(node: yaml.Node) -> list[yaml.Node]:
-        if isinstance(node, yaml.MappingNode):
-            return [part for pair in node.value for part in pair]
-        return list(node.value) if isinstance(node, yaml.SequenceNode) else []
-
-    while stack:
-        node, done = stack.pop()
-        if done:
-            open_nodes.discard(id(node))
-            sizes[id(node)] = min(MAX_YAML_VALUES + 1, 1 + sum(sizes[id(child)] for child in children(node)))
-            if sizes[id(node)] > MAX_YAML_VALUES:
-                raise YAMLRefused(f"its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values (an alias "
-                                  "bomb?); write the values out, or use fewer aliases")
-            continue
-        if id(node) in sizes:
-            continue
-        if id(node) in open_nodes:
-            raise YAMLRefused("an alias (*name) refers to a value that contains it: the value would be endless")
-        open_nodes.add(id(node))
-        stack.append((node, True))
-        stack.extend((child, False) for child in children(node) if id(child) not in sizes)
-
-
-def load_yaml(text: str) -> Any:
-    """The value of a YAML text, read safely (``yaml.SafeLoader``: no Python objects), the one YAML reader of s2hc
-    (config files, ``--set`` and option values, a run's ``config.yaml``). ``yaml.YAMLError`` when it is not YAML,
-    and :class:`YAMLRefused` (one of them) when its aliases expand past :data:`MAX_YAML_VALUES` values or into
-    themselves, or it nests too deep for the parser."""
-    try:
-        return yaml.load(text, Loader=_SafeLoader)  # noqa: S506 - a SafeLoader
-    except RecursionError:
-        raise YAMLRefused("it nests values too deep to read (RecursionError)") from None
-
-
 def load_yaml_config(path: str | Path) -> dict[str, Any]:
     """The mapping in a YAML config file; ValueError naming the file when it is missing, a directory, not UTF-8,
     not YAML (one line: the parser's problem, line and column, not its multi-line excerpt) or not a mapping."""
@@ -535,19 +478,12 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
     except YAMLRefused as error:
         raise ValueError(f"config file {str(path)!r} is refused: {error.problem}") from None
     except yaml.YAMLError as error:
-        raise ValueError(f"config file {str(path)!r} is not valid YAML: {_yaml_problem(error)}") from None
+        raise ValueError(f"config file {str(path)!r} is not valid YAML: {yaml_problem(error)}") from None
     if not isinstance(values, dict):
         raise ValueError(
             f"config file {str(path)!r} must hold a mapping of keys to values, got {type(values).__name__}"
         )
     return values
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """The parser's problem at its line and column (1-based), in one line."""
-    mark = getattr(error, "problem_mark", None)
-    problem = getattr(error, "problem", None) or str(error).strip().splitlines()[0]
-    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
 
 
 def parse_assignment(text: str, argument: str = "--set") -> tuple[str, Any]:

@@ -35,7 +35,7 @@ SUMMARY = {
 if TYPE_CHECKING:
     from ..config import TrainConfig
 
-_TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int}
+_TYPES = {"int": int, "float": float, "str": str, "str | None": str, "int | None": int, "float | None": float}
 
 
 #: The help's sections, one per group of TrainConfig fields (s2hc.config.GROUPS), in that order.

@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # what the names are, for type checkers and readers; at run time __getattr__ imports them
     from ..config import TrainConfig
+    from ..schedule import learning_rate
     from .init_from import resume_config
     from .loop import Interrupted, RunResult, TrainingError, train
-    from .optim import learning_rate, make_optimizer
+    from .optim import make_optimizer
 
 #: Where each public name lives (a module relative to this package).
 _HOMES = {
     "Interrupted": ".loop", "RunResult": ".loop", "TrainingError": ".loop", "train": ".loop",
-    "TrainConfig": "..config", "resume_config": ".init_from", "learning_rate": ".optim", "make_optimizer": ".optim",
+    "TrainConfig": "..config", "resume_config": ".init_from", "learning_rate": "..schedule", "make_optimizer": ".optim",
 }
 
 __all__ = ["Interrupted", "RunResult", "TrainConfig", "TrainingError", "learning_rate", "make_optimizer",

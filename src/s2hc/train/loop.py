@@ -58,11 +58,12 @@ from ..rundir import (
 from ..rundir.checkpoint import check_kept_of_run
 from ..rundir.guard import clear_run, notice
 from ..rundir.schema import new_run_id
+from ..schedule import learning_rate
 from . import distributed
 from .banner import start_lines
 from .checkpointer import Checkpointer
 from .init_from import load_initial_weights
-from .optim import learning_rate, make_optimizer, optimizer_record, other_optimizer_refused, weight_decay_record
+from .optim import make_optimizer, optimizer_record, other_optimizer_refused, weight_decay_record
 from .step_values import PendingSteps, StepValues
 
 
@@ -193,7 +194,7 @@ def _kept_schedule(before: dict, config: TrainConfig, step: int | None) -> Train
     """``config`` as it resumes the run configured as ``before`` (its stored settings), from its checkpoint of
     ``step`` (None: it has none yet, and starts again from step 0): ``warmup_steps`` left unset is the run's
     warmup, and, from a checkpoint, ``schedule_steps`` left unset is the run's schedule span. So a resume to more
-    steps (or fewer) keeps the cosine schedule the run was following, and its learning rate never jumps: past the
+    steps (or fewer) keeps the schedule the run was following, and its learning rate never jumps: past the
     schedule's end the run holds its floor (:func:`_schedule_notice` says so). A ``schedule_steps`` given (or
     recorded by an earlier resume) is kept as it is."""
     span, warmup = schedule_of(completed_settings(before))
@@ -206,27 +207,29 @@ def _kept_schedule(before: dict, config: TrainConfig, step: int | None) -> Train
 
 def _schedule_notice(before: dict, config: TrainConfig, step: int) -> str | None:
     """The line that says what a resume from ``step`` does to the learning rate where it changes ``max_steps`` or
-    the schedule of the run configured as ``before``; None when it changes neither, or trains no step."""
+    the schedule of the run configured as ``before``; None when it changes neither, or trains no step, or the
+    schedule is ``constant`` (no span: its rate is the same whatever the length)."""
     before = completed_settings(before)
     old_span, old_warmup = schedule_of(before)
     old_max, new_max, span = before["max_steps"], config.max_steps, config.schedule_span
-    if step >= new_max:
+    if step >= new_max or config.lr_schedule == "constant":
         return None
 
     def rate(at: int, span: int, warmup: int) -> float:  # the 0-based step ``at``'s
-        return learning_rate(at, peak=config.lr, warmup_steps=warmup, max_steps=span, min_ratio=config.min_lr_ratio)
+        return learning_rate(at, peak=config.lr, warmup_steps=warmup, max_steps=span, min_ratio=config.min_lr_ratio,
+                             kind=config.lr_schedule, decay_fraction=config.decay_fraction)
 
-    floor = config.min_lr_ratio * config.lr
+    floor, kind = config.min_lr_ratio * config.lr, config.lr_schedule
     if span != old_span:  # schedule_steps given: the rate follows the new schedule from the next step
-        return (f"{config.out}: the cosine schedule spans {span} steps, no longer {old_span}: step {step + 1} runs at "
+        return (f"{config.out}: the {kind} schedule spans {span} steps, no longer {old_span}: step {step + 1} runs at "
                 f"lr {rate(step, span, config.warmup):.1e} (the old schedule's {rate(step, old_span, old_warmup):.1e})")
     if new_max > old_max and new_max > span:
-        return (f"extending {config.out} from {old_max} to {new_max} steps: the cosine schedule "
+        return (f"extending {config.out} from {old_max} to {new_max} steps: the {kind} schedule "
                 f"{'ended' if step >= span else 'ends'} at step {span}; steps {max(old_max, span) + 1}-{new_max} "
                 f"continue at its floor lr {floor:.1e} (set --schedule-steps {new_max} to restart the schedule over "
                 "the new length)")
     if new_max < old_max and span > new_max:
-        return (f"shortening {config.out} from {old_max} to {new_max} steps: the cosine schedule still spans {span} "
+        return (f"shortening {config.out} from {old_max} to {new_max} steps: the {kind} schedule still spans {span} "
                 f"steps, so the run ends at lr {rate(new_max - 1, span, config.warmup):.1e}, above its floor "
                 f"{floor:.1e} (set --schedule-steps {new_max} to decay over the new length)")
     return None
@@ -278,7 +281,7 @@ def train(config: TrainConfig, resume: bool = False, overwrite: bool = False) ->
     nothing saved) on a second one; :class:`s2hc.extras.MissingExtra` first, before anything is written, when the
     run needs an optional package that is not installed.
 
-    A resume keeps the run's cosine schedule when it changes ``max_steps`` (:func:`_kept_schedule`): past the
+    A resume keeps the run's schedule when it changes ``max_steps`` (:func:`_kept_schedule`): past the
     schedule's end the run holds its floor, and says so, unless ``schedule_steps`` asks for another schedule.
     """
     with stop_on_signals() as signals:  # from here: a signal before the loop stops the run at once
@@ -562,7 +565,8 @@ class _Run:
         config = self.config
         self.pending.start()
         self.lr = learning_rate(self.step, peak=config.lr, warmup_steps=config.warmup,
-                                max_steps=config.schedule_span, min_ratio=config.min_lr_ratio)
+                                max_steps=config.schedule_span, min_ratio=config.min_lr_ratio,
+                                kind=config.lr_schedule, decay_fraction=config.decay_fraction)
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         train_loss = self._accumulate_gradients()

@@ -1,5 +1,5 @@
-"""AdamW (or Muon with AdamW) with one weight-decay rule for every family, and the cosine schedule with warmup and a
-floor.
+"""AdamW (or Muon with AdamW) with one weight-decay rule for every family. The learning-rate schedules are
+:mod:`s2hc.schedule`'s (:func:`learning_rate` is imported from there, where it was defined before).
 
 Which parameters decay is decided by what each one is (the module that owns it and its attribute name), never
 by its shape, so the rule is the same whichever family the connections mix with (:data:`WEIGHT_DECAY_RULES`,
@@ -44,7 +44,6 @@ does to a family's biases.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Collection
 
@@ -54,6 +53,7 @@ from torch import nn
 from ..config import OPTIMIZERS, WEIGHT_DECAY_RULES
 from ..connection import ConnectionModule
 from ..models.transformer import MLP, Attention, RMSNorm
+from ..schedule import learning_rate as learning_rate  # where it was defined before s2hc.schedule
 
 NORMS = (RMSNorm, nn.LayerNorm)
 #: The blocks' branches: the ``nn.Linear`` weights directly inside one are the hidden matrices Muon updates.
@@ -350,16 +350,3 @@ def _patterns(targets: dict, keep: Callable[[object], bool]) -> list[str]:
         else:
             out += [n for n in names if keep(targets[n])]
     return out
-
-
-def learning_rate(step: int, *, peak: float, warmup_steps: int, max_steps: int, min_ratio: float) -> float:
-    """The rate for optimizer step ``step`` (0-based): linear warmup to ``peak`` over ``warmup_steps``, then a
-    cosine decay to ``min_ratio × peak`` at ``max_steps`` (the steps the schedule spans: a run's
-    ``TrainConfig.schedule_span``, which a resume to more steps keeps), and that floor afterwards."""
-    floor = min_ratio * peak
-    if step < warmup_steps:
-        return peak * (step + 1) / warmup_steps
-    if step >= max_steps:
-        return floor
-    progress = (step - warmup_steps) / max(1, max_steps - warmup_steps)
-    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
