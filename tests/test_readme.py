@@ -94,3 +94,44 @@ def test_api_page_hf_examples_run(api_run, monkeypatch):
     monkeypatch.chdir(directory)
     namespace = run_blocks(blocks, "docs/api.md", dict(namespace))
     assert (directory / "hf-model" / "config.json").is_file()
+
+
+def layout_entries(text: str) -> tuple[set[str], set[str]]:
+    """``(modules, packages)`` the README's Layout block names under ``src/s2hc/``, as paths relative to it. A line
+    of the tree names its entries before a run of two spaces (``x.py`` a module, ``x/`` a package, whose own lines
+    are indented two more); its description, and a description's continuation lines, name none."""
+    block = text[text.index("## Layout"):].split("```\n", 2)[1]
+    lines = block.splitlines()
+    start = lines.index(next(line for line in lines if line.startswith("src/s2hc/")))
+    modules, packages, stack = set(), set(), [""]
+    for line in lines[start + 1:]:
+        indent = len(line) - len(line.lstrip(" "))
+        if indent == 0:  # the tree of src/s2hc/ ends
+            break
+        names = re.split(r"\s{2,}", line.strip())[0].split()
+        if not all(re.fullmatch(r"\w+(\.py|/)", name) for name in names):
+            continue  # a description's continuation
+        assert indent % 2 == 0 and indent // 2 <= len(stack), f"README Layout: misindented {line!r}"
+        stack = stack[: indent // 2]
+        parent = stack[-1]
+        dirs = [name for name in names if name.endswith("/")]
+        assert len(dirs) <= 1, f"README Layout: one package a line, so its modules can follow it: {line!r}"
+        modules |= {parent + name for name in names if name.endswith(".py")}
+        for name in dirs:
+            packages.add(parent + name.rstrip("/"))
+            stack.append(parent + name)
+    return modules, packages
+
+
+def test_the_readme_layout_names_every_module():
+    """Every module of src/s2hc is named in README.md's Layout (a package's ``__init__.py`` by its package), and
+    everything named there exists: a module added, moved or removed changes the README with it."""
+    source = ROOT / "src" / "s2hc"
+    modules, packages = layout_entries((ROOT / "README.md").read_text())
+    found = {p.relative_to(source).as_posix() for p in source.rglob("*.py") if "__pycache__" not in p.parts}
+    expected = {name for name in found if not name.endswith("/__init__.py")}
+    packages_found = {name.removesuffix("/__init__.py") for name in found if name.endswith("/__init__.py")}
+    assert sorted(expected - modules) == [], "modules the README's Layout does not name"
+    assert sorted(modules - expected) == [], "modules the README's Layout names that do not exist"
+    assert sorted(packages_found - packages) == [], "packages the README's Layout does not name"
+    assert all((source / name).is_dir() for name in packages), sorted(p for p in packages if not (source / p).is_dir())
