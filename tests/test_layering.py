@@ -172,7 +172,7 @@ def test_every_subprocess_call_of_the_cli_is_named_in_design_md():
 def test_the_layer_list_is_read_from_design_md():
     """The reading itself, so a reformatted list cannot leave the checks above with nothing to check."""
     assert LAYERS[0] == ["s2hc.checks", "s2hc.io", "s2hc.devices", "s2hc.extras", "s2hc.reports", "s2hc.init_rng",
-                         "s2hc.hub", "s2hc.yaml_safety", "s2hc.schedule"]
+                         "s2hc.hub", "s2hc.yaml_safety", "s2hc.schedule", "s2hc.counts"]
     assert LAYERS[-1] == ["s2hc.cli", "s2hc.__main__"] and ["s2hc.upcycle"] in LAYERS
     assert all(layer_of(name) is not None for name in modules())  # every module is in a layer
     assert ("s2hc.hf", "s2hc.evaluate") in allowed_same_layer()

@@ -21,15 +21,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from .. import mixers
 from . import measures
-
-if TYPE_CHECKING:  # collect imports this module
-    from .collect import Capture
 
 __all__ = ["DEFAULT_TOLERANCE", "MIXING_HEADLINES", "OUTPUT_READS", "distribution", "guarantee_checks", "headline",
            "mixing_headline", "stream_usage", "stream_usage_headline", "summarize", "vector_distribution"]
@@ -213,7 +210,7 @@ def stream_usage(
     return out
 
 
-def summarize(capture: Capture, *, tol: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+def summarize(capture: Any, *, tol: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
     """Every measurement of docs/design.md section 2 for the ``L`` connections of ``capture`` over the same ``N``
     tokens.
 
