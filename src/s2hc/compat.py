@@ -252,6 +252,11 @@ def _row_biases(gate: str, streams: int, fracs: int, views: int, favoured: int) 
     return pre.flatten(0, 1), post
 
 
+#: What ``init`` passes on to :class:`CompatHyperConnection` beside its own arguments.
+CONNECTION_OPTIONS = ("channel_first", "dropout", "residual_transform", "add_branch_out_to_residual",
+                      "num_input_views", "depth_residual_fn")
+
+
 class CompatHyperConnection(nn.Module):
     """One connection in the package's calling conventions, on folded residuals ``(b*s, ..., d)``.
 
@@ -545,26 +550,18 @@ def get_init_and_expand_reduce_stream_functions(
         disable = residual or (num_streams == 1 and num_fracs == 1)
     default_dim, default_fracs = dim, num_fracs
 
-    def init(
-        *,
-        dim: int | None = None,
-        branch: Callable | None = None,
-        layer_index: int | None = None,
-        tanh: bool = True,
-        channel_first: bool = False,
-        dropout: float = 0.0,
-        residual_transform: Callable | None = None,
-        add_branch_out_to_residual: bool = True,
-        num_input_views: int = 1,
-        depth_residual_fn: Callable | None = None,
-        num_fracs: int | None = None,
-        **package_options: Any,
-    ) -> CompatHyperConnection:
-        _package_only(package_options)
-        if package_options:
-            raise TypeError(f"init() got unexpected keyword argument(s) {sorted(package_options)}")
+    def init(*, dim: int | None = None, branch: Callable | None = None, layer_index: int | None = None,
+             tanh: bool = True, num_fracs: int | None = None, **options: Any) -> CompatHyperConnection:
+        """The connection around ``branch``; ``options``: :class:`CompatHyperConnection`'s (``channel_first``,
+        ``dropout``, ``residual_transform``, ``add_branch_out_to_residual``, ``num_input_views``,
+        ``depth_residual_fn``)."""
+        _package_only(options)
+        unknown = sorted(set(options) - set(CONNECTION_OPTIONS))
+        if unknown:
+            raise TypeError(f"init() got unexpected keyword argument(s) {unknown}")
         if disable:  # the package's Residual: every other argument has no effect
-            return CompatHyperConnection(1, None, branch, disable=True, residual_transform=residual_transform)
+            return CompatHyperConnection(1, None, branch, disable=True,
+                                         residual_transform=options.get("residual_transform"))
         if tanh is not True:
             raise ValueError(
                 f"tanh={tanh!r} is not supported: family='hc' has HC's tanh gates (the package's default, tanh=True) "
@@ -581,13 +578,8 @@ def get_init_and_expand_reduce_stream_functions(
             family=family,
             family_options=family_options,
             layer_index=0 if layer_index is None else layer_index,
-            channel_first=channel_first,
-            dropout=dropout,
-            residual_transform=residual_transform,
-            add_branch_out_to_residual=add_branch_out_to_residual,
-            num_input_views=num_input_views,
-            depth_residual_fn=depth_residual_fn,
             num_fracs=default_fracs if num_fracs is None else num_fracs,
+            **options,
         )
 
     if disable:

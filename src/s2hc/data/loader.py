@@ -60,6 +60,12 @@ def _check_same_batches(state: dict[str, Any], mine: dict[str, Any], global_batc
         raise ValueError("loader state does not match this loader (" + "; ".join(diff) + ")")
 
 
+def _position(loader: TokenBatches | StreamBatches) -> dict[str, int]:
+    """Where a loader is and the batches it is valid for, what both loaders' states hold."""
+    return {"epoch": loader.epoch, "step_in_epoch": loader.step_in_epoch, "seed": loader.seed,
+            "seq_len": loader.seq_len, "batch_size": loader.batch_size, "world_size": loader.world_size}
+
+
 class TokenBatches:
     """An endless iterator of training batches ``(x, y)``: int64 CPU tensors of shape ``(batch_size, seq_len)``.
 
@@ -129,16 +135,7 @@ class TokenBatches:
 
     def state_dict(self) -> dict[str, Any]:
         """The position (plain ints: JSON- and ``torch.save``-safe) plus what it is only valid for."""
-        return {
-            "version": STATE_VERSION,
-            "epoch": self.epoch,
-            "step_in_epoch": self.step_in_epoch,
-            "seed": self.seed,
-            "seq_len": self.seq_len,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
-            "n_tokens": self.n_tokens,
-        }
+        return {"version": STATE_VERSION, **_position(self), "n_tokens": self.n_tokens}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from ``state`` (from any rank of a run with the same data, seed, sequence length and
@@ -274,12 +271,7 @@ class StreamBatches:
         return {
             "version": STREAM_STATE_VERSION,
             "kind": "stream",
-            "epoch": self.epoch,
-            "step_in_epoch": self.step_in_epoch,
-            "seed": self.seed,
-            "seq_len": self.seq_len,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
+            **_position(self),
             "stream_key": self.stream.key,
             "chunk": chunk,
             "chunk_window": start,

@@ -41,18 +41,11 @@ from ..checks import check_float, check_int, check_streams
 from ..connection import Connection, HyperConnection, HyperHead, StreamHead
 from ..mixers.mhc import MAX_ITERATIONS
 
+# the converter's interface, the same names as s2hc.hf.qwen4_exp's
 __all__ = [
-    "connection_from_hf",
-    "connection_options",
-    "connection_state_from_hf",
-    "connection_state_to_hf",
-    "connection_to_hf",
-    "head_from_hf",
-    "head_options",
-    "head_state_from_hf",
-    "head_state_to_hf",
-    "head_to_hf",
-]
+    "connection_from_hf", "connection_options", "connection_state_from_hf", "connection_state_to_hf",
+    "connection_to_hf", "head_from_hf", "head_options", "head_state_from_hf", "head_state_to_hf", "head_to_hf",
+]  # fmt: skip
 
 VARIANT = "deepseek-v4"
 

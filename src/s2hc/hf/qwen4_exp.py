@@ -47,19 +47,11 @@ from ..connection import Connection, GatedHead, GatedResidual, StreamHead
 from ..connection.forms.gated_residual import GATED_RESIDUAL, check_rank
 from .deepseek_v4 import _as_state, _checked
 
+# the converter's interface, the same names as s2hc.hf.deepseek_v4's, and the transformers names
 __all__ = [
-    "HF_NAMES",
-    "connection_from_hf",
-    "connection_options",
-    "connection_state_from_hf",
-    "connection_state_to_hf",
-    "connection_to_hf",
-    "head_from_hf",
-    "head_options",
-    "head_state_from_hf",
-    "head_state_to_hf",
-    "head_to_hf",
-]
+    "HF_NAMES", "connection_from_hf", "connection_options", "connection_state_from_hf", "connection_state_to_hf",
+    "connection_to_hf", "head_from_hf", "head_options", "head_state_from_hf", "head_state_to_hf", "head_to_hf",
+]  # fmt: skip
 
 #: transformers' tensor name -> s2hc's parameter name (a head has all but ``block_inject_weight.weight``).
 HF_NAMES = {

@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from ..counts import Count, add, count
-from .base import Guarantees
 from .mhc import OFF_DIAGONAL_BIAS
 from .mhc_lite import PermutationMixer, PermutationMixture, check_permutation_size, resolve_off_identity_bias
 
@@ -54,13 +53,6 @@ class KromHCMixer(PermutationMixer):
     """
 
     name = "kromhc"
-    guarantees = Guarantees(
-        row_sums_one=True,
-        col_sums_one=True,
-        nonnegative=True,
-        spectral_norm_at_most_one=True,
-        closed_under_products=True,
-    )
 
     @classmethod
     def flops(cls, n_streams: int, **family_options: object) -> tuple[int, Count]:
@@ -71,13 +63,8 @@ class KromHCMixer(PermutationMixer):
             size *= p
         return sum(math.factorial(p) for p in factors), add(count(), *counts)
 
-    def __init__(
-        self,
-        n_streams: int,
-        alpha: float = 0.01,
-        allow_large: bool = False,
-        off_identity_bias: float | str = OFF_DIAGONAL_BIAS,
-    ):
+    def __init__(self, n_streams: int, alpha: float = 0.01, allow_large: bool = False,
+                 off_identity_bias: float | str = OFF_DIAGONAL_BIAS):  # mhc-lite's options, for each factor
         super().__init__(n_streams)
         resolve_off_identity_bias(off_identity_bias, 2)  # refused even at n = 1 (no factor)
         self.factor_sizes = self.permutation_sizes(n_streams)

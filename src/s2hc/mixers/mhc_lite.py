@@ -139,7 +139,11 @@ class PermutationMixture(nn.Module):
 class PermutationMixer(Mixer):
     """Shared frame of ``mhc-lite`` and ``kromhc``, the families built from :class:`PermutationMixture` s:
     their :meth:`permutation_sizes` say which, and a mixture above :data:`MAX_PERMUTATION_STREAMS` streams
-    needs ``allow_large=True``."""
+    needs ``allow_large=True``. A convex combination of permutation matrices is doubly stochastic (Birkhoff), and so
+    are products and Kronecker products of such: the guarantees both families share."""
+
+    guarantees = Guarantees(row_sums_one=True, col_sums_one=True, nonnegative=True, spectral_norm_at_most_one=True,
+                            closed_under_products=True)
 
     @classmethod
     def options_for_size(cls, n_streams: int) -> dict[str, object]:
@@ -165,13 +169,6 @@ class MHCLiteMixer(PermutationMixer):
     """
 
     name = "mhc-lite"
-    guarantees = Guarantees(
-        row_sums_one=True,
-        col_sums_one=True,
-        nonnegative=True,
-        spectral_norm_at_most_one=True,
-        closed_under_products=True,
-    )
 
     @classmethod
     def flops(cls, n_streams: int, **family_options: object) -> tuple[int, Count]:
