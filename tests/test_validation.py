@@ -187,7 +187,8 @@ def branch(h):
 @pytest.mark.parametrize("fused", [True, False])
 def test_connection_follows_the_inputs_floating_dtype(family, dtype, fused):
     n = 1 if family == "residual" else 4
-    hc = s2hc.HyperConnection(8, n, family=family, fused=fused)  # float32 parameters
+    hc = s2hc.connection.build_connection(8, n, family)  # float32 parameters
+    hc.set_options(fused=fused)
     x = torch.randn(2, 3, n, 8).to(dtype)
     out = hc(x, branch)
     assert out.dtype == dtype and out.shape == x.shape and bool(torch.isfinite(out).all())
