@@ -136,14 +136,56 @@ def test_the_verdicts_of_rows_by_hand():
 def test_the_report_says_the_verdicts_in_one_line_each():
     report = "\n".join(cost.verdict_lines(verdicts(hand_results())))
     assert "## Verdicts at equal cost" in report and "Against `residual`:" in report
-    fast = next(line for line in report.splitlines() if line.startswith("- **fast**"))
+    fast = next(line for line in report.splitlines() if line.startswith("- **fast** against"))
     assert "Δ validation loss +1.0000 [" in fast and "token speedup 1.15× [" in fast
     assert "step time 1.00× the baseline's, trained 3 s against 4 s" in fast
     assert "wall-clock speedup 0.76× [" in fast and "(CPU: Test CPU)" in fast
     assert "MFU 6 % [6 %, 6 %] against 10 % (ratio 0.60×" in fast and "peak: CPU, measured float32 512² matmul" in fast
-    best = next(line for line in report.splitlines() if line.startswith("- **best**"))
+    best = next(line for line in report.splitlines() if line.startswith("- **best** against"))
     assert "token speedup > 1.00× (below the baseline's best: it never reached this loss)" in best
     assert "wall-clock speedup unavailable (" in best and "MFU unavailable (no FLOP count in the row)" in best
+
+
+def test_the_verdicts_open_with_one_headline_per_configuration():
+    lines = cost.verdict_lines(verdicts(hand_results()))
+    start = lines.index("In one line each (means over seeds; the detail below):")
+    assert lines[start + 2:start + 5] == [
+        "- **residual**: final validation loss 3.0000 (the baseline)",
+        "- **fast**: final validation loss 4.0000; token speedup 1.15×, wall-clock speedup 0.76× vs `residual` "
+        "(3.0000)",
+        "- **best**: final validation loss 2.5500; token speedup > 1.00×, wall-clock speedup unavailable vs "
+        "`residual` (3.0000)"]
+    assert start < lines.index("Against `residual`:")  # before the detailed bullets
+
+
+def test_a_speedup_that_cannot_be_read_is_said_in_words_not_as_a_bound():
+    """A baseline evaluated once (a short run evaluated only at its end) has no curve: no speedup can be read, and
+    none is printed as a bound; nor a wall-clock speedup from runs whose measured CPU peaks say the machine was
+    busy."""
+    results = hand_results()
+    for row in results["rows"]:
+        if row["label"] == "residual":
+            row["curves"]["val"] = row["curves"]["val"][-1:]
+            row["timing"]["val_seconds"] = row["timing"]["val_seconds"][-1:]
+    lines = cost.verdict_lines(verdicts(results))
+    fast = next(line for line in lines if line.startswith("- **fast** against"))
+    assert "token speedup cannot be read (the baseline was evaluated once (seed 0, 1): no curve to read it from; "
+    "evaluate several times (--eval-every))" in fast and "<" not in fast and ">" not in fast
+    assert "wall-clock speedup cannot be read (the baseline was evaluated once" in fast
+    assert ("- **fast**: final validation loss 4.0000; token speedup not readable (one evaluation), wall-clock "
+            "speedup not readable (one evaluation) vs `residual` (3.0000)") in lines
+
+    results = hand_results()
+    for row in results["rows"]:
+        if row["label"] == "fast" and row["seed"] == 1:  # another job took half the CPU when it started
+            row["platform"] = [{**PLATFORM, "matmul_peak": {**PLATFORM["matmul_peak"], "flops_per_s": 5e9}}]
+    found = verdicts(results)
+    fast = next(e for e in found["baselines"]["residual"] if e["configuration"] == "fast")
+    assert fast["token_speedup"]["unreadable"] is None  # tokens do not depend on the machine
+    assert fast["wall_clock_speedup"]["unreadable"].startswith("a busy machine: the CPU's matmul peak measured at "
+                                                               "the runs' starts differs 2.0× between them (seed 1;")
+    line = next(x for x in cost.verdict_lines(found) if x.startswith("- **fast** against"))
+    assert "wall-clock speedup cannot be read (a busy machine" in line
 
 
 def test_results_without_the_cost_have_no_verdicts(tmp_path):

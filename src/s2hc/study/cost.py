@@ -18,6 +18,12 @@ seconds) is set against the baseline trained with the same seed:
   median step's) ÷ the device's peak (:func:`s2hc.flops.peak_flops`: the table for known GPUs, the float32 matmul
   the run measured on a CPU). Unavailable, with the reason, where the peak or the count is unknown.
 
+A speedup that cannot be read is said so in words, never given as a bound (``"unreadable"``, the reason): where a
+baseline was evaluated once (no curve to read, only a bound that says nothing: a short run evaluated only at its
+end), and, for the wall-clock speedup on a CPU, where the machine was not the same for both (the float32 matmul
+peak the runs measured at their starts differs by more than :data:`BUSY_PEAK_RATIO` between them: a machine busy
+with other work, or other thread counts, so their seconds are not comparable).
+
 Over seeds, a speedup (a ratio) is analysed on the log scale: the mean log ratio with its Student-t interval and
 the paired t-test of log(configuration) against log(baseline) (:func:`.stats.paired`, the two-sided test that the
 ratio's geometric mean is 1), reported back as a geometric mean ratio and interval. MFU is summarised per
@@ -34,7 +40,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from ..flops import peak_flops
+from ..flops import MEASURED_PEAK, peak_flops
 from ..reports import p_value
 from . import stats
 from .rows import by_configuration
@@ -45,6 +51,9 @@ FORMAT = "s2hc-verdicts"
 #: The version of ``verdicts.json``'s schema.
 VERSION = 1
 BELOW, ABOVE, MIXED = "below", "above", "mixed"
+#: The most the CPU matmul peaks measured at the starts of a configuration's and its baseline's runs may differ
+#: (largest over smallest) for their training seconds to be compared: more is a machine busy with other work.
+BUSY_PEAK_RATIO = 1.5
 
 
 def has_cost(results: dict[str, Any]) -> bool:
@@ -197,7 +206,7 @@ def _loss(row_values: dict[int, float], base_values: dict[int, float], tests: bo
 
 def _speedup_measure(pairs: dict[int, tuple[dict, dict]], key: str, tests: bool) -> dict[str, Any]:
     per_seed = {seed: s for seed, (row, base) in pairs.items() if (s := _run_speedup(row, base, key)) is not None}
-    out = {"per_seed": per_seed, **summarize_ratios(per_seed, tests)}
+    out = {"per_seed": per_seed, **summarize_ratios(per_seed, tests), "unreadable": _unreadable(pairs, key)}
     if key == "seconds":
         label, cpu = device_label([r for pair in pairs.values() for r in pair])
         out.update(unit="measured training seconds", device=label, cpu=cpu)
@@ -205,6 +214,24 @@ def _speedup_measure(pairs: dict[int, tuple[dict, dict]], key: str, tests: bool)
             out["reason"] = "the runs' validation records hold no training seconds (recorded since runs log them)"
     out["available"] = bool(per_seed)
     return out
+
+
+def _unreadable(pairs: dict[int, tuple[dict, dict]], key: str) -> str | None:
+    """Why the speedup of ``pairs`` over ``key`` (``"tokens"``, ``"seconds"``) cannot be read (see the module),
+    in words; None where it can."""
+    once = [seed for seed, (_, base) in pairs.items() if len(base["curves"]["val"]) < 2]
+    if once:
+        return ("the baseline was evaluated once (seed " + ", ".join(map(str, once)) + "): no curve to read it "
+                "from; evaluate several times (--eval-every)")
+    if key == "seconds":
+        for seed, pair in pairs.items():
+            peaks = [p[MEASURED_PEAK]["flops_per_s"] for row in pair for p in row.get("platform") or []
+                     if str(p.get("device")) == "cpu" and (p.get(MEASURED_PEAK) or {}).get("flops_per_s")]
+            if peaks and max(peaks) > BUSY_PEAK_RATIO * min(peaks):
+                return (f"a busy machine: the CPU's matmul peak measured at the runs' starts differs "
+                        f"{max(peaks) / min(peaks):.1f}× between them (seed {seed}; other work on the machine, or "
+                        "other thread counts), so their seconds are not comparable")
+    return None
 
 
 def _mfu_measure(pairs: dict[int, tuple[dict, dict]], tests: bool) -> dict[str, Any]:
@@ -264,6 +291,8 @@ def verdicts(results: dict[str, Any], baselines, baseline_label: Callable[..., s
                 "configuration": label, "against": base, "seeds": list(pairs),
                 "loss": _loss({s: r["val_loss"] for s, r in mine.items()},
                               {s: r["val_loss"] for s, r in theirs.items()}, tests),
+                "val_loss": {"configuration": statistics.fmean(row["val_loss"] for row, _ in pairs.values()),
+                             "baseline": statistics.fmean(base["val_loss"] for _, base in pairs.values())},
                 "token_speedup": _speedup_measure(pairs, "tokens", tests),
                 "wall_clock_speedup": _speedup_measure(pairs, "seconds", tests),
                 "mfu": _mfu_measure(pairs, tests),
@@ -285,7 +314,9 @@ def verdicts(results: dict[str, Any], baselines, baseline_label: Callable[..., s
 
 
 def _ratio_text(summary: dict[str, Any]) -> str:
-    """``1.21× [1.05, 1.39], Holm p 0.031`` or ``> 1.42× (…)``."""
+    """``1.21× [1.05, 1.39], Holm p 0.031``, ``> 1.42× (…)``, or why it cannot be read."""
+    if summary.get("unreadable"):
+        return f"cannot be read ({summary['unreadable']})"
     if summary.get("beyond") == MIXED:
         return "seeds beyond the baseline's curve on both sides (no summary)"
     if summary.get("beyond") == BELOW:
@@ -343,6 +374,41 @@ def verdict_line(entry: dict[str, Any]) -> str:
             f"{wall_text}; MFU {mfu_text}.")
 
 
+def _headline_ratio(summary: dict[str, Any]) -> str:
+    """A speedup in a headline: the value (or bound), or in two words why it cannot be read."""
+    if summary.get("unreadable"):
+        return "not readable (" + ("one evaluation" if "evaluated once" in summary["unreadable"] else
+                                   "busy machine") + ")"
+    if summary.get("available") is False:
+        return "unavailable"
+    if summary.get("beyond") == MIXED:
+        return "mixed"
+    if summary.get("beyond") in (BELOW, ABOVE):
+        return f"{'>' if summary['beyond'] == BELOW else '<'} {summary['bound']:.2f}×"
+    return "–" if summary.get("geometric_mean") is None else f"{summary['geometric_mean']:.2f}×"
+
+
+def headline_lines(found: dict[str, Any]) -> list[str]:
+    """One line per configuration, before the detailed verdicts: its final validation loss, and against its first
+    baseline (the baseline's own line has its loss alone) the token and wall-clock speedups, means over seeds."""
+    first: dict[str, dict[str, Any]] = {}
+    baselines: dict[str, float] = {}
+    for entries in found["baselines"].values():
+        for entry in entries:
+            first.setdefault(entry["configuration"], entry)
+            baselines.setdefault(entry["against"], entry["val_loss"]["baseline"])
+    lines = []
+    for label, loss in baselines.items():
+        if label not in first:
+            lines.append(f"- **{label}**: final validation loss {loss:.4f} (the baseline)")
+    for label, entry in first.items():
+        lines.append(f"- **{label}**: final validation loss {entry['val_loss']['configuration']:.4f}; token speedup "
+                     f"{_headline_ratio(entry['token_speedup'])}, wall-clock speedup "
+                     f"{_headline_ratio(entry['wall_clock_speedup'])} vs `{entry['against']}` "
+                     f"({entry['val_loss']['baseline']:.4f})")
+    return ["In one line each (means over seeds; the detail below):", "", *lines, ""] if lines else []
+
+
 def verdict_lines(found: dict[str, Any]) -> list[str]:
     """The report's section (empty when no configuration has a verdict)."""
     if not found["baselines"]:
@@ -359,6 +425,7 @@ def verdict_lines(found: dict[str, Any]) -> list[str]:
              "× tokens/s over the device's peak. Speedups and the MFU ratio over seeds: geometric mean [95 % interval]"
              " on the log scale, paired t-test of the logs; Holm: adjusted over the configurations against one "
              "baseline, per measure. `verdicts.json` holds every value and bound per seed.", ""]
+    lines += headline_lines(found)
     if not stats.available():
         lines += [stats.NO_STATISTICS, ""]
     for baseline, entries in found["baselines"].items():
