@@ -20,13 +20,18 @@ $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e '.[test]'
 	touch $@
 
-# Train residual, mhc and s2hc (n = 4) on the embedded corpus and write runs/demo/report.md (a new demo each time).
+# Train residual, mhc and s2hc (n = 4) on the embedded corpus and write runs/demo/report.md (a new demo each time;
+# DEMO_RESUME=1 goes on with the one in DEMO_OUT, after Ctrl-C). A short one (DEMO_STEPS) evaluates five times, at
+# every ceil(DEMO_STEPS / 5) steps, so its curves and speedups have points to read.
 # CI runs a short one in a fresh environment: make demo VENV=/tmp/v DEMO_STEPS=3 DEMO_OUT=/tmp/demo
 DEMO_OUT ?= runs/demo
 DEMO_STEPS ?=
+DEMO_RESUME ?=
+DEMO_EVAL_EVERY = $(shell expr \( $(DEMO_STEPS) + 4 \) / 5)
 demo: $(DEMO_STAMP)
 	$(VENV)/bin/s2hc compare --config configs/demo-tiny.yaml --families residual,mhc,s2hc --streams 4 \
-		--out $(DEMO_OUT) --overwrite $(if $(DEMO_STEPS),--max-steps $(DEMO_STEPS) --eval-every $(DEMO_STEPS))
+		--out $(DEMO_OUT) $(if $(DEMO_RESUME),--resume,--overwrite) \
+		$(if $(DEMO_STEPS),--max-steps $(DEMO_STEPS) --eval-every $(DEMO_EVAL_EVERY))
 
 # Lint (ruff, configured in pyproject.toml), then the whole suite.
 test: $(TEST_STAMP)

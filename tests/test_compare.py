@@ -4,7 +4,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -17,6 +21,7 @@ from s2hc.study import compare, compare_spec, load_spec, run_study, write_report
 from s2hc.study import stats as study_stats
 
 FAMILIES = ["residual", "s2hc", "mhc"]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -226,3 +231,55 @@ def test_train_family_takes_key_value():
     args = build_parser().parse_args(["train", "--family", "mhc:bogus"])
     with pytest.raises(ValueError, match="argument --family"):
         training_config(args, family=args.family)
+
+
+def test_compare_sets_and_says_the_threads_of_its_runs(base, tmp_path, monkeypatch):
+    """Each run (a process) gets the cores shared out over the runs at a time (OMP_NUM_THREADS), and the first line
+    says so; the environment is as it was afterwards."""
+    from s2hc.study import comparison
+
+    seen = {}
+
+    def fake_run_study(spec, out, **kwargs):
+        seen.update(omp=os.environ.get("OMP_NUM_THREADS"), mkl=os.environ.get("MKL_NUM_THREADS"))
+        return tmp_path / "report.md"
+
+    monkeypatch.setattr(comparison, "run_study", fake_run_study)
+    monkeypatch.setattr(comparison, "available_cores", lambda: 6)
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    lines: list[str] = []
+    comparison.compare(base.replace(device="cpu"), ["residual"], out=tmp_path / "c", log=lines.append)
+    assert seen == {"omp": "6", "mkl": "6"} and "OMP_NUM_THREADS" not in os.environ
+    assert lines[0] == "each run trains with 6 torch thread(s): 6 core(s), 1 run at a time"
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's own choice wins, and is named
+    lines.clear()
+    comparison.compare(base.replace(device="cpu"), ["residual"], out=tmp_path / "d", log=lines.append)
+    assert seen["omp"] == "2" and lines[0].endswith("2 torch thread(s): 6 core(s), 1 run at a time (OMP_NUM_THREADS)")
+
+
+def test_a_stopped_compare_prints_the_command_that_goes_on(monkeypatch):
+    from s2hc.cli.train import _resume_hint
+
+    monkeypatch.delenv("MAKELEVEL", raising=False)
+    argv = ["compare", "--config", "configs/demo tiny.yaml", "--families", "residual,mhc", "--out", "runs/demo",
+            "--overwrite", "--max-steps", "20"]
+    assert _resume_hint(argv) == ("`s2hc compare --config 'configs/demo tiny.yaml' --families residual,mhc --out "
+                                  "runs/demo --max-steps 20 --resume`")
+    monkeypatch.setenv("MAKELEVEL", "1")
+    assert _resume_hint(argv).endswith("(from `make demo`: the same make command with DEMO_RESUME=1)")
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize(("variables", "expected"), [
+    ([], "--out runs/demo --overwrite"),
+    (["DEMO_STEPS=20"], "--out runs/demo --overwrite --max-steps 20 --eval-every 4"),  # five evaluations
+    (["DEMO_STEPS=3"], "--out runs/demo --overwrite --max-steps 3 --eval-every 1"),
+    (["DEMO_STEPS=20", "DEMO_RESUME=1"], "--out runs/demo --resume --max-steps 20 --eval-every 4"),
+])
+def test_make_demo_evaluates_a_short_demo_several_times_and_resumes(variables, expected, tmp_path):
+    result = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}", *variables], cwd=ROOT,
+                            capture_output=True, text=True, check=True)
+    command = " ".join(result.stdout.replace("\\\n", " ").split())
+    assert "s2hc compare --config configs/demo-tiny.yaml" in command
+    assert command.endswith(expected), command

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from typing import TYPE_CHECKING
 
@@ -256,17 +257,27 @@ def run_compare(args: argparse.Namespace) -> int:
                              resume=args.resume, overwrite=args.overwrite, family_options=options,
                              log=lambda line: print(f"s2hc compare: {line}", file=sys.stderr, flush=True))
         except StudyInterrupted as error:  # the runs saved checkpoints; --resume goes on from them
-            print(f"s2hc compare: stopped by signal {error.signum}; the runs saved their checkpoints: run the same "
-                  "command with --resume (in place of --overwrite) to go on", file=sys.stderr)
+            print(f"s2hc compare: stopped by signal {error.signum}; the runs saved their checkpoints: go on with "
+                  f"{_resume_hint(args.argv)}", file=sys.stderr)
             return 128 + error.signum
         except StudyFailed as error:
-            print(f"s2hc compare: {error} with --resume (in place of --overwrite)", file=sys.stderr)
+            print(f"s2hc compare: {error} with --resume: {_resume_hint(args.argv)}", file=sys.stderr)
             return 1
         print(report.read_text())
         print(f"Report: {report}")
         return 0
 
     return _run_training(args, run)
+
+
+def _resume_hint(argv: list[str]) -> str:
+    """The command that goes on with a comparison ``s2hc <argv>`` stopped: the same, with ``--resume`` in place of
+    ``--overwrite``, in full (to copy); and, under make (``make demo``), the make variable that does it."""
+    words = [word for word in argv if word != "--overwrite"]
+    command = "`s2hc " + shlex.join(words + ([] if "--resume" in words else ["--resume"])) + "`"
+    if os.environ.get("MAKELEVEL"):  # started by make: `make demo` goes on with DEMO_RESUME=1
+        command += " (from `make demo`: the same make command with DEMO_RESUME=1)"
+    return command
 
 
 def _without_option(argv: list[str], option: str) -> list[str]:

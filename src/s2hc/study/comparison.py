@@ -16,8 +16,12 @@ the study's (``OUT/runs/residual-seed1337/``, ...). What differs is how an exist
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..config import TrainConfig, check_seed_count
 from ..connection import forms
@@ -94,7 +98,45 @@ def compare(base: TrainConfig, families: list[str | tuple[str, dict]], seeds: in
                          f"({', '.join(run.name for run in runs)}); check --out, or drop --resume to start them")
     for run in runs:  # all refusals before the first run starts
         check_run_directory(run.run_dir, resume=resume and holds_run(run.run_dir), overwrite=overwrite)
-    return run_study(spec, out, jobs=1, device=base.device, log=log, strict=False, fresh=overwrite)
+    jobs = 1
+    threads = run_threads(jobs, base.device)
+    if threads is not None and log is not None:
+        log(f"each run trains with {threads} torch thread(s): {available_cores()} core(s), {jobs} run at a time"
+            + (" (OMP_NUM_THREADS)" if os.environ.get("OMP_NUM_THREADS") else ""))
+    with _thread_environment(threads):
+        return run_study(spec, out, jobs=jobs, device=base.device, log=log, strict=False, fresh=overwrite)
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def run_threads(jobs: int, device: str) -> int | None:
+    """The torch threads each of ``jobs`` concurrent training runs gets on a CPU: ``OMP_NUM_THREADS`` when set,
+    else the cores shared out (at least 1); None where the runs train on a GPU (``device``)."""
+    if device != "cpu" and torch.cuda.is_available():
+        return None
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else max(1, available_cores() // jobs)
+
+
+@contextlib.contextmanager
+def _thread_environment(threads: int | None):
+    """``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` set to ``threads`` for the runs started inside (each run is a
+    process that inherits them), as they were afterwards."""
+    names = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    before = {name: os.environ.get(name) for name in names}
+    if threads is not None:
+        os.environ.update(dict.fromkeys(names, str(threads)))
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 __all__ = ["TITLE", "compare", "compare_spec"]
