@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def test_a_registration_field_of_the_wrong_kind_is_one_line(key, value, message,
     config = _config(tmp_path, {**STUDY, "preregistered": {**REGISTERED, key: value}})
     assert main(["study", str(config), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and str(config) in err and f"preregistered: {message}" in err, err
+    assert len(err.splitlines()) == 1 and str(config.with_suffix("")) in err and f"preregistered: {message}" in err, err
     assert not (tmp_path / "out").exists()
 
 
@@ -160,3 +161,106 @@ def test_results_and_report_say_where_the_commit_came_from():
                                 "unknown)" in text
     assert ("- Invocations in this directory (study.json lists them): 2, commit `abc1234` (1×); commit unknown: s2hc "
             "did not run from a git checkout (1×).") in text
+
+
+# ---------------------------------------------------------------------- a registration and settings that hold
+
+TINY = {
+    "train": {"preset": "tiny", "model_overrides": {"dim": 32, "n_layers": 1, "n_heads": 2, "ffn_dim": 64,
+                                                    "stream_reduce": "mean"},
+              "seq_len": 32, "batch_size": 2, "max_steps": 2, "eval_every": 1, "eval_batches": 1, "log_every": 1,
+              "dtype": "float32", "device": "cpu"},
+    "families": ["mhc", "mhc:gate_init=residual"], "seeds": 2, "diagnostics_tokens": 64, "baselines": [],
+    "preregistered": REGISTERED,
+}
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> Path:
+    """A pre-registered study of four tiny runs, every one measured."""
+    root = tmp_path_factory.mktemp("registered")
+    config = _config(root, TINY)
+    assert main(["study", str(config), "--out", str(root / "out"), "--jobs", "2"]) == 0
+    return root / "out"
+
+
+def _copy(measured: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(measured, out)
+    return out
+
+
+def test_the_registration_is_recorded_before_the_runs_and_said_so(measured):
+    recorded = json.loads((measured / "study.json").read_text())["registration"]
+    assert recorded["runs_existing"] == 0 and recorded["preregistered"]["alpha"] == 0.05
+    assert json.loads((measured / "results.json").read_text())["registration"] == recorded
+    report = (measured / "report.md").read_text()
+    assert "## Pre-registered test (confirmatory)" in report
+    assert "Registered 2026-12-04, before these runs (study.json recorded it before any of them existed)" in report
+
+
+@pytest.mark.parametrize("change, said", [
+    ({"alpha": 0.1}, "preregistered.alpha: 0.05 -> 0.1"),
+    ({"alternative": "greater"}, 'preregistered.alternative: "less" -> "greater"'),
+    ({"hypothesis": "another"}, 'preregistered.hypothesis: "the residual start lowers the loss" -> "another"'),
+    (None, "preregistered: {"),  # the registration removed
+])
+def test_a_registration_changed_over_measured_runs_is_refused_naming_the_field(change, said, measured, tmp_path,
+                                                                               capsys):
+    out = _copy(measured, tmp_path)
+    study = {**TINY, "preregistered": {**REGISTERED, **change}} if change else {
+        k: v for k, v in TINY.items() if k != "preregistered"}
+    before = (out / "report.md").read_text()
+    assert main(["study", str(_config(tmp_path, study)), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and said in err and "4 of its runs exist" in err and "--new-registration" in err
+    assert (out / "report.md").read_text() == before
+
+
+def test_a_new_registration_over_the_runs_is_labelled_as_made_after_them(measured, tmp_path):
+    out = _copy(measured, tmp_path)
+    config = _config(tmp_path, {**TINY, "preregistered": {**REGISTERED, "alternative": "greater"}})
+    assert main(["study", str(config), "--out", str(out), "--new-registration"]) == 0
+    recorded = json.loads((out / "study.json").read_text())["registration"]
+    assert recorded["runs_existing"] == 4 and recorded["preregistered"]["alternative"] == "greater"
+    assert recorded["superseded"][0]["preregistered"]["alternative"] == "less"
+    report = (out / "report.md").read_text()
+    assert "## Registered test, made after the runs (exploratory)" in report and "before these runs" not in report
+    assert "recorded when 4 of this study's runs already existed (replacing 1 earlier registration" in report
+    assert main(["study", str(config), "--out", str(out)]) == 0  # the record is this one now: it stands
+
+
+def test_a_hand_edited_registration_in_results_json_is_refused(measured, tmp_path, capsys):
+    out = _copy(measured, tmp_path)
+    results = json.loads((out / "results.json").read_text())
+    results["study"]["preregistered"]["alpha"] = 0.2
+    (out / "results.json").write_text(json.dumps(results))
+    assert main(["study", "--report-only", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "preregistered.alpha: 0.05 -> 0.2" in err
+
+
+def test_without_study_json_runs_are_reused_only_when_every_training_setting_matches(measured, tmp_path, capsys):
+    out = _copy(measured, tmp_path)
+    (out / "study.json").unlink()  # as the message on a damaged one advises
+    longer = _config(tmp_path, {**TINY, "train": {**TINY["train"], "max_steps": 3}})
+    assert main(["study", str(longer), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "was trained with max_steps 2 (the grid: 3)" in err
+    shutil.rmtree(out / "runs")  # the rows alone say it too
+    assert main(["study", str(longer), "--out", str(out)]) == 2
+    assert "rows/mhc-n4-seed0.json was trained with max_steps 2 (the grid: 3)" in capsys.readouterr().err
+
+
+def test_a_logger_changes_no_run_and_a_registration_recorded_over_runs_says_so(measured, tmp_path, capsys):
+    out = _copy(measured, tmp_path)
+    (out / "study.json").unlink()
+    assert main(["study", str(_config(tmp_path, TINY)), "--out", str(out), "--logger", "csv"]) == 0
+    assert "4 runs: 4 done, 0 to measure, 0 to train" in capsys.readouterr().err
+    assert "## Registered test, made after the runs (exploratory)" in (out / "report.md").read_text()
+
+
+def test_settings_that_differ_only_in_what_a_run_shows_are_one_setting():
+    with pytest.raises(ValueError) as error:
+        parse_spec({"families": ["residual", "mhc"], "settings": [{"logger": "csv"}, {"logger": "tensorboard"}]})
+    assert "settings[0] and settings[1] train the same runs" in str(error.value) and "\n" not in str(error.value)

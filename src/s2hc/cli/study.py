@@ -43,6 +43,10 @@ def register(subparsers) -> None:
                         help="write the run configs and print the `s2hc train` command of every unfinished run, for a "
                         "scheduler; then call the study again to measure them and write the report")
     parser.add_argument("--report-only", action="store_true", help="rebuild DIR/report.md from DIR/results.json alone")
+    parser.add_argument("--new-registration", action="store_true",
+                        help="the config's preregistered test differs from the one DIR/study.json recorded and runs "
+                        "exist: record it as a new registration made after those runs (the report says so; without "
+                        "this flag the study refuses)")
     parser.set_defaults(func=run, subparser=parser)
 
 
@@ -53,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
     from .configs import read_config
 
     if args.report_only:
-        if args.config or args.set or args.print_commands or args.logger:
-            args.subparser.error("--report-only reads DIR/results.json alone: drop CONFIG, --set, --logger and "
-                                 "--print-commands")
+        if args.config or args.set or args.print_commands or args.logger or args.new_registration:
+            args.subparser.error("--report-only reads DIR/results.json alone: drop CONFIG, --set, --logger, "
+                                 "--new-registration and --print-commands")
         print(f"Report: {write_report(args.out)}")
         return 0
     if args.config is None:
@@ -65,12 +69,13 @@ def run(args: argparse.Namespace) -> int:
     spec = parse_spec(values, overrides, source=source)
     path = config_path(args.config)  # where the commit is read when s2hc is not a checkout (an installed package)
     if args.print_commands:
-        commands = print_commands(spec, args.out, config=path)
+        commands = print_commands(spec, args.out, config=path, new_registration=args.new_registration)
         print("\n".join(commands) if commands else "# every run is finished")
         print(f"# then: s2hc study {args.config} --out {args.out}   (measures the runs and writes the report)")
         return 0
     try:
-        report = run_study(spec, args.out, jobs=args.jobs, device=args.device, config=path)
+        report = run_study(spec, args.out, jobs=args.jobs, device=args.device, config=path,
+                           new_registration=args.new_registration)
     except StudyInterrupted as error:
         print(f"s2hc study: {error}", file=sys.stderr)
         return 128 + error.signum

@@ -28,6 +28,7 @@ exploratory.
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import statistics
 from collections.abc import Callable
@@ -97,6 +98,18 @@ def parse_preregistered(value: Any, configurations: tuple, resolve: Callable[[An
             "measure": measure, "contrasts": labels, **chosen, "alpha": float(alpha)}
 
 
+def changed_fields(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
+    """``preregistered.alpha: 0.05 -> 0.1`` for each field of a registration that differs from ``old`` to ``new``
+    (the whole block where one side has none)."""
+    def text(value: Any) -> str:
+        shown = json.dumps(value, ensure_ascii=False, default=str)
+        return shown if len(shown) <= 80 else shown[:77] + "..."
+    if old is None or new is None:
+        return [f"preregistered: {'none' if old is None else text(old)} -> {'none' if new is None else text(new)}"]
+    return [f"preregistered.{key}: {text(old.get(key))} -> {text(new.get(key))}"
+            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+
+
 def _kind(value: Any) -> str:
     """``a list``, ``a mapping``, ``a string``: what a YAML value is, in words."""
     kinds = {list: "a list", dict: "a mapping", str: "a string", bool: "a boolean", type(None): "nothing"}
@@ -161,14 +174,35 @@ def _entry(name: str, per_seed_values: dict[int, float], alternative: str, alpha
             "ci95": summary["ci95"], "p": p, "rejected": p < alpha}
 
 
+CONFIRMATORY = "## Pre-registered test (confirmatory)"
+
+
+def _when(results: dict[str, Any], date: str) -> tuple[str, str]:
+    """The section's heading and what it says of when the test was registered, from the record the study keeps
+    (``results["registration"]``, ``runs_existing``: how many of its runs existed when it was recorded): before the
+    runs only where that record says so."""
+    record = results.get("registration")
+    existing = record.get("runs_existing") if isinstance(record, dict) else None
+    if existing == 0:
+        return CONFIRMATORY, f"Registered {date}, before these runs (study.json recorded it before any of them existed)"
+    if existing is None:
+        return CONFIRMATORY, (f"Registered {date} as the config dates it (these results predate the record of when a "
+                              "registration was made against the runs: that it came first is not checked here)")
+    earlier = len(record.get("superseded") or [])
+    return ("## Registered test, made after the runs (exploratory)",
+            f"Registered {date} as the config dates it, but recorded when {existing} of this study's runs already "
+            "existed (" + (f"replacing {earlier} earlier registration{'s' * (earlier > 1)}; " if earlier else "")
+            + "not written before the runs, so exploratory like the rest of the report)")
+
+
 def report_lines(results: dict[str, Any]) -> list[str]:
     """The report's confirmatory section; empty without a registration."""
     test = evaluate(results)
     if test is None:
         return []
     sided = {"less": "one-sided, H1: below 0", "greater": "one-sided, H1: above 0", "two-sided": "two-sided"}
-    lines = ["## Pre-registered test (confirmatory)", "",
-             f"Registered {test['registered']}, before these runs: *{test['hypothesis']}*", "",
+    heading, when = _when(results, test["registered"])
+    lines = [heading, "", f"{when}: *{test['hypothesis']}*", "",
              f"Measure: {test['measure']}; per seed, the first configuration minus the second; the primary test is "
              f"one t-test on the mean of the {len(test['contrasts'])} contrasts per seed ({sided[test['alternative']]}"
              f", α = {test['alpha']}); the secondary tests take each contrast alone, Holm-adjusted over them. "

@@ -628,6 +628,14 @@ def check_results(results: dict[str, Any], path: Path) -> None:
                          "list), as the study writes it")
     if not isinstance(results["rows"], list):
         raise ValueError(f"{where!r}: 'rows' is {_what(results['rows'])}, not a list of rows")
+    record = results.get("registration", _ABSENT)
+    if record is not _ABSENT:  # the test the report decides must be the one recorded against the runs
+        recorded = record.get("preregistered") if isinstance(record, dict) else _ABSENT
+        if recorded is _ABSENT or recorded != study.get("preregistered"):
+            changed = ("'registration' is not a record" if recorded is _ABSENT else
+                       "; ".join(preregistered.changed_fields(recorded, study.get("preregistered"))))
+            raise ValueError(f"{where!r}: study.preregistered differs from the registration recorded against the "
+                             f"runs ({changed}); the report decides the recorded test only: restore it")
     for index, row in enumerate(results["rows"]):
         if not isinstance(row, dict):
             raise ValueError(f"{where!r}: rows[{index}] is {_what(row)}, not a row (a mapping)")

@@ -35,18 +35,20 @@ import torch
 import yaml
 
 from .. import __version__
-from ..config import BEFORE_FIELD, load_yaml_config, shown_fields
+from ..config import BEFORE_FIELD, TrainConfig, completed_settings, load_yaml_config, shown_fields
 from ..devices import resolve_device
 from ..extras import check_available
 from ..io import atomic_write_text, check_output_dir, read_json_object
-from ..rundir import RunLock, holds_run, read_metrics, saved_step
+from ..rundir import RunLock, holds_run, read_config, read_metrics, saved_step
 from ..rundir.guard import clear_run
 from ..train.processes import die_with_parent_env, stop_processes
 from .measure import ROW_VERSION, measure_run
+from .preregistered import changed_fields
 from .report import REPORT, REPORT_PACKAGES, RESULTS, RUNS, STUDY_FILE, write_report
 from .spec import Configuration, StudySpec
 
 STUDY = STUDY_FILE
+REGISTRATION = "registration"  # study.json's (and results.json's) record of the registered test
 STOP_GRACE_S = 60.0  # how long a run asked to stop may take to finish its step and save before it is killed
 
 
@@ -177,11 +179,15 @@ def _recorded_grid(path: Path, recorded: dict[str, Any]) -> dict[str, Any]:
     return grid
 
 
-def prepare(spec: StudySpec, out: Path, *, code: dict[str, Any] | None = None, action: str = "run") -> list[Run]:
+def prepare(spec: StudySpec, out: Path, *, code: dict[str, Any] | None = None, action: str = "run",
+            new_registration: bool = False) -> list[Run]:
     """Write ``study.json`` and every run's config; ValueError when ``out`` holds a study whose runs the grid
-    would not keep (other training settings, or configurations or seeds left out); MissingExtra when a run
-    needs an optional package that is not installed. ``study.json`` keeps every invocation (``invocations``:
-    when, ``action``, and ``code``, the :func:`provenance` of the code that ran)."""
+    would not keep (other training settings, or configurations or seeds left out), a run or row trained with other
+    settings than the grid gives it (:func:`_check_trained`), or a registered test other than the one recorded once
+    runs exist (:func:`_registration`; ``new_registration``: record it as made after them instead); MissingExtra
+    when a run needs an optional package that is not installed. ``study.json`` keeps every invocation
+    (``invocations``: when, ``action``, and ``code``, the :func:`provenance` of the code that ran) and the
+    registration (``registration``)."""
     for configuration, seed in spec.runs():  # before anything is written, as `s2hc train` checks
         spec.run_config(configuration, seed, out).check_extras()
     check_output_dir(out, "--out")
@@ -192,12 +198,15 @@ def prepare(spec: StudySpec, out: Path, *, code: dict[str, Any] | None = None, a
         raise ValueError(f"--out {str(out)!r} holds a study of another grid or training settings ({STUDY} "
                          "differs); a study may only grow (the same train settings, more configurations or seeds): "
                          "choose another --out, or remove that directory to start it again")
+    runs = [Run(configuration, seed, out) for configuration, seed in spec.runs()]
+    existing = _check_trained(spec, runs, vouched=previous is not None)
+    registration = _registration(spec, previous, existing, new_registration, out)
     invocations = (previous or {}).get("invocations")
     invocations = [*(invocations if isinstance(invocations, list) else []),
                    _invocation(action, provenance() if code is None else code)]
-    atomic_write_text(recorded, json.dumps({"grid": spec.grid(), "study": spec.to_dict(), "invocations": invocations},
+    atomic_write_text(recorded, json.dumps({"grid": spec.grid(), "study": spec.to_dict(), "invocations": invocations,
+                                            **({REGISTRATION: registration} if registration else {})},
                                            indent=2) + "\n")
-    runs = [Run(configuration, seed, out) for configuration, seed in spec.runs()]
     for run in runs:
         config = spec.run_config(run.configuration, run.seed, run.run_dir).to_dict()
         config.pop("out")
@@ -212,6 +221,93 @@ def prepare(spec: StudySpec, out: Path, *, code: dict[str, Any] | None = None, a
     return runs
 
 
+def trained_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """What decides what a run trains: its settings (a TrainConfig's dict, or a run's stored ``config.yaml``,
+    completed as :func:`~s2hc.config.completed_settings` reads it) as TrainConfig resolves them, less its directory
+    and what changes only what a run shows and where it logs (:func:`~s2hc.config.shown_fields`); as JSON holds
+    them, so that a row's record compares equal."""
+    values = TrainConfig.from_dict({**completed_settings(config), "out": "unused"}).to_dict()
+    aside = {"out", *shown_fields()}
+    return json.loads(json.dumps({k: v for k, v in values.items() if k not in aside}, default=repr))
+
+
+def _differences(found: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """``max_steps 2 (the grid: 3)`` for each setting ``found`` has otherwise than ``wanted`` (``model_overrides``
+    key by key)."""
+    out = []
+    for key in sorted(set(found) | set(wanted)):
+        a, b = found.get(key), wanted.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{key}.{line}" for line in _differences(a, b)]
+        elif a != b:
+            out.append(f"{key} {json.dumps(a)} (the grid: {json.dumps(b)})")
+    return out
+
+
+def _check_trained(spec: StudySpec, runs: list[Run], vouched: bool) -> int:
+    """How many of ``runs`` exist (a run directory or a measured row); ValueError in one line naming the run and
+    the settings when one was trained otherwise than the grid gives it: a run directory by its own config, a row by
+    the settings it records (``trained_with``). A row that records none (measured before rows did) is reused only
+    when ``vouched``: a ``study.json`` whose grid this one grows holds the settings it was trained with."""
+    existing = 0
+    for run in runs:
+        wanted = trained_settings(spec.run_config(run.configuration, run.seed, run.run_dir).to_dict())
+        row, stored = _row(run), read_config(run.run_dir) if holds_run(run.run_dir) else None
+        existing += row is not None or holds_run(run.run_dir)
+        for where, found in ((f"{RUNS}/{run.name}/", stored), (_row_where(run), (row or {}).get("trained_with"))):
+            if found is None:
+                continue
+            different = _differences(trained_settings(found) if where.startswith(RUNS) else found, wanted)
+            if different:
+                raise ValueError(
+                    f"--out {str(run.out)!r}: {where} was trained with {', '.join(different)}; a run is reused only "
+                    "when every training setting matches: choose another --out, or remove that run's row and "
+                    "directory to train it again")
+        if row is not None and "trained_with" not in row and stored is None and not vouched:
+            raise ValueError(
+                f"--out {str(run.out)!r}: {_row_where(run)} does not record the settings it was trained with (measured "
+                f"before rows recorded them) and {STUDY}, which recorded them, is gone: nothing says it is this grid's "
+                f"run; restore {STUDY}, or remove the row to train it again")
+    return existing
+
+
+def _row_where(run: Run) -> str:
+    """Where a run's row is read from: ``rows/NAME.json``, else the directory's ``results.json``."""
+    return f"rows/{run.name}.json" if run.row_path.is_file() else f"{RESULTS} (row {run.name})"
+
+
+def _registration(spec: StudySpec, previous: dict[str, Any] | None, existing: int, new: bool,
+                  out: Path) -> dict[str, Any] | None:
+    """The registration ``study.json`` keeps: ``preregistered`` (the block, normalised), ``recorded`` (when) and
+    ``runs_existing`` (how many of the grid's runs existed when it was recorded: 0, a registration before the runs;
+    None, carried over from a ``study.json`` that predates the record); earlier ones under ``superseded``. None
+    when neither this grid nor the record has one. ValueError in one line naming each changed field, old and new,
+    when the registration differs from the recorded one once runs exist, unless ``new``."""
+    block = json.loads(json.dumps(spec.preregistered)) if spec.preregistered is not None else None
+    record = (previous or {}).get(REGISTRATION)
+    if previous is not None and not isinstance(record, dict):  # a study.json from before the record
+        old = previous.get("study", {}).get("preregistered") if isinstance(previous.get("study"), dict) else None
+        record = None if old is None else {"preregistered": old, "recorded": None, "runs_existing": None}
+    if record is None and block is None:
+        return None
+    if record is not None and record.get("preregistered") == block:
+        if record.get("runs_existing") is None and not existing:  # nothing has run: it is before the runs after all
+            record = {**record, "runs_existing": 0}
+        return record
+    old = None if record is None else record.get("preregistered")
+    if existing and (record is not None or previous is not None) and not new:
+        changed = "; ".join(changed_fields(old, block))
+        raise ValueError(f"--out {str(out)!r}: the registered test differs from the one {STUDY} recorded for these "
+                         f"runs ({changed}), and {existing} of its runs exist: a registration cannot change once runs "
+                         "exist; restore it, or pass --new-registration to record this one as made after the runs (the "
+                         "report says so)")
+    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    superseded = [*(record.get("superseded") or []), {k: v for k, v in record.items() if k != "superseded"}] \
+        if record is not None else []
+    return {"preregistered": block, "recorded": at, "runs_existing": existing,
+            **({"superseded": superseded} if superseded else {})}
+
+
 def schedule_warnings(spec: StudySpec) -> list[str]:
     """The distinct :meth:`~s2hc.config.TrainConfig.schedule_warnings` of the grid's runs."""
     lines = (line for configuration, seed in spec.runs()
@@ -219,13 +315,15 @@ def schedule_warnings(spec: StudySpec) -> list[str]:
     return list(dict.fromkeys(lines))
 
 
-def print_commands(spec: StudySpec, out: Path, config: str | Path | None = None) -> list[str]:
+def print_commands(spec: StudySpec, out: Path, config: str | Path | None = None, new_registration: bool = False
+                   ) -> list[str]:
     """The shell commands of every run not yet finished, one per line (what a scheduler would run). ``config``:
-    the study config's file (where the commit is read when s2hc is not a checkout, :func:`provenance`)."""
+    the study config's file (where the commit is read when s2hc is not a checkout, :func:`provenance`);
+    ``new_registration``: as :func:`prepare`."""
     out = Path(out).expanduser()
     check_output_dir(out, "--out")
     with RunLock(out):
-        runs = prepare(spec, out, code=provenance(config), action="print-commands")
+        runs = prepare(spec, out, code=provenance(config), action="print-commands", new_registration=new_registration)
         return [shlex.join(train_command(run, spec.nproc)) for run in runs if _state(run, spec) in ("new", "started")]
 
 
@@ -388,7 +486,8 @@ def _signals_to(received: list[int]):
 
 
 def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "auto", log=None, *,
-              strict: bool = True, fresh: bool = False, config: str | Path | None = None) -> Path:
+              strict: bool = True, fresh: bool = False, config: str | Path | None = None,
+              new_registration: bool = False) -> Path:
     """Run every run of ``spec`` not yet finished in ``out``, measure each, write ``results.json`` and the report.
 
     ``jobs`` runs at a time; ``device`` measures the trained models (``auto``: a GPU when there is one).
@@ -396,7 +495,9 @@ def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "au
     extra (False: the report says what it leaves out, see :func:`.report.write_report`). ``fresh``: start this
     grid anew (``s2hc compare --overwrite``): its runs' directories, rows and logs and the recorded grid are
     removed first, under the lock (other runs in ``out`` are left alone). ``config``: the study config's file,
-    where the commit is read when s2hc does not run from a checkout (:func:`provenance`). Raises
+    where the commit is read when s2hc does not run from a checkout (:func:`provenance`). ``new_registration``:
+    record a registered test other than the recorded one, over existing runs, as made after them (:func:`prepare`
+    refuses it otherwise). Raises
     :class:`StudyInterrupted` after SIGINT/SIGTERM (the runs saved checkpoints) and :class:`StudyFailed` when a
     run failed (the others are finished and kept). Returns the report's path.
     """
@@ -411,7 +512,7 @@ def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "au
         if fresh:
             _start_anew(spec, out)
         code = provenance(config)
-        runs = prepare(spec, out, code=code)
+        runs = prepare(spec, out, code=code, new_registration=new_registration)
         for line in schedule_warnings(spec):
             log(f"warning: {line}")
         states = {run.name: _state(run, spec) for run in runs}
@@ -431,6 +532,8 @@ def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "au
         results = {"study": spec.to_dict(), "rows": rows,
                    "environment": {**_environment(time.monotonic() - started_at, jobs, code),
                                    "invocations": recorded.get("invocations", [])}}
+        if recorded.get(REGISTRATION):  # when the registered test was recorded, against the runs: the report says
+            results[REGISTRATION] = recorded[REGISTRATION]
         atomic_write_text(out / RESULTS, json.dumps(results, indent=1) + "\n")
         return write_report(out, strict=strict)
 
@@ -449,6 +552,7 @@ def _start_anew(spec: StudySpec, out: Path) -> None:
 
 def _measure(run: Run, spec: StudySpec, device: str, log) -> dict[str, Any]:
     row = measure_run(run.configuration, run.seed, run.run_dir, spec.diagnostics_tokens, device=device)
+    row["trained_with"] = trained_settings(read_config(run.run_dir))  # a later grid reuses it only if they match
     run.row_path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(run.row_path, json.dumps(row, indent=1) + "\n")
     if row["status"] == "diverged":

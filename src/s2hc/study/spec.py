@@ -53,6 +53,7 @@ from ..config import (
     grid_fields,
     load_yaml_config,
     parse_assignment,
+    shown_fields,
 )
 from ..connection import HyperConnection, forms
 from ..connection.forms import check_family, options
@@ -319,7 +320,8 @@ def parse_spec(values: dict[str, Any], overrides: list[str] = (), source: str = 
         if model in seen and seen[model][1] != number:
             raise ValueError(f"{source}: settings[{seen[model][1]}] and settings[{number}] train the same runs once "
                              f"train: and the defaults are applied ({seen[model][0].label!r} and "
-                             f"{configuration.label!r}); list each setting once")
+                             f"{configuration.label!r}; {', '.join(shown_fields())} change what a run shows, not what "
+                             "it trains); list each setting once")
         if model in seen:
             raise ValueError(f"{source}: {seen[model][0].label!r} and {configuration.label!r} are the same "
                              "configuration once the family's defaults are applied (it would be trained twice); list "
@@ -410,8 +412,12 @@ def _model_key(config: TrainConfig) -> tuple:
 def _training_key(config: TrainConfig) -> str:
     """What tells two grid points' training apart besides the family and its options (:func:`_model_key`): every
     other setting as the run resolves it (``lr: 1e-3`` and ``lr: 0.001``, a value equal to ``train:``'s or to the
-    default, keys in any order are one setting) and the model it builds; the seed and the run directory aside."""
-    aside = ("seed", "out", "family_options", MODEL_OVERRIDES)  # the last two: in the model, resolved
+    default, keys in any order are one setting) and the model it builds; the seed, the run directory and what
+    only shows (:func:`~s2hc.config.shown_fields`: ``logger: csv`` and ``logger: tensorboard`` train one model)
+    aside."""
+    # the last two: in the model, resolved; the shown fields (the loggers, the bar) change what a run shows, not what
+    # it trains: two settings that differ only there would train the same model twice
+    aside = ("seed", "out", "family_options", MODEL_OVERRIDES, *shown_fields())
     settings = {k: v for k, v in config.to_dict().items() if k not in aside}
     model = {k: v for k, v in config.model_config().to_dict().items() if k != "family_options"}
     return json.dumps({"train": settings, "model": model}, sort_keys=True, default=repr)
