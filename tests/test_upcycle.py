@@ -213,6 +213,17 @@ def test_an_upcycled_model_exports_and_loads_in_transformers(arch, tmp_path):
         assert (loaded(input_ids=ids).logits - reference(input_ids=ids).logits).abs().max() <= TOLERANCE
 
 
+def test_the_upcycle_help_names_every_architecture_it_reads(capsys):
+    from s2hc.hf import architectures
+
+    assert main(["upcycle", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for model_type in architectures.model_types():
+        assert model_type in text, model_type
+    for name in ("Qwen3", "Qwen2.5", "Gemma3", "GPT-2", "Llama", "Mistral"):
+        assert name in text, name
+
+
 def test_an_unsupported_architecture_is_refused_and_nothing_is_written(tmp_path, capsys):
     directory = tmp_path / "falcon"
     directory.mkdir()

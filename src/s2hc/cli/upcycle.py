@@ -29,7 +29,9 @@ def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "upcycle", help=SUMMARY["upcycle"],
         description="Write RUN_DIR, a run directory at step 0 whose model computes what SOURCE computes (a Hugging "
-        "Face Qwen3, Qwen2.5, Gemma3 or GPT-2 directory, or a residual s2hc run): the streams start as copies, "
+        "Face Qwen3, Qwen2 / Qwen2.5, Gemma3, GPT-2, Llama (2, 3) or Mistral directory, config.json's model_type "
+        "one of qwen3, qwen2, gemma3 (gemma3_text), gpt2, llama, mistral; or a residual s2hc run): the streams "
+        "start as copies, "
         "the read is uniform, the writes sum to n without being uniform (so the streams separate and the mixing "
         "learns from the first step), and H_res keeps the streams' mean. Continue with `s2hc train --init-from "
         "RUN_DIR --out NEW ...`; eval, diagnose, export and generate work on RUN_DIR. See docs/upcycling.md.",
