@@ -11,7 +11,10 @@ import os
 
 import torch
 
-collect_ignore = []
+# tests/torchtitan_cpu patches torchtitan when imported: only the runs of tests/test_torchtitan.py load it.
+collect_ignore = ["tests/torchtitan_cpu"]
+if importlib.util.find_spec("torchtitan") is None or importlib.util.find_spec("triton") is None:
+    collect_ignore.append("src/s2hc/torchtitan")  # the torchtitan extra's own modules
 if importlib.util.find_spec("triton") is None:
     collect_ignore.append("src/s2hc/connection/kernels.py")
 elif not torch.cuda.is_available():

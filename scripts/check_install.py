@@ -25,7 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 #: Modules that are the extra's own code: they raise MissingExtra on import without it (everything else imports).
-EXTRA_MODULES = {"s2hc.hf": "hf", "s2hc.evaluate.harness": "eval", "s2hc.connection.kernels": "triton"}
+EXTRA_MODULES = {"s2hc.hf": "hf", "s2hc.evaluate.harness": "eval", "s2hc.connection.kernels": "triton",
+                 "s2hc.torchtitan": "torchtitan"}
 
 # Small enough to take seconds on a CPU: the tiny preset cut down.
 TINY = ["--preset", "tiny", "--set", "model_overrides={dim: 32, n_layers: 1, n_heads: 2, ffn_dim: 64}",

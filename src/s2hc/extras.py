@@ -36,6 +36,7 @@ EXTRA_OF = {
     "tensorboard": "tensorboard",
     "wandb": "wandb",
     "mlflow": "mlflow",
+    "torchtitan": "torchtitan",
 }
 
 
