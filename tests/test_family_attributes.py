@@ -47,6 +47,10 @@ REFUSED = {
     "gate projections) keeps the streams identical copies under every gradient step",
     "attn-res": "its sublayers read the mean of their sources, the residual sum's direction but not its scale, so it "
     "starts as the source only up to the norms' epsilon",
+    "vp-residual": "it has one stream, and α x + β F(x) with α² + β² = 1 is never x + F(x): no start of it computes "
+    "the residual model",
+    "affine-residual": "it has one stream, like the source: nothing to widen; it starts as x + F(x) (scales 1, biases "
+    "0), so a residual model's weights load into it with its function as they are",
 }
 
 

@@ -45,7 +45,8 @@ PROJECTIONS = r"(projection|read_down|read_up|write|read)"
 MATRICES = re.compile(r"(^(embed|pos_embed|lm_head)\.weight"
                       r"|\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)\.weight"
                       rf"|_hc\.{PROJECTIONS}|^stream_head\.{PROJECTIONS})$")
-CONNECTION_NORMS = re.compile(r"_hc\.norm_weight$")  # decay toward 1 under "all", but the gated residual's (1 + w)
+#: decay toward 1 under "all" (the connections' norms, the affine residual's scales), but the gated residual's (1 + w)
+CONNECTION_NORMS = re.compile(r"_hc\.(norm_weight|branch_scale|residual_scale)$")
 
 
 def model_of(family, n_streams, options, fields) -> Transformer:

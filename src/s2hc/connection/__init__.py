@@ -37,7 +37,8 @@ the modules it builds): the plain residual (:class:`~s2hc.connection.forms.Resid
 over each mixing family (:class:`HyperConnection`), Qwen's gated residual (:class:`GatedResidual` with its final read
 :class:`GatedHead`: no compute paths, it has one), Attention Residuals
 (:class:`~s2hc.connection.forms.AttnResConnection`) and the wide residual
-(:class:`~s2hc.connection.forms.WideResidual`);
+(:class:`~s2hc.connection.forms.WideResidual`), the one-stream residuals of production models
+(:class:`VPResidual`, :class:`AffineResidual`);
 :func:`build_connection` (:mod:`~s2hc.connection.build`) builds the right module for a family, and
 :class:`Connections` (:mod:`~s2hc.connection.stack`) every module a model of one family needs. Every one of them is a
 :class:`ConnectionModule` (:class:`Connection` around a branch, :class:`StreamHead` as the final read).
@@ -55,7 +56,16 @@ from __future__ import annotations
 from . import forms
 from .base import ComputePath, Connection, ConnectionModule, StreamHead
 from .build import build_connection, is_mixing_connection, projection_width, set_connection_options
-from .forms import AttnResConnection, AttnResHead, GatedHead, GatedResidual, ResidualConnection, WideResidual
+from .forms import (
+    AffineResidual,
+    AttnResConnection,
+    AttnResHead,
+    GatedHead,
+    GatedResidual,
+    ResidualConnection,
+    VPResidual,
+    WideResidual,
+)
 from .fused import CompiledPath, EagerPath, TritonPath
 from .init import GATE_INITS, PROJECTION_INITS, gate_biases, projection_std, residual_targets, upcycling_biases
 from .module import COMPUTE_OPTIONS, HyperConnection
@@ -66,9 +76,10 @@ from .streams import HyperHead, StreamScaling, expand_streams, reduce_streams
 
 __all__ = [
     "COMPILED", "COMPUTE_OPTIONS", "EAGER", "GATE_INITS", "KERNELS", "PROJECTION_INITS", "REFERENCE",
-    "AttnResConnection", "AttnResHead", "CompiledPath", "ComputePath", "Connection", "ConnectionModule",
+    "AffineResidual", "AttnResConnection", "AttnResHead", "CompiledPath", "ComputePath", "Connection",
+    "ConnectionModule",
     "Connections", "EagerPath", "GatedHead", "GatedResidual", "HyperConnection", "HyperHead", "ReferencePath",
-    "ResidualConnection", "StreamHead", "StreamScaling", "TritonPath", "WideResidual",
+    "ResidualConnection", "StreamHead", "StreamScaling", "TritonPath", "VPResidual", "WideResidual",
     "build_connection", "expand_streams", "forms", "gate_biases", "is_mixing_connection", "projection_std",
     "projection_width", "reduce_streams", "residual_targets", "select_path", "set_connection_options",
     "upcycling_biases",

@@ -6,7 +6,9 @@
 
 A family is a form: the plain residual (:mod:`~.residual`), a hyper-connection over each mixing family of
 :data:`s2hc.mixers.REGISTRY` (:mod:`~.hyper`), Qwen's gated residual (:mod:`~.gated_residual`), Attention
-Residuals (:mod:`~.attn_res`) and the wide residual (:mod:`~.wide_residual`). Adding a form is one module here
+Residuals (:mod:`~.attn_res`), the wide residual (:mod:`~.wide_residual`), and the one-stream residuals of
+production models: the variance-preserving residual (:mod:`~.vp_residual`: Muse Spark, Ergo, Beam) and the affine
+residual (:mod:`~.affine_residual`: ZAYA). Adding a form is one module here
 and one entry in :data:`FORMS` (docs/design.md section 4); what a form declares is :class:`ConnectionForm`.
 """
 
@@ -15,11 +17,13 @@ from __future__ import annotations
 from typing import Any
 
 from ... import mixers
+from .affine_residual import AFFINE_RESIDUAL, AffineResidual
 from .attn_res import ATTN_RES, AttnResConnection, AttnResHead
 from .base import CoefficientProbe, ConnectionForm
 from .gated_residual import GATED_RESIDUAL, GatedHead, GatedResidual
 from .hyper import HYPER_CONNECTION_OPTIONS, HyperConnectionForm
 from .residual import RESIDUAL, ResidualConnection
+from .vp_residual import VP_RESIDUAL, VPResidual
 from .wide_residual import WIDE_RESIDUAL, WideResidual
 
 #: Every form in the order ``s2hc.families()`` lists them: the residual, the mixing families in the design
@@ -30,6 +34,8 @@ FORMS: tuple[ConnectionForm, ...] = (
     GATED_RESIDUAL,
     ATTN_RES,
     WIDE_RESIDUAL,
+    VP_RESIDUAL,
+    AFFINE_RESIDUAL,
 )
 REGISTRY: dict[str, ConnectionForm] = {form.name: form for form in FORMS}
 
@@ -62,8 +68,8 @@ def options(family: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "ATTN_RES", "FORMS", "GATED_RESIDUAL", "HYPER_CONNECTION_OPTIONS", "REGISTRY", "RESIDUAL", "WIDE_RESIDUAL",
-    "AttnResConnection", "AttnResHead", "CoefficientProbe", "ConnectionForm", "GatedHead", "GatedResidual",
-    "HyperConnectionForm", "ResidualConnection", "WideResidual", "check_family",
-    "default_streams", "families", "get", "options",
+    "AFFINE_RESIDUAL", "ATTN_RES", "FORMS", "GATED_RESIDUAL", "HYPER_CONNECTION_OPTIONS", "REGISTRY", "RESIDUAL",
+    "VP_RESIDUAL", "WIDE_RESIDUAL", "AffineResidual", "AttnResConnection", "AttnResHead", "CoefficientProbe",
+    "ConnectionForm", "GatedHead", "GatedResidual", "HyperConnectionForm", "ResidualConnection", "VPResidual",
+    "WideResidual", "check_family", "default_streams", "families", "get", "options",
 ]
