@@ -137,7 +137,8 @@ def test_console_script_points_at_cli_main():
 def test_table_lists_every_family(capsys):
     assert cli.main(["params", "--layers", "28", "--dim", "1024", "--streams", "7"]) == 0
     out = capsys.readouterr().out
-    assert "| family | K | per sublayer | total | vs mHC | connection FLOPs / token (fwd) |" in out  # not the model's
+    assert ("| family | K | per sublayer | total | vs mHC | head | with head | vs mHC with head | "
+            "connection FLOPs / token (fwd) |") in out  # not the model's
     for name in s2hc.families():
         assert f"| {name} |" in out
     assert "25.7 M (25,693,808)" in out  # human and exact
@@ -242,3 +243,19 @@ def test_missing_subcommand_exits_2(capsys):
 def test_library_errors_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         count_connection_params(**kwargs)
+
+
+def test_the_gated_residuals_head_is_counted_as_a_trained_model_counts_it():
+    """``with head`` is what a model of the family counts as its connection parameters (a study row's
+    ``hc_params``): the connections and the learned read its default ``stream_reduce`` builds."""
+    from s2hc.models import Transformer, get_preset
+    from s2hc.params import param_table
+
+    rows = {row["family"]: row for row in param_table(["mhc", "gated-residual", "attn-res"], layers=2, dim=32,
+                                                         n_streams=4)}
+    for family, row in rows.items():
+        model = Transformer(get_preset("tiny", family=family, n_streams=1 if family == "attn-res" else 4,
+                                       n_layers=2, dim=32, n_heads=4, ffn_dim=64, vocab_size=64))
+        assert row["with_head"] == model.num_connection_params(), family
+    assert rows["gated-residual"]["head_params"] > 0 and rows["mhc"]["head_params"] == 0
+    assert rows["gated-residual"]["vs_mhc_with_head"] > rows["gated-residual"]["vs_mhc"]

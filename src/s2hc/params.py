@@ -100,15 +100,24 @@ def _count(
                              n_sublayers=sublayers, **options)
             for index in range(sublayers)
         ]
+        head = (form.build_head(dim, n_streams, norm_eps=1e-6, options=options)
+                if form.default_stream_reduce == "head" else None)
     mixer = getattr(connections[0], "mixer", None)  # the gated residual has none
     num_inputs = 0 if mixer is None else mixer.num_inputs
     counts = [sum(p.numel() for p in connection.parameters()) for connection in connections]
     total = sum(counts)
+    head_params = 0 if head is None else sum(p.numel() for p in head.parameters())
     return {
         "family": family,
         "K": num_inputs,
         "per_sublayer": counts[0] if len(set(counts)) == 1 else total / sublayers,
         "hc_params": total,
+        # the family's learned final read at its default stream_reduce ("head": the gated residual's gated read,
+        # AttnRes's output query), which a model of the family builds by default; 0 for "sum" / "mean"
+        "head_params": head_params,
+        # what a trained model counts as its connection parameters (Transformer.num_connection_params, a study
+        # row's hc_params): the connections and that head
+        "with_head": total + head_params,
         "n_streams": n_streams,
         "layers": layers,
         "dim": dim,
@@ -166,8 +175,11 @@ def param_table(
 
     Each row has ``family``, ``label`` (the family and its options, ``gated-residual:rank=16``), ``K`` (inputs per
     token of the constraint map, 0 for residual),
-    ``per_sublayer``, ``hc_params`` (the total), ``n_streams`` (1 for residual), ``layers``, ``dim``,
-    ``sublayers_per_layer``, ``sublayers`` and ``vs_mhc``: the ratio to ``mhc``'s total
+    ``per_sublayer``, ``hc_params`` (the connections' total), ``head_params`` (the family's learned final read at
+    its default ``stream_reduce``, 0 where that is ``"sum"``), ``with_head`` (the two together: what a model of the
+    family counts as its connection parameters, :meth:`s2hc.Transformer.num_connection_params`, a study row's
+    ``hc_params``), ``n_streams`` (1 for residual), ``layers``, ``dim``, ``sublayers_per_layer``, ``sublayers`` and
+    ``vs_mhc`` / ``vs_mhc_with_head``: the ratio of ``hc_params`` / ``with_head`` to ``mhc``'s
     (:data:`s2hc.mixers.REFERENCE_FAMILY`) when ``mhc`` is in the table, else None.
     """
     names = families() if names is None else list(names)
@@ -182,9 +194,11 @@ def param_table(
         row["label"] = family + "".join(f":{key}={value}" for key, value in options.items())
         if all(row["label"] != other["label"] for other in rows):
             rows.append(row)
-    reference = next((row["hc_params"] for row in rows if row["family"] == REFERENCE_FAMILY), None)
+    reference = next((row for row in rows if row["family"] == REFERENCE_FAMILY), None)
     for row in rows:
-        row["vs_mhc"] = row["hc_params"] / reference if reference else None
+        row["vs_mhc"] = row["hc_params"] / reference["hc_params"] if reference and reference["hc_params"] else None
+        row["vs_mhc_with_head"] = (row["with_head"] / reference["with_head"] if reference and reference["with_head"]
+                                   else None)
     return rows
 
 
@@ -206,9 +220,16 @@ def format_table(rows: list[dict]) -> str:
         per = row["per_sublayer"]
         per_text = f"{human(per)} ({per:,})" if isinstance(per, int) else f"{human(per)} ({per:,.1f})"
         total = f"{human(row['hc_params'])} ({row['hc_params']:,})"
+        head = row.get("head_params", 0)
+        with_head = row.get("with_head", row["hc_params"])
         flops = row.get("flops_per_token")
         cells.append([row.get("label", row["family"]), count(row["K"]), per_text, total, ratio(row["vs_mhc"]),
-                      "–" if flops is None else human(flops)])
+                      "–" if not head else f"{human(head)} ({head:,})", f"{human(with_head)} ({with_head:,})",
+                      ratio(row.get("vs_mhc_with_head")), "–" if flops is None else human(flops)])
     # the FLOPs are the connections' alone (s2hc.flops.connection_flops), not the model's: the header says so
-    header = ["family", "K", "per sublayer", "total", "vs mHC", "connection FLOPs / token (fwd)"]
-    return "\n".join(lines + table(header, cells))
+    header = ["family", "K", "per sublayer", "total", "vs mHC", "head", "with head", "vs mHC with head",
+              "connection FLOPs / token (fwd)"]
+    notes = ["", "total: the connections alone; head: the family's learned final read at its default stream_reduce "
+             "(the gated residual's gated read, AttnRes's output query; – for a sum or mean); with head: the two "
+             "together, what a trained model and a study row (hc_params) count as its connection parameters."]
+    return "\n".join(lines + table(header, cells) + notes)
