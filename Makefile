@@ -6,6 +6,9 @@ PIP := $(PY) -m pip install --quiet --disable-pip-version-check -c constraints.t
 # Each stamp records one install; it is redone when the package metadata or the pins change.
 DEMO_STAMP := $(VENV)/.installed-demo
 TEST_STAMP := $(VENV)/.installed-test
+# torchtitan's extra cannot share the test environment (pyproject.toml says why): its tests run in one of their own.
+TITAN_VENV := $(VENV)-torchtitan
+TITAN_STAMP := $(TITAN_VENV)/.installed-torchtitan
 
 .PHONY: demo test clean
 
@@ -18,6 +21,12 @@ $(DEMO_STAMP): pyproject.toml constraints.txt | $(PY)
 
 $(TEST_STAMP): pyproject.toml constraints.txt | $(PY)
 	$(PIP) -e '.[test]'
+	touch $@
+
+$(TITAN_STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(TITAN_VENV)
+	$(TITAN_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[torchtitan]' \
+		pytest hypothesis
 	touch $@
 
 # Train residual, mhc and s2hc (n = 4) on the embedded corpus and write runs/demo/report.md (a new demo each time;
@@ -33,10 +42,12 @@ demo: $(DEMO_STAMP)
 		--out $(DEMO_OUT) $(if $(DEMO_RESUME),--resume,--overwrite) \
 		$(if $(DEMO_STEPS),--max-steps $(DEMO_STEPS) --eval-every $(DEMO_EVAL_EVERY))
 
-# Lint (ruff, configured in pyproject.toml), then the whole suite.
-test: $(TEST_STAMP)
+# Lint (ruff, configured in pyproject.toml), then the whole suite; then the torchtitan integration's tests in its own
+# environment (in the test environment they skip, saying so).
+test: $(TEST_STAMP) $(TITAN_STAMP)
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
+	$(TITAN_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_torchtitan.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(TITAN_VENV) .pytest_cache .hypothesis
