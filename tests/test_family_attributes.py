@@ -36,7 +36,7 @@ PERMUTATION_FAMILIES = {"mhc-lite", "kromhc"}
 # its tolerance) keep a residual model's function; hc (unconstrained) and orthogonal (keeps norms, not sums) do not.
 # The wide residual starts as the residual model by construction (one block read, every block written), so it
 # keeps the source's function too; AttnRes reads means of its sources, which only the norms make equal.
-UPCYCLABLE = ["identity", "mhc", "mhc-lite", "kromhc", "s2hc", "isometric", "wide-residual"]
+UPCYCLABLE = ["identity", "mhc", "mhc-lite", "kromhc", "s2hc", "isometric", "ihc", "wide-residual"]
 REFUSED = {
     "residual": "it is the source's own family (one stream): there is nothing to upcycle",
     "hc": "its H_res is unconstrained, so nothing keeps its columns summing to 1 and the streams' sum stops "

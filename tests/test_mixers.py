@@ -52,6 +52,14 @@ EXPECTED = {
         orthogonal=True,
         closed_under_products=True,
     ),
+    "ihc": Guarantees(  # Hy4's independent HC: H_res = I
+        row_sums_one=True,
+        col_sums_one=True,
+        nonnegative=True,
+        spectral_norm_at_most_one=True,
+        orthogonal=True,
+        closed_under_products=True,
+    ),
 }
 
 
@@ -145,6 +153,7 @@ def test_num_inputs_per_family(name, n):
     factors = {2: [2], 3: [3], 4: [2, 2], 5: [5], 6: [2, 3], 8: [2, 2, 2], 12: [2, 2, 3]}[n]
     expected = {
         "identity": 0,
+        "ihc": 0,
         "hc": n * n,
         "mhc": n * n,
         "mhc-lite": math.factorial(n),
@@ -482,7 +491,7 @@ def test_float64_gradcheck(name, n, options):
     assert torch.autograd.gradcheck(mixer, (d,), eps=1e-6, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", [n for n in list(mixers.REGISTRY) if n != "identity"])
+@pytest.mark.parametrize("name", [n for n in list(mixers.REGISTRY) if n not in ("identity", "ihc")])  # no parameters
 def test_float64_gradcheck_through_parameters(name):
     """The map is differentiable in its own parameters (α, b, γ, spectrum bias) too."""
     g = torch.Generator().manual_seed(1)

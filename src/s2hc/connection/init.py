@@ -97,16 +97,24 @@ def residual_targets(n_streams: int, layer_index: int, spread: float = DEFAULT_S
 
 
 def upcycling_biases(n_streams: int, layer_index: int, spread: float = DEFAULT_SPREAD,
-                     pre_offset: float = 0.0) -> tuple[torch.Tensor, ...]:
+                     pre_offset: float = 0.0, post_scale: float = 2.0,
+                     post_offset: float = 0.0) -> tuple[torch.Tensor, ...]:
     """``(bias_pre, bias_post)`` ``(n,)`` float32 of a sigmoid-gated connection whose gates give
     :func:`residual_targets`. ``pre_offset``: a constant the connection adds to ``H_pre`` after its gate
-    (DeepSeek-V4's ``hc_eps``), taken off the gate's target so that ``H_pre`` is still ``1/n``."""
+    (DeepSeek-V4's ``hc_eps``), taken off the gate's target so that ``H_pre`` is still ``1/n``; likewise
+    ``H_post = post_scale · σ(b) + post_offset`` (2σ(b) but for Hy4's iHC). ValueError when a write target lies
+    outside that gate's range (a magnitude below ``1 + spread``)."""
     pre, post = residual_targets(n_streams, layer_index, spread)
-    return torch.logit(pre - pre_offset).float(), torch.logit(post / 2).float()  # H_pre = σ(b) + offset, 2σ(b)
+    share = (post - post_offset) / post_scale
+    if not bool(((share > 0) & (share < 1)).all()):
+        raise ValueError(f"the residual start's writes {sorted(set(post.tolist()))} lie outside the write gate's range "
+                         f"({post_offset}, {post_offset + post_scale}) (its magnitude {post_scale}); use a smaller "
+                         "spread or a larger magnitude")
+    return torch.logit(pre - pre_offset).float(), torch.logit(share).float()  # H_pre = σ(b) + offset, m σ(b) + offset
 
 
-def gate_biases(gate_init: str, gate: str, n_streams: int, layer_index: int,
-                pre_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def gate_biases(gate_init: str, gate: str, n_streams: int, layer_index: int, pre_offset: float = 0.0,
+                post_scale: float = 2.0, post_offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(bias_pre, bias_post)`` ``(n,)`` float32 for ``gate_init`` (:data:`GATE_INITS`) and the mixer's ``gate``
     (``"sigmoid"`` or ``"tanh"``), favouring stream ``layer_index mod n``; see the module docstring."""
     n, favoured = n_streams, layer_index % n_streams
@@ -114,7 +122,7 @@ def gate_biases(gate_init: str, gate: str, n_streams: int, layer_index: int,
         if gate == "tanh":  # b + α tanh(d) is b at d = 0: the targets themselves
             pre, post = residual_targets(n, layer_index)
             return (pre - pre_offset).float(), post.float()
-        return upcycling_biases(n, layer_index, pre_offset=pre_offset)
+        return upcycling_biases(n, layer_index, pre_offset=pre_offset, post_scale=post_scale, post_offset=post_offset)
     if gate == "tanh":  # HC: read one stream, write to all
         b_pre, b_post = torch.zeros(n), torch.ones(n)
         b_pre[favoured] = 1.0

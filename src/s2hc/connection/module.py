@@ -91,7 +91,9 @@ class HyperConnection(Connection):
     ``self.family`` is the family's name, ``self.mixer`` its constraint map (a :class:`s2hc.mixers.Mixer`). Two
     settings come from the mixer: ``mixer.pre_offset`` is added to ``H_pre`` after
     its gate and ``mixer.weighted_norm=False`` leaves the RMSNorm without a weight (``self.norm_weight`` is
-    None); only ``family="mhc", variant="deepseek-v4"`` changes them (DeepSeek-V4's mHC).
+    None); only ``family="mhc", variant="deepseek-v4"`` (DeepSeek-V4's mHC) and ``family="ihc"`` (Hy4's) change
+    them. ``ihc`` also sets ``H_post = mixer.post_scale · σ(·) + mixer.post_offset`` and, with
+    ``gate_init="papers"``, the biases its release starts at (``mixer.start_biases``).
     """
 
     projections = ("projection",)
@@ -143,7 +145,10 @@ class HyperConnection(Connection):
         self.alpha_post = scale_parameter(0.01)
         if gate_init == "residual" and n < 2:
             raise ValueError(f"gate_init='residual' needs n_streams >= 2 (H_pre = 1/n), got n_streams={n}")
-        b_pre, b_post = gate_biases(gate_init, self.mixer.gate, n, layer_index, self.mixer.pre_offset)
+        start = self.mixer.start_biases(layer_index) if self.gate_init == "papers" else None
+        b_pre, b_post = start if start is not None else gate_biases(
+            gate_init, self.mixer.gate, n, layer_index, self.mixer.pre_offset, self.mixer.post_scale,
+            self.mixer.post_offset)
         self.bias_pre = nn.Parameter(b_pre)
         self.bias_post = nn.Parameter(b_post)
 
@@ -181,7 +186,8 @@ class HyperConnection(Connection):
     def start_as_residual(self, spread: float = DEFAULT_SPREAD) -> None:
         """Upcycling's start (:func:`s2hc.connection.init.upcycling_biases`): the projection zero and the gates'
         biases such that the streams' mean follows the residual model the weights came from."""
-        pre, post = upcycling_biases(self.n_streams, self.layer_index, spread, self.mixer.pre_offset)
+        pre, post = upcycling_biases(self.n_streams, self.layer_index, spread, self.mixer.pre_offset,
+                                     self.mixer.post_scale, self.mixer.post_offset)
         self.projection.zero_()
         self.bias_pre.copy_(pre)
         self.bias_post.copy_(post)
@@ -233,9 +239,11 @@ class HyperConnection(Connection):
             post = bias_post + alpha_post * torch.tanh(d_post)
         else:
             pre = torch.sigmoid(alpha_pre * d_pre + bias_pre)
-            post = 2.0 * torch.sigmoid(alpha_post * d_post + bias_post)
-        if self.mixer.pre_offset:  # DeepSeek-V4's mHC: H_pre = σ(·) + hc_eps
+            post = self.mixer.post_scale * torch.sigmoid(alpha_post * d_post + bias_post)
+        if self.mixer.pre_offset:  # DeepSeek-V4's mHC and Hy4's iHC: H_pre = σ(·) + hc_eps
             pre = pre + self.mixer.pre_offset
+        if self.mixer.post_offset:  # Hy4's iHC: H_post = hc_magnitude · σ(·) + hc_eps
+            post = post + self.mixer.post_offset
         res = self.mixer(d_res, fused=path.fused_mixer)
         return pre, post, res.mT if self.transpose_res else res
 

@@ -84,23 +84,24 @@ class HyperHead(StreamHead):
 
     An alternative to :func:`reduce_streams` before the final norm: a model's with ``stream_reduce="head"``,
     one's own models', DeepSeek-V4's (:mod:`s2hc.hf.deepseek_v4` converts ``hc_fn``, ``hc_base``,
-    ``hc_scale``). Initialised like the connections: ``W = 0``, ``α = 0.01``, and ``b = 0``
-    (DeepSeek-V4's), so every stream starts with weight ``0.5 + hc_eps``: half the sum, which a following
-    RMSNorm turns into the sum's output up to its ``eps``. The weights are computed in at least float32 and
+    ``hc_scale``). Initialised like the connections: ``W = 0``, ``α = 0.01``, and ``b = bias_init``, 0 by
+    default (DeepSeek-V4's), so every stream starts with weight ``0.5 + hc_eps``: half the sum, which a following
+    RMSNorm turns into the sum's output up to its ``eps`` (Hy4's ``−log(n − 1)``: the mean, ``family="ihc"``).
+    The weights are computed in at least float32 and
     so is the weighted sum (once per model, as DeepSeek-V4 does), cast back to x's dtype; autocast off.
     """
 
     projections: tuple[str, ...] = ("projection",)
     output_read = "hyper-head"
 
-    def __init__(self, dim: int, n_streams: int, eps: float = 1e-6, hc_eps: float = 1e-6):
+    def __init__(self, dim: int, n_streams: int, eps: float = 1e-6, hc_eps: float = 1e-6, bias_init: float = 0.0):
         super().__init__()
         self.dim, self.n_streams = check_int("dim", dim), check_streams("n_streams", n_streams)
         self.eps = check_float("eps", eps, positive=True)
         self.hc_eps = check_float("hc_eps", hc_eps, minimum=0.0)
         self.projection = nn.Parameter(torch.zeros(n_streams * dim, n_streams))
         self.alpha = scale_parameter(0.01)
-        self.bias = nn.Parameter(torch.zeros(n_streams))
+        self.bias = nn.Parameter(torch.full((n_streams,), check_float("bias_init", bias_init)))
 
     def _check(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():

@@ -16,6 +16,7 @@ import inspect
 from .base import Guarantees, Mixer, coefficient_dtype
 from .hc import HCMixer
 from .identity import IdentityMixer
+from .ihc import IHCMixer
 from .isometric import IsometricMixer
 from .kromhc import KromHCMixer
 from .mhc import MHCMixer
@@ -34,6 +35,7 @@ REGISTRY: dict[str, type[Mixer]] = {
         S2HCMixer,
         OrthogonalMixer,
         IsometricMixer,
+        IHCMixer,
     )
 }
 

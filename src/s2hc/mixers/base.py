@@ -47,8 +47,9 @@ class Mixer(nn.Module):
 
     Subclasses set ``num_inputs`` (K), ``guarantees``, ``gate`` (how the connection turns its
     ``d_pre``/``d_post`` into ``H_pre``/``H_post``: ``"sigmoid"`` as in mHC, ``"tanh"`` as in HC), and rarely
-    ``pre_offset`` and ``weighted_norm`` (DeepSeek-V4's mHC: ``H_pre + ε`` and a norm without a weight),
-    own their scales ``α``, static biases ``b`` and family parameters, and implement :meth:`mix`.
+    ``pre_offset`` and ``weighted_norm`` (DeepSeek-V4's mHC: ``H_pre + ε`` and a norm without a weight), and
+    ``post_scale`` and ``post_offset`` (Hy4's iHC: ``H_post = m·σ(·) + ε``), own their scales ``α``, static
+    biases ``b`` and family parameters, and implement :meth:`mix`.
     The input is promoted to at least float32 before :meth:`mix` sees it, so the guarantees hold to
     float32 rounding whatever the model's dtype; the result stays in that dtype (the caller casts).
     """
@@ -61,6 +62,25 @@ class Mixer(nn.Module):
     #: has a learnable weight. The connection reads them from its mixer, so a variant stays one family.
     pre_offset: float = 0.0
     weighted_norm: bool = True
+    #: Two more (only ``ihc``, Hy4's independent HC, changes them): ``H_post = post_scale · σ(·) + post_offset``,
+    #: 2σ(·) for every other sigmoid-gated family.
+    post_scale: float = 2.0
+    post_offset: float = 0.0
+    #: What ``ModelConfig.stream_reduce=None`` resolves to for the family (its form reads it): the sum, or ``"head"``
+    #: for a family whose released model ends with a learned read (Hy4's).
+    default_stream_reduce: str = "sum"
+
+    def start_biases(self, layer_index: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(bias_pre, bias_post)`` ``(n,)`` float32 the family's released code starts its gates at, which the
+        connection takes with ``gate_init="papers"``; None (default): the papers' biases of
+        :func:`s2hc.connection.init.gate_biases`."""
+        return None
+
+    @classmethod
+    def head_bias(cls, n_streams: int) -> float:
+        """The initial bias of every stream's weight in the family's learned final read (``stream_reduce="head"``,
+        :class:`s2hc.HyperHead`): 0 (DeepSeek-V4's) by default."""
+        return 0.0
 
     # What code outside the families asks of one (counting, configs, bench, upcycling) is declared here and
     # overridden by the family that differs, so that no module compares a family with a name.

@@ -12,9 +12,11 @@ from torch import nn
 
 from ... import mixers
 from ...counts import Count, add, count
+from ...mixers.mhc import DEEPSEEK_V4_EPS
 from ...mixers.mhc_lite import permutation_limit_error
 from ..init import check_gate_init, check_projection_init
 from ..module import OPTION_KINDS, HyperConnection, _mixer_projection_width
+from ..streams import HyperHead
 from .base import CoefficientProbe, ConnectionForm
 
 #: HyperConnection's own keywords (its RMSNorm epsilon; mixing with H_resᵀ; how its projection and its gates start),
@@ -50,6 +52,7 @@ class HyperConnectionForm(ConnectionForm):
         self.name = name
         self.summary = f"hyper-connection, H_res from the {name} family"
         self.option_kinds = {**OPTION_KINDS, **_constructor_kinds(self.mixer)}
+        self.default_stream_reduce = self.mixer.default_stream_reduce
 
     def options(self) -> dict[str, Any]:
         return mixers.options(self.name)
@@ -89,6 +92,12 @@ class HyperConnectionForm(ConnectionForm):
     def build(self, dim: int, n_streams: int, layer_index: int = 0, *, sublayer: int = 0, n_sublayers: int = 1,
               **options: Any) -> nn.Module:
         return HyperConnection(dim, n_streams, family=self.name, layer_index=layer_index, **options)
+
+    def build_head(self, dim: int, n_streams: int, *, norm_eps: float, options: Mapping[str, Any]) -> nn.Module:
+        """DeepSeek-V4's :class:`~s2hc.HyperHead`, its bias starting where the family's release starts it
+        (``Mixer.head_bias``: 0, or Hy4's ``−log(n − 1)`` for ``ihc``)."""
+        return HyperHead(dim, n_streams, eps=norm_eps, hc_eps=options.get("hc_eps", DEEPSEEK_V4_EPS),
+                         bias_init=self.mixer.head_bias(n_streams))
 
     def projection_width(self, n_streams: int, **options: Any) -> int | None:
         return _mixer_projection_width(mixers.build(self.name, n_streams, **options))
