@@ -392,7 +392,8 @@ def test_train_export_reload_and_diagnose(family, streams, options, corpus_file,
     assert main(["diagnose", str(run), "--out", str(tmp_path / "diag"), "--tokens", "64"]) == 0
     report = (tmp_path / "diag" / "report.md").read_text()
     assert ("## Depth attention" in report) == (family == "attn-res")
-    assert ("## Read and write maps" in report) == (family == "wide-residual")
+    assert ("## Learned maps" in report) == (family == "wide-residual")
+    assert ("read_effective_blocks" in report) == (family == "wide-residual")
     assert "H_res" not in report and "column-sum" not in report and "spectral norm" not in report
     diagnostics = records[-1]["diagnostics"]
     if family == "wide-residual":  # its maps: what the loggers carry too
@@ -494,3 +495,27 @@ def test_a_reentrant_checkpoint_keeps_attn_res_gradients():
     model(ids).square().mean().backward()
     for before, p in zip(plain, model.parameters()):
         torch.testing.assert_close(p.grad, before, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("family", ["vp-residual", "affine-residual", "wide-residual"])
+def test_the_learned_maps_of_a_form_without_a_residual_matrix_are_recorded_and_diagnosed(family, corpus_file,
+                                                                                        tmp_path):
+    """Whatever a form's ``measures()`` returns reaches metrics.jsonl (and so the loggers) and ``s2hc diagnose``,
+    with no H_res number: the same code for every such form."""
+    from helpers import small_config
+
+    from s2hc.diagnostics import diagnose_checkpoint
+    from s2hc.loggers import scalars
+    from s2hc.rundir import read_metrics
+    from s2hc.train import train
+
+    n = forms.get(family).default_streams
+    result = train(small_config(corpus_file, tmp_path, family=family, n_streams=n, max_steps=2, diagnostics_every=2))
+    record = [r for r in read_metrics(result.out) if "diagnostics" in r][-1]
+    maps = {key: value for key, value in record["diagnostics"].items() if key.startswith("map_")}
+    assert maps and all(len(values) == 4 for values in maps.values())
+    assert any(key.startswith("hc/map_") for key in scalars(record))
+    diagnosed = diagnose_checkpoint(result.out, out=tmp_path / "diag")
+    report = (tmp_path / "diag" / "report.md").read_text()
+    assert len(diagnosed["learned_maps"]["connections"]) == 4 and "## Learned maps" in report
+    assert "H_res" not in report.replace("No residual matrix", "")

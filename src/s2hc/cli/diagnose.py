@@ -174,12 +174,11 @@ def _checkpoint(args: argparse.Namespace) -> int:
               f"sources (of the count) {spread}")
         print(f"Report: {out / REPORT_NAME}")
         return 0
-    if "learned_maps" in result:  # the wide residual: its read and write maps
+    if "learned_maps" in result:  # a form without a residual matrix: its own maps (the wide residual's, the gates)
         maps = result["learned_maps"]["connections"]
-        reads = ", ".join(f"{c['read_effective_blocks']:.2f}" for c in maps)
-        distance = max(max(c["read_start_distance"], c["write_start_distance"]) for c in maps)
-        print(f"{result['family']} (n = {result['n_streams']}), {len(maps)} connections: effective blocks read "
-              f"{reads}; largest distance of a map from its residual start {distance:.3g}")
+        measured = ", ".join(key for key, value in maps[0].items() if isinstance(value, (int, float)))
+        print(f"{result['family']} (n = {result['n_streams']}), {len(maps)} connections, no residual matrix; "
+              f"their learned maps measured: {measured}")
         print(f"Report: {out / REPORT_NAME}")
         return 0
     if not has_residual_matrix(result):  # the gated residual: what it reads and writes

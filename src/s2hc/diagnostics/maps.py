@@ -1,26 +1,24 @@
 """What a form's own learned maps do, for the forms without a residual matrix to measure: the wide residual's read
-and write maps (:meth:`s2hc.connection.Connection.measures`), in place of the ``H_res`` measures it does not have.
+and write maps, the variance-preserving gates, the affine residual's scales (each connection's
+:meth:`s2hc.connection.Connection.measures`), in place of the ``H_res`` measures they do not have.
 
-Token-independent: read from the weights, no data needed. Per connection (the wide residual's keys; a form declares
-its own): ``read_share`` / ``write_share``, each block's share of the map's Frobenius norm (the n blocks of ``R`` ``(C
-× nC)`` and of ``W`` ``(nC × C)``); ``read_effective_blocks`` / ``write_effective_blocks``, ``exp`` of those shares'
-entropy (1 when one block has everything, n when all have the same; a wide residual starts reading one block and
-writing all n); ``read_sv_max`` / ``read_sv_min`` and the same for the write, the largest and smallest singular
-values (all 1 for the read at the start, all √n for the write); ``read_start_distance`` / ``write_start_distance``,
-‖M − M₀‖_F / ‖M₀‖_F from the residual start.
+Token-independent: read from the weights, no data needed. Each connection says what it measures (its ``measures``
+docstring); the wide residual, for one: ``read_share`` / ``write_share``, each block's share of the map's
+Frobenius norm (the n blocks of ``R`` ``(C × nC)`` and of ``W`` ``(nC × C)``); ``read_effective_blocks`` /
+``write_effective_blocks``, ``exp`` of those shares' entropy (1 when one block has everything, n when all have the
+same; a wide residual starts reading one block and writing all n); ``read_sv_max`` / ``read_sv_min`` and the same
+for the write, the largest and smallest singular values (all 1 for the read at the start, all √n for the write);
+``read_start_distance`` / ``write_start_distance``, ‖M − M₀‖_F / ‖M₀‖_F from the residual start.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from torch import nn
 
 from ..connection import Connection
-
-#: The per-connection scalars a training-diagnostics record and the loggers carry (lists in depth order).
-RECORDED = ("read_effective_blocks", "write_effective_blocks", "read_start_distance", "write_start_distance",
-            "read_sv_max", "write_sv_max")
 
 
 def map_modules(model: nn.Module) -> list[tuple[str, Connection]]:
@@ -31,42 +29,47 @@ def map_modules(model: nn.Module) -> list[tuple[str, Connection]]:
 
 
 def learned_maps(model: nn.Module) -> dict[str, Any]:
-    """``{"connections": [{"name", **measures}, ...]}`` for every connection of :func:`map_modules`; ValueError when
-    there is none."""
+    """``{"note", "connections": [{"name", **measures}, ...]}`` for every connection of :func:`map_modules`
+    (``note``: what the first one's measures are, from its ``measures`` docstring); ValueError when there is none."""
     modules = map_modules(model)
     if not modules:
-        raise ValueError("the model has no connection with learned maps of its own (family 'wide-residual'): "
-                         "nothing to measure")
-    return {"connections": [{"name": name, **module.measures()} for name, module in modules]}
+        raise ValueError("the model has no connection with learned maps of its own (family 'wide-residual', "
+                         "'vp-residual', ...): nothing to measure")
+    note = " ".join((inspect.getdoc(type(modules[0][1]).measures) or "").split())
+    return {"note": note, "connections": [{"name": name, **module.measures()} for name, module in modules]}
+
+
+def _scalars(connection: dict[str, Any]) -> list[str]:
+    return [key for key, value in connection.items() if key != "name" and isinstance(value, (int, float))]
 
 
 def training_record(model: nn.Module) -> dict[str, Any]:
-    """The compact ``metrics.jsonl`` record: ``layers`` (the connections' names) and ``map_KEY`` per
-    :data:`RECORDED` key, a list in depth order (the loggers' ``hc/map_KEY/CONNECTION``)."""
+    """The compact ``metrics.jsonl`` record: ``layers`` (the connections' names) and ``map_KEY`` for each number
+    the connections measure, a list in depth order (the loggers' ``hc/map_KEY/CONNECTION``)."""
     connections = learned_maps(model)["connections"]
     record: dict[str, Any] = {"layers": [c["name"] for c in connections]}
-    for key in RECORDED:
-        record[f"map_{key}"] = [round(float(c[key]), 6) for c in connections]
+    for key in _scalars(connections[0]):
+        record[f"map_{key}"] = [round(float(c[key]), 6) if key in c else None for c in connections]
     return record
 
 
+def _cell(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(f"{v:.2f}" for v in value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 def maps_lines(result: dict[str, Any]) -> list[str]:
-    """The report's section: one row per connection."""
+    """The report's section: what the measures are, then one row per connection and one column per measure."""
     from ..reports import table
 
-    rows = [[f"`{c['name']}`", f"{c['read_effective_blocks']:.2f}", f"{c['read_sv_max']:.3g} / {c['read_sv_min']:.3g}",
-             f"{c['read_start_distance']:.3g}", f"{c['write_effective_blocks']:.2f}",
-             f"{c['write_sv_max']:.3g} / {c['write_sv_min']:.3g}", f"{c['write_start_distance']:.3g}"]
-            for c in result["connections"]]
-    lines = ["## Read and write maps", "",
-             "A wide residual has no residual matrix: it reads its branch's input from the n blocks of one wide "
-             "stream by a dense map R (C × nC) and writes the output back by W (nC × C). Effective blocks: exp of the "
-             "entropy of each block's share of the map's norm (1: one block, n: all alike; it starts reading one "
-             "block and writing all n). σ: the largest and smallest singular values (1 for R and √n for W at the "
-             "start). From start: ‖M − M₀‖_F / ‖M₀‖_F.", ""]
-    return lines + table(["connection", "read: effective blocks", "read: σ max / min", "read: from start",
-                          "write: effective blocks", "write: σ max / min", "write: from start"], rows,
-                         align="lrrrrrr")
+    connections = result["connections"]
+    keys = [key for key in connections[0] if key != "name"]
+    rows = [[f"`{c['name']}`", *(_cell(c[key]) if key in c else "–" for key in keys)] for c in connections]
+    lines = ["## Learned maps", "",
+             "No residual matrix: what each connection's own learned maps do, read from the weights (they do not "
+             "depend on the tokens). " + result.get("note", ""), ""]
+    return lines + table(["connection", *keys], rows, align="l" + "r" * len(keys))
 
 
-__all__ = ["RECORDED", "learned_maps", "map_modules", "maps_lines", "training_record"]
+__all__ = ["learned_maps", "map_modules", "maps_lines", "training_record"]

@@ -56,8 +56,11 @@ class WideResidual(Connection):
 
     @torch.no_grad()
     def measures(self) -> dict[str, Any]:
-        """What the read and write maps do (:mod:`s2hc.diagnostics.maps` says each key): each block's share of each
-        map, their effective number of blocks, singular values and distance from the residual start."""
+        """What the read map R (C × nC) and the write map W (nC × C) do: each block's share of each map's Frobenius
+        norm (``read_share``, ``write_share``), the effective number of blocks exp of those shares' entropy (1: one
+        block, n: all alike; it starts reading one block and writing all n), the largest and smallest singular
+        values (``_sv_max``, ``_sv_min``; 1 for R and √n for W at the start) and ‖M − M₀‖_F / ‖M₀‖_F from the
+        residual start (``_start_distance``)."""
         n, c = self.n_streams, self.dim
         read, write = self.read.detach().double().cpu(), self.write.detach().double().cpu()
         start_read, start_write = self.start()
