@@ -221,3 +221,26 @@ def test_round_trips_are_exact_and_bad_input_named():
         glm5_next.connection_to_hf(HyperConnection(**{**glm5_next.connection_options(config), "eps": 1e-6}), config)
     with pytest.raises(ValueError, match="variant='deepseek-v4' and transpose_res=False"):
         glm5_next.connection_to_hf(HyperConnection(DIM, N, family="mhc"))
+
+
+def test_diagnose_static_of_a_saved_checkpoint(tmp_path):
+    """A tiny ``Glm5NextForConditionalGeneration`` saved by transformers (its vision tower too): DeepSeek-V4's
+    connections under ``model.language_model``, settings from ``text_config``, no head (the mean)."""
+    from transformers.models.glm5_next.modeling_glm5_next import Glm5NextForConditionalGeneration
+
+    from s2hc.hf.static import diagnose_static, read_static
+
+    text = dict(hidden_size=DIM, num_hidden_layers=2, hc_mult=N, hc_sinkhorn_iters=5, hc_eps=1e-4, **TEXT)
+    vision = dict(depth=1, hidden_size=16, out_hidden_size=16, num_heads=2, intermediate_size=16,
+                  projection_intermediate_size=16)
+    model = Glm5NextForConditionalGeneration(Glm5NextConfig(text_config=text, vision_config=vision))
+    randomize(model.model.language_model.layers[1].attn_hc, 3)
+    model.save_pretrained(tmp_path)
+    result = diagnose_static(tmp_path)
+    assert (result["layout"], result["family"], result["n_streams"], result["head_weights"]) == (
+        "glm5_next", "mhc", N, None)
+    assert result["family_options"] == {"variant": "deepseek-v4", "iterations": 5, "hc_eps": 1e-4, "eps": 1e-5}
+    hc = read_static(tmp_path).connections[2][1]
+    ours = glm5_next.connection_from_hf(model.config, model.model.language_model.layers[1].attn_hc).double()
+    zero = torch.zeros(1, 1, N, DIM, dtype=torch.float64)
+    torch.testing.assert_close(hc.matrices(zero[..., :1])["res"], ours.matrices(zero)["res"])

@@ -329,3 +329,39 @@ def test_bad_tensors_and_settings_are_named():
         hy_v4.connection_options({"hidden_size": 8, "hc_mult": 4, "hc_eps": 1e-6})
     with pytest.raises(ValueError, match="hc_magnitude must be a finite number > 0, got 0"):
         HyperConnection(DIM, N, family="ihc", hc_magnitude=0)
+
+
+# 4. s2hc diagnose --static of a checkpoint transformers saved.
+
+
+def test_diagnose_static_of_a_saved_checkpoint(tmp_path):
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file, save_file
+
+    from s2hc.hf.static import diagnose_static
+
+    model = HYV4ForCausalLM(hf_config(magnitude=2.0, hc_eps=1e-6))
+    randomize(model.model.layers[1].ffn_hc, 7)
+    model.save_pretrained(tmp_path)
+    result = diagnose_static(tmp_path)
+    assert (result["layout"], result["family"], result["n_streams"]) == ("hy_v4", "ihc", N)
+    assert result["family_options"] == {"hc_eps": 1e-6, "hc_magnitude": 2.0, "eps": 1e-5}
+    pre, post = (torch.tensor(result["matrices"][k], dtype=torch.float64) for k in ("pre", "post"))
+    torch.testing.assert_close(pre[0], torch.full((N,), 0.25 + 1e-6, dtype=torch.float64))  # Hy4's start
+    torch.testing.assert_close(post[0], torch.full((N,), 1 + 1e-6, dtype=torch.float64))
+    moved = model.model.layers[1].ffn_hc
+    expected = 2.0 * torch.sigmoid(moved.base[N:].double()) + 1e-6
+    torch.testing.assert_close(post[3], expected)
+    torch.testing.assert_close(torch.tensor(result["head_weights"], dtype=torch.float64),
+                               torch.full((N,), 0.25 + 1e-6, dtype=torch.float64))
+    run = subprocess.run([sys.executable, "-m", "s2hc", "diagnose", "--static", str(tmp_path), "--out",
+                          str(tmp_path / "out")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert "ihc (n = 4, hy_v4 layout)" in run.stdout
+    weights = load_file(tmp_path / "model.safetensors")
+    key = next(k for k in weights if k.endswith("hc_attn_layer.hc_base"))
+    save_file({**weights, key: torch.zeros(7)}, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"needs a base of shape \(2n,\), found \(7,\)"):
+        diagnose_static(tmp_path)

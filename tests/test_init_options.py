@@ -177,7 +177,22 @@ def _step0_difference(family: str, n: int, gate_init: str, **options) -> float:
 @pytest.mark.parametrize("n", [2, 4])
 def test_residual_gates_compute_the_residual_model_at_step_0(family, options, n):
     assert _step0_difference(family, n, "residual", **options) <= 1e-5
+    if mixers.get(family)(n, **options).start_biases(0) is not None:  # a release's own start: Hy4's ihc, below
+        return
     assert _step0_difference(family, n, "papers", **options) > 1e-3  # the test can fail
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_hy4s_start_is_the_residual_model_with_streams_as_copies(n):
+    """Hy4's own start (``ihc``, ``gate_init="papers"``: reads 1/n + ε, writes 1 + ε, H_res = I) computes the
+    residual model at step 0 up to ``hc_eps``, with the streams copies of each other (as HC's); the residual gates
+    give the same function with the streams apart."""
+    residual = _model(0)
+    assert _step0_difference("ihc", n, "papers") <= 1e-5
+    copies = _final_streams(_widened(residual, "ihc", n, "papers"))
+    assert torch.equal(copies, copies[..., :1, :].expand_as(copies))
+    apart = _final_streams(_widened(residual, "ihc", n, "residual"))
+    assert (apart - apart.mean(-2, keepdim=True)).abs().max() > 0.05 * apart.abs().max()
 
 
 def _final_streams(model: Transformer) -> torch.Tensor:

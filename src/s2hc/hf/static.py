@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from ..checks import MAX_LAYERS, check_int
+from ..checks import MAX_LAYERS, check_float, check_int
 from ..connection import Connection, GatedHead, GatedResidual, HyperConnection, HyperHead, build_connection
 from ..connection.forms.gated_residual import NAME as GATED_RESIDUAL
 from ..diagnostics import report as diagnostics_report
@@ -55,7 +55,7 @@ from ..io import json_kind, read_json_object
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
 from ..reports import number, table
-from . import qwen4_exp
+from . import glm5_next, hy_v4, qwen4_exp, static_one_stream
 from .deepseek_v4 import connection_from_hf, connection_options
 from .weights import read_safetensors
 
@@ -68,6 +68,8 @@ GATED_BASIS = "zero input (no static part: read gates 0.5, write gates 1, H_res 
 S2HC = "s2hc"
 DEEPSEEK_V4 = "deepseek-v4"
 QWEN4_EXP = "qwen4_exp"
+GLM5_NEXT = "glm5_next"
+HY_V4 = "hy_v4"
 #: config.json model_types of the qwen4_exp layout: the text model's settings at the top, or under text_config.
 QWEN4_EXP_TYPES = ("qwen4_exp", "qwen4_exp_text")
 #: The config.json settings the qwen4_exp layout needs.
@@ -88,6 +90,14 @@ _DSV4_KEYS = (
     re.compile(r"^(?P<prefix>.*?)layers\.(?P<layer>\d+)\.hc_(?P<sublayer>attn|ffn)_(?P<param>base|scale)$"),
 )
 _DSV4_HEAD = re.compile(r"^(?P<prefix>.*?)hc_head(?:\.hc_|_)(?P<param>base|scale)$")
+# Hy4: transformers' module names (those of DeepSeek-V4, told apart by config.json's model_type "hy_v4") or the
+# names its checkpoints store (hc_pre.*); the text model's only (model.mtp_layers.* is not the model's).
+_HY_KEYS = (
+    re.compile(r"^(?P<prefix>(?:model\.)?)layers\.(?P<layer>\d+)\.(?P<sublayer>attn|ffn)_hc\.(?P<param>base|scale)$"),
+    re.compile(r"^(?P<prefix>(?:model\.)?)layers\.(?P<layer>\d+)\.hc_pre\.hc_(?P<sublayer>attn|mlp)_layer\.hc_"
+               r"(?P<param>base|scale)$"),
+)
+_HY_HEAD = re.compile(r"^(?P<prefix>(?:model\.)?)(?:hc_head\.hc_|hc_pre\.hc_head\.hc_head_)(?P<param>base|scale)$")
 _LOOKED_FOR = ("s2hc's blocks.L.{attn,mlp}_hc.*, DeepSeek-V4's layers.L.{attn,ffn}_hc.{base,scale}, "
                "layers.L.hc_{attn,ffn}_{base,scale}, qwen4_exp's layers.L.{attn,mlp}_hyper_connection.*")
 
@@ -164,7 +174,8 @@ def _wanted(name: str, gated: bool = False) -> bool:
     if s2hc:
         return gated or s2hc["param"] not in _S2HC_DYNAMIC
     patterns = (_S2HC_GATED_HEAD,) if gated else (_S2HC_HEAD,)
-    return any(pattern.match(name) for pattern in (*patterns, *_DSV4_KEYS, _DSV4_HEAD, _QWEN_KEY, _QWEN_HEAD))
+    return any(pattern.match(name) for pattern in (*patterns, *_DSV4_KEYS, _DSV4_HEAD, _QWEN_KEY, _QWEN_HEAD,
+                                                   *_HY_KEYS, _HY_HEAD))
 
 
 def _directory(path: str | Path) -> Path:
@@ -417,6 +428,80 @@ def _deepseek_connections(source: str, tensors: dict[str, torch.Tensor], config:
     return "mhc", n, options, connections, hyper_head
 
 
+def _glm_connections(source: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
+    """GLM-5.3 (config.json's model_type ``glm5_next`` or ``glm5_next_text``): DeepSeek-V4's connections (its
+    tensors, its names), the settings from the text model's config; layers from ``num_hidden_layers`` on (the
+    released checkpoints' multi-token-prediction layer) are not the model's and are left out. Its final read is the
+    streams' mean: no head."""
+    try:
+        text = glm5_next.text_config(config)
+        layers = check_int("num_hidden_layers", text.get("num_hidden_layers") if isinstance(text, dict) else None,
+                           maximum=MAX_LAYERS)
+    except (ValueError, AttributeError) as error:
+        raise ValueError(f"{source!r}: config.json (GLM-5.3): {error}") from None
+    kept = {}
+    for name, tensor in tensors.items():
+        match = next((m for m in (p.match(name) for p in _DSV4_KEYS) if m), None)
+        if match is None:
+            raise ValueError(f"{source!r}: tensor {name} is a hyper-head's; GLM-5.3 reads its streams by their mean")
+        if int(match["layer"]) < layers:
+            kept[name] = tensor
+    family, n, options, connections, head = _deepseek_connections(source, kept, text)
+    options["eps"] = check_float("rms_norm_eps", text.get("rms_norm_eps", 1e-5), positive=True)
+    return family, n, options, connections, head
+
+
+def _hy_connections(source: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
+    """Hy4 (``hy_v4``): ``family="ihc"``; ``n`` from ``base``'s length (2n), ``hc_eps``, ``hc_magnitude`` and
+    ``rms_norm_eps`` from config.json when present (else ``HYV4Config``'s defaults, 1e-6, 2.0 and 1e-5)."""
+    grouped: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    head: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        match = next((m for m in (p.match(name) for p in _HY_KEYS) if m), None)
+        if match:
+            sublayer = "attn" if match["sublayer"] == "attn" else "ffn"
+            grouped.setdefault((int(match["layer"]), sublayer), {})[match["param"]] = tensor
+        elif _HY_HEAD.match(name):
+            head[_HY_HEAD.match(name)["param"]] = tensor
+        # anything else (model.mtp_layers.*: the multi-token-prediction module) is not the model's
+    if not grouped:
+        raise ValueError(f"{source!r} has a Hy4 hyper-head but no connection tensors")
+    first = min(grouped)
+    base = grouped[first].get("base")
+    if base is None or base.dim() != 1 or base.numel() % 2 or base.numel() == 0:
+        found = None if base is None else tuple(base.shape)
+        raise ValueError(f"{source!r}: layer {first[0]}'s {first[1]} connection needs a base of shape (2n,), found "
+                         f"{found}")
+    n = base.numel() // 2
+    settings = {"hidden_size": 1, "hc_mult": config.get("hc_mult", n), "hc_eps": config.get("hc_eps", 1e-6),
+                "hc_magnitude": config.get("hc_magnitude", 2.0), "rms_norm_eps": config.get("rms_norm_eps", 1e-5)}
+    try:
+        options = hy_v4.connection_options(settings)
+    except ValueError as error:
+        raise ValueError(f"{source!r}: config.json: {error}") from None
+    if options["n_streams"] != n:
+        raise ValueError(f"{source!r}: config.json says hc_mult={options['n_streams']}, but base has {n} streams")
+    connections = []
+    for layer in sorted({layer for layer, _ in grouped}):
+        for sublayer in ("attn", "ffn"):
+            state = grouped.get((layer, sublayer))
+            name = f"layers.{layer}.{sublayer}_hc"
+            if state is None or set(state) != {"base", "scale"}:
+                raise ValueError(f"{source!r}: {name} needs base and scale, found {sorted(state or {})}")
+            state = {"fn": torch.zeros(2 * n, n, dtype=torch.float64), **{k: v.double() for k, v in state.items()}}
+            try:
+                connection = hy_v4.connection_from_hf(settings, state, layer_index=layer).double()
+            except ValueError as error:
+                raise ValueError(f"{source!r}: {name}: {error}") from None
+            connections.append((name, connection))
+    hyper_head = None
+    if head:
+        hyper_head = HyperHead(1, n, eps=options["eps"], hc_eps=options["hc_eps"]).double()
+        _load_head(hyper_head, head, {"bias": "base", "alpha": "scale"}, source)
+    family_options = {k: options[k] for k in ("hc_eps", "hc_magnitude", "eps")}
+    return hy_v4.FAMILY, n, family_options, connections, hyper_head
+
+
 @torch.no_grad()
 def read_static(path: str | Path) -> StaticCheckpoint:
     """The hyper-connections stored in ``path`` (a ``.safetensors`` file, a directory of them, or a sharded
@@ -445,7 +530,14 @@ def read_static(path: str | Path) -> StaticCheckpoint:
         raise ValueError(f"{source!r} mixes {first} hyper-connection tensors ({a[0]!r}) with {second} ones "
                          f"({b[0]!r}); a checkpoint holds one layout")
     (layout,) = found
-    read = {S2HC: _s2hc_connections, QWEN4_EXP: _qwen_connections, DEEPSEEK_V4: _deepseek_connections}[layout]
+    model_type = config.get("model_type")
+    if layout == DEEPSEEK_V4 and (model_type == hy_v4.MODEL_TYPE or any(".hc_pre." in n or n.startswith("hc_pre.")
+                                                                        for n in tensors)):
+        layout = HY_V4
+    elif layout == DEEPSEEK_V4 and model_type in glm5_next.MODEL_TYPES:
+        layout = GLM5_NEXT
+    read = {S2HC: _s2hc_connections, QWEN4_EXP: _qwen_connections, DEEPSEEK_V4: _deepseek_connections,
+            HY_V4: _hy_connections, GLM5_NEXT: _glm_connections}[layout]
     family, n, options, connections, head = read(source, tensors, config)
     return StaticCheckpoint(source=source, layout=layout, family=family, n_streams=n, family_options=options,
                             connections=connections, head=head, tensors_read=sorted(tensors), files=opened)
@@ -552,7 +644,15 @@ def diagnose_static(path: str | Path, out: str | Path | None = None) -> dict[str
     ``family_options``, ``tensors_read``, ``files``, ``head_weights`` (DeepSeek-V4's hyper-head, or None),
     ``matrices`` (``pre``, ``post``, ``res`` as nested lists), ``basis`` (what the matrices are: the biases
     alone, or a zero input for the gated residual), ``stream_weights`` (:func:`stream_weights` for the gated
-    residual, else None) and the summary's keys."""
+    residual, else None) and the summary's keys. A one-stream design (Muse Spark, Ergo, ZAYA, Beam: no residual
+    matrix) gives its learned maps instead (:mod:`s2hc.hf.static_one_stream`)."""
+    config = static_one_stream.read_config(path)
+    design = static_one_stream.design_of(config)
+    if design is not None:
+        result = static_one_stream.diagnose_one_stream(path, config, design)
+        if out is not None:
+            write_static(result, out)
+        return result
     checkpoint = read_static(path)
     matrices = static_matrices(checkpoint)
     names = [name for name, _ in checkpoint.connections]
@@ -584,6 +684,9 @@ def write_static(result: dict[str, Any], out: str | Path) -> Path:
     out = Path(out).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     diagnostics_report.write_json(out / JSON_NAME, result)
+    if "learned_maps" in result:  # a one-stream design: its maps, no matrices to draw
+        diagnostics_report.write_text(out / diagnostics_report.REPORT_NAME, static_one_stream.report(result))
+        return out
     figures = diagnostics_report.write_figures(out, {result["family"]: result}, with_streams=False)
     diagnostics_report.write_text(out / diagnostics_report.REPORT_NAME, _report(result, figures, out))
     return out
