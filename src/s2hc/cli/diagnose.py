@@ -117,6 +117,12 @@ def _static(args: argparse.Namespace) -> int:
             write_static(result, out)
     except ValueError as error:
         return _fail(str(error))
+    if "learned_maps" in result:  # a one-stream design: its learned maps
+        maps = result["learned_maps"]["connections"]
+        print(f"{result['layout']} checkpoint as {result['family']}, {len(maps)} connections, "
+              f"{result['tensors_read']} tensors read; no residual matrix, their learned maps measured")
+        print(f"Report: {out / REPORT_NAME}")
+        return 0
     head = result["headline"]
     print(
         f"{result['family']} (n = {result['n_streams']}, {result['layout']} layout), {result['depth']} connections, "

@@ -47,6 +47,10 @@ DESIGN = "Ergo"
 HF_NAMES = {"weight": "gate"}
 #: an ``ErgoDecoderLayer``'s gates around its attention and its MLP.
 LAYER_MODULES = ("attention_residual_gate", "feedforward_residual_gate")
+#: What ``save_pretrained`` and the released checkpoints hold instead (transformers' conversion mapping for "ergo"
+#: renames them on load): the layer's modules and their tensor -> transformers' tensor name.
+CHECKPOINT_MODULES = ("post_attention_residual", "post_ffn_residual")
+CHECKPOINT_NAMES = {"scale": "weight"}
 
 
 def connection_options(hf_config: Any) -> dict[str, Any]:
