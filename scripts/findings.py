@@ -131,9 +131,13 @@ class Comparison:
     p: float
     seeds: list[int]
     per_seed: dict[int, float]
-    kind: str  # "confirmatory" or "exploratory"
+    kind: str  # "confirmatory", "exploratory", "pre-registered" (or one of them with why, "exploratory: ...")
     holm: float | None = None
     digits: int = 3
+    #: a pre-registered test's own decision (``p < alpha``, one-sided where registered so), its alpha and sides
+    rejected: bool | None = None
+    alpha: float = 1 - stats.LEVEL
+    alternative: str = "two-sided"
 
     def d(self, digits: int) -> Comparison:
         """The same comparison printed with ``digits`` decimals."""
@@ -146,6 +150,44 @@ class Comparison:
     @property
     def p_holm(self) -> str:
         return _p(self.holm)
+
+    @property
+    def p_raw(self) -> str:
+        """The unadjusted p as a page writes it."""
+        return _p(self.p)
+
+    @property
+    def clears(self) -> bool:
+        """Whether the test clears its adjustment: a pre-registered test's own decision, else the adjusted p below
+        ``alpha`` (1 − level). An exploratory comparison's adjustment is over the page's exploratory comparisons."""
+        if self.rejected is not None:
+            return bool(self.rejected)
+        return self.holm is not None and self.holm < self.alpha
+
+    @property
+    def excludes_zero(self) -> bool:
+        """The {level} % interval lies on one side of 0 (unadjusted: it holds for this comparison alone)."""
+        return self.low > 0 or self.high < 0
+
+    def beyond(self, value: float) -> bool:
+        """The whole interval lies further from 0 than ``|value|``, on the side of its mean."""
+        return self.low > abs(float(value)) if self.mean > 0 else self.high < -abs(float(value))
+
+    @property
+    def outcome(self) -> str:
+        """The test's outcome in its kind's words: ``confirmed by its pre-registered one-sided test (p 0.032 < α
+        0.05)`` / ``not supported: ...``; ``distinguishable`` / ``indistinguishable`` after its adjustment
+        (confirmatory); for an exploratory comparison, that it is one."""
+        alpha = f"{self.alpha:.2f}"
+        if self.kind == "pre-registered":
+            sides = "one-sided" if self.alternative in ("less", "greater") else "two-sided"
+            if self.clears:
+                return f"confirmed by its pre-registered {sides} test (p {_p(self.p)} < α {alpha})"
+            return f"not supported: its pre-registered {sides} test does not reject H0 (p {_p(self.p)} ≥ α {alpha})"
+        if self.kind == "confirmatory":
+            return (f"distinguishable after its adjustment (Holm p {self.p_holm} < {alpha})" if self.clears else
+                    f"indistinguishable after its adjustment (Holm p {self.p_holm} ≥ {alpha})")
+        return f"{self.kind}: a question for the next study, not an answer"
 
     @property
     def verdict(self) -> str:
@@ -172,6 +214,11 @@ class Comparison:
     def lower_on(self) -> int:
         """On how many seeds the difference is below 0."""
         return sum(self.per_seed[s] < 0 for s in self.seeds)
+
+    @property
+    def higher_on(self) -> int:
+        """On how many seeds the difference is above 0."""
+        return sum(self.per_seed[s] > 0 for s in self.seeds)
 
 
 @dataclass
@@ -257,6 +304,13 @@ class Verdict:
     def seeds(self) -> str:
         return _seed_count(self.entry["seeds"])
 
+    def clears(self, measure: str = "token_speedup") -> bool:
+        """Whether ``measure``'s test (``token_speedup``, ``wall_clock_speedup``, ``loss``) clears its Holm
+        adjustment (p_holm below 1 − level); a bound or an unavailable measure has no test and does not."""
+        summary = self.entry.get(measure) or {}
+        return summary.get("p") is not None and summary.get("p_holm") is not None \
+            and summary["p_holm"] < 1 - stats.LEVEL
+
 
 def _p(value: float | None) -> str:
     if value is None:
@@ -281,6 +335,31 @@ class Study:
     #: every exploratory comparison asked for, for the Holm adjustment of the second pass
     exploratory: list[Comparison] = field(default_factory=list)
     adjusted: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: ``docs/<study>/seed_history.json``: the seeds each committed version of its results.json held (from git's
+    #: history of that file), where the study grew; None where it did not
+    history: dict[str, Any] | None = None
+
+    @property
+    def grown_after_looking(self) -> bool:
+        """Whether seeds were added to the study after a committed version of its results had been read (more than
+        one committed stage): its planned tests are then exploratory, their p optimistic."""
+        return bool(self.history) and len(self.history["stages"]) > 1
+
+    @property
+    def growth(self) -> str:
+        """The most seeds any configuration had at each committed stage: ``1 → 2 → 4 → 4``, with its commits."""
+        if not self.history:
+            raise ValueError(f"study {self.name!r} records no seed history")
+        stages = self.history["stages"]
+        counts = " → ".join(str(max(len(v) for v in stage["seeds"].values())) for stage in stages)
+        commits = ", ".join(f"`{stage['commit']}`" for stage in stages)
+        return f"{counts} seeds per configuration, over {len(stages)} commits ({commits})"
+
+    @property
+    def planned_kind(self) -> str:
+        """The kind of the comparisons its config planned: ``confirmatory``, or exploratory where its seeds grew
+        after looking."""
+        return "exploratory: seeds added after looking" if self.grown_after_looking else "confirmatory"
 
     @property
     def groups(self) -> dict[str, list[dict[str, Any]]]:
@@ -299,7 +378,8 @@ class Study:
 
     @property
     def commit(self) -> str:
-        return f"`{self.results['environment'].get('commit')}`"
+        commit = self.results["environment"].get("commit")
+        return "not recorded" if commit is None else f"`{commit}`"
 
     @property
     def minutes(self) -> str:
@@ -313,6 +393,21 @@ class Study:
                 raise KeyError(f"study {self.name!r} sets no {key!r}")
             value = value[part]
         return str(value)
+
+    @property
+    def machines(self) -> list[str]:
+        """The CPU models (with their vector instructions) the rows record they trained on; empty where the rows
+        predate that record."""
+        found = []
+        for row in self.results["rows"]:
+            for entry in row.get("platform") or ():
+                found.append(f"{entry.get('cpu', 'unrecorded')}, {entry.get('cpu_capability', '?')}")
+        return list(dict.fromkeys(found))
+
+    @property
+    def rows_without_machine(self) -> int:
+        """How many rows do not record where they trained (they predate that record)."""
+        return sum(not row.get("platform") for row in self.results["rows"])
 
     @property
     def tokens(self) -> str:
@@ -397,7 +492,7 @@ class Study:
             for e, test, p_holm in zip(found, tests, stats.holm([t["p"] for t in tests])):
                 if name in e["effect"]:
                     return Comparison(self.name, e["effect"], "0", test["mean"], *test["ci95"], test["p"],
-                                      test["seeds"], e["per_seed"], "confirmatory", p_holm)
+                                      test["seeds"], e["per_seed"], self.planned_kind, p_holm)
         raise KeyError(f"study {self.name!r} has no factorial effect matching {name!r}")
 
     def registered(self, contrast: str = "primary") -> Comparison:
@@ -422,11 +517,39 @@ class Study:
             against = entry["contrast"][1]
             holm = entry["p_holm"]
         return Comparison(self.name, entry["name"], against, entry["mean"], *entry["ci95"], entry["p"],
-                          entry["seeds"], entry["per_seed"], "pre-registered", holm)
+                          entry["seeds"], entry["per_seed"], "pre-registered", holm, rejected=entry["rejected"],
+                          alpha=test["alpha"], alternative=test.get("alternative") or "two-sided")
 
     @property
     def registered_alpha(self) -> Number:
         return _num((evaluate_registered(self.results) or {}).get("alpha"))
+
+    def peak(self, label: str, key: str, combine: Callable = max) -> Number:
+        """The largest value of ``key`` over each finished run's training trajectory (its evaluations), ``combine``
+        over seeds: the peak during training, where :meth:`measure` gives the trained model's."""
+        peaks = [max(v for v in r["trajectory"][key] if v is not None) for r in self.runs(label)
+                 if r["status"] == "finished" and (r.get("trajectory") or {}).get(key)]
+        if not peaks:
+            raise ValueError(f"study {self.name!r}, {label!r}: no trajectory of {key!r}")
+        return _num(combine(peaks))
+
+    def interaction(self, a1: str, b1: str, a0: str, b0: str) -> Comparison:
+        """``(a1 − b1) − (a0 − b0)`` per seed (a difference of paired differences: how a gap changes between two
+        settings), tested against 0 over the seeds all four share; exploratory (no config plans it), Holm-adjusted
+        with the page's other exploratory comparisons of the study."""
+        values = [finished_values(self.runs(label), "val_loss") for label in (a1, b1, a0, b0)]
+        seeds = sorted(set.intersection(*(set(v) for v in values)))
+        per_seed = {s: (values[0][s] - values[1][s]) - (values[2][s] - values[3][s]) for s in seeds}
+        test = stats.paired(per_seed, {s: 0.0 for s in seeds})
+        if test is None:
+            raise ValueError(f"study {self.name!r}: {a1!r}, {b1!r}, {a0!r}, {b0!r} share fewer than two seeds")
+        key = (f"({a1} − {b1}) − ({a0} − {b0})", "0")
+        comparison = Comparison(self.name, key[0], "0", test["mean"], *test["ci95"], test["p"], test["seeds"],
+                                per_seed, "exploratory")
+        if all((c.label, c.against) != key for c in self.exploratory):
+            self.exploratory.append(comparison)
+        comparison.holm = self.adjusted.get(key)
+        return comparison
 
     # comparisons
     def diff(self, label: str, against: str) -> Comparison:
@@ -438,10 +561,10 @@ class Study:
             raise ValueError(f"study {self.name!r}: {label!r} and {against!r} share fewer than two seeds")
         per_seed = {s: values[s] - baseline[s] for s in test["seeds"]}
         planned = self._planned()
-        kind = "confirmatory" if (label, against) in planned else "exploratory"
+        kind = self.planned_kind if (label, against) in planned else "exploratory"
         comparison = Comparison(self.name, label, against, test["mean"], *test["ci95"], test["p"], test["seeds"],
                                 per_seed, kind)
-        if kind == "confirmatory":
+        if (label, against) in planned:
             comparison.holm = planned[(label, against)]
         else:
             if all((c.label, c.against) != (label, against) for c in self.exploratory):
@@ -488,7 +611,8 @@ class Study:
         """The study's planned comparisons as a Markdown table (configuration, against, Δ [CI], Holm p, verdict,
         seeds, and with ``floor`` whether |Δ| exceeds the rounding floor); ``labels`` renames configurations."""
         labels = labels or {}
-        header = f"| configuration | against | Δ validation loss [{LEVEL} % CI] | Holm p | verdict | seeds |"
+        holm = "Holm p" if not self.grown_after_looking else "Holm p (exploratory: seeds added after looking)"
+        header = f"| configuration | against | Δ validation loss [{LEVEL} % CI] | {holm} | verdict | seeds |"
         rule = "|---|---|---:|---:|---|---:|"
         if floor is not None:
             header, rule = header + f" beyond the rounding floor ({floor.f(4)}) |", rule + "---|"
@@ -523,6 +647,65 @@ class Study:
         if devices:
             notes.append(f"Wall clock measured on {'; '.join(devices)}.")
         return "\n".join(rows + ["", " ".join(notes)])
+
+
+# ---- the tests that clear their adjustment -----------------------------------------------------------------------
+
+
+@dataclass
+class Cleared:
+    """A test of a study that clears its adjustment: where it is from, what it compares, the interval and p."""
+
+    study: str
+    what: str
+    text: str
+    kind: str
+
+    def __str__(self) -> str:
+        return f"{self.study}: {self.what} {self.text}"
+
+
+def tests_that_clear(studies: Iterable[Study]) -> list[Cleared]:
+    """Every planned test of every study that clears its adjustment, in study order: its config's paired
+    comparisons against its baselines (:meth:`Study.diff`), the effects of its factorial designs on each measure
+    (:meth:`Study.effect`), its pre-registered tests (:meth:`Study.registered`, by their own decision) and its
+    verdicts at equal cost (token and wall-clock speedups, their Holm p). A study whose seeds grew after looking
+    (:attr:`Study.grown_after_looking`) is left out: its tests are exploratory."""
+    from s2hc.study.rows import MEASURES
+
+    out = []
+    for study in studies:
+        if study.grown_after_looking:
+            continue
+        for label, against in study._planned():
+            c = study.diff(label, against)
+            if c.clears:
+                out.append(Cleared(study.name, f"{label} − {against}", c.cite(), c.kind))
+        for index, design in enumerate(study.results["study"].get("factorial") or ()):
+            for measure in MEASURES:
+                for e in effects(design, {}):
+                    c = study.effect(e["effect"], design=index, measure=measure)
+                    if c.clears:
+                        out.append(Cleared(study.name, f"{measure}, {e['effect']} ({design.get('name', index)})",
+                                           c.cite(), c.kind))
+        if evaluate_registered(study.results) is not None:
+            test = evaluate_registered(study.results)
+            for contrast in ["primary", *(entry["contrast"][0] for entry in test["secondary"])]:
+                c = study.registered(contrast)
+                if c.clears:
+                    what = "the registered primary test" if contrast == "primary" else f"registered, {c.label}"
+                    out.append(Cleared(study.name, what, c.cite(), c.kind))
+        if study.results["study"].get("baselines") and any(r.get("cost") for r in study.results["rows"]):
+            for entries in report_verdicts(study.results)["baselines"].values():
+                for entry in entries:
+                    verdict = Verdict(entry)
+                    for measure, words in (("token_speedup", "token speedup"), ("wall_clock_speedup",
+                                                                                  "wall-clock speedup")):
+                        if verdict.clears(measure):
+                            text = verdict.token if measure == "token_speedup" else verdict.wall
+                            out.append(Cleared(study.name, f"{entry['configuration']}'s {words} against "
+                                               f"{entry['against']}", text, "confirmatory"))
+    return out
 
 
 # ---- the same runs trained twice -------------------------------------------------------------------------------
@@ -570,6 +753,22 @@ class Reruns:
     def largest(self) -> Number:
         return Number(max(abs(c["difference"]) for c in self.cells))
 
+    @property
+    def studies(self) -> list[str]:
+        """The studies one of whose cells was re-run, in the file's order."""
+        return list(dict.fromkeys(c["study"] for c in self.cells))
+
+    @property
+    def commits(self) -> list[str]:
+        """The commits the re-runs trained at (``commit`` of each cell), in order of first appearance."""
+        return list(dict.fromkeys(c["commit"] for c in self.cells))
+
+    @property
+    def machines(self) -> list[str]:
+        """The CPU models (with their vector instructions) the re-runs trained on."""
+        return list(dict.fromkeys(f"{(c.get('platform') or {}).get('cpu', 'unrecorded')}, "
+                                  f"{(c.get('platform') or {}).get('cpu_capability', '?')}" for c in self.cells))
+
     def table(self) -> str:
         rows = ["| study | run | committed (at) | re-run | difference | where the re-run trained |",
                 "|---|---|---:|---:|---:|---|"]
@@ -590,7 +789,10 @@ def load_studies(docs: Path) -> dict[str, Study]:
     """Every ``docs/*/results.json`` as a :class:`Study`, by directory name (``-`` as ``_``)."""
     studies = {}
     for path in sorted(Path(docs).glob("*/results.json")):
-        studies[path.parent.name.replace("-", "_")] = Study(path.parent.name, json.loads(path.read_text()))
+        history = path.parent / "seed_history.json"
+        studies[path.parent.name.replace("-", "_")] = Study(
+            path.parent.name, json.loads(path.read_text()),
+            history=json.loads(history.read_text()) if history.is_file() else None)
     return studies
 
 
@@ -607,18 +809,53 @@ def num(value: Any) -> str:
     return str(value)
 
 
-def claim(condition: Any, statement: str) -> str:
+def _each(value: Any) -> list[Any]:
+    return [] if value is None else list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def claim(condition: Any, statement: str, *, interval: Any = None, clears: Any = None, short: Any = None) -> str:
     """``{% do claim(condition, "what the prose says") %}``: stops the rendering when the condition is false (the data
-    no longer say what the words beside it do)."""
-    if not condition:
-        raise ValueError(f"the data no longer say what the prose does: {statement!r}; rewrite the prose")
+    no longer say what the words beside it do). A claim about a difference tests its interval or its test, not
+    only its mean:
+
+    - ``interval=c`` (a :class:`Comparison` or a list of them): each {level} % interval excludes 0;
+    - ``clears=c``: each test clears its adjustment (:attr:`Comparison.clears`: adjusted p below alpha, a
+      pre-registered test by its own decision);
+    - ``short=c``: each does not (what "indistinguishable", "short of its adjustment" say).
+    """
+    failed = [f"{c.label} − {c.against} {c} does not exclude 0" for c in _each(interval) if not c.excludes_zero]
+    failed += [f"{c.label} − {c.against} {c.cite()} does not clear its adjustment" for c in _each(clears)
+               if not c.clears]
+    failed += [f"{c.label} − {c.against} {c.cite()} clears its adjustment" for c in _each(short) if c.clears]
+    if not condition or failed:
+        why = f" ({'; '.join(failed)})" if failed else ""
+        raise ValueError(f"the data no longer say what the prose does: {statement!r}{why}; rewrite the prose")
     return ""
 
 
+def params_at(study: Study, families: list[str]) -> dict[str, dict[str, Any]]:
+    """``s2hc params``'s rows (:func:`s2hc.params.param_table`) for ``families`` at the study's model shape (its
+    preset and overrides) and its rows' stream count: ``hc_params`` (the connections), ``head_params``,
+    ``with_head`` (what a study row's ``hc_params`` counts), ``vs_mhc``, ``vs_mhc_with_head``."""
+    from s2hc.models import get_preset
+    from s2hc.params import param_table
+
+    train = study.results["study"]["train"]
+    config = get_preset(train["preset"], **{k: v for k, v in (train.get("model_overrides") or {}).items()
+                                             if k in ("dim", "n_layers")})
+    n_streams = max(row["n_streams"] for row in study.results["rows"])
+    rows = param_table(families, layers=config.n_layers, dim=config.dim, n_streams=n_streams)
+    return {row["label"]: row for row in rows}
+
+
 def namespace(studies: dict[str, Study], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a template's expressions may name."""
-    return {**studies, "level": LEVEL, "cite": cite, "num": num, "claim": claim, "Number": Number,
-            "same_runs": same_runs, "min": min, "max": max, "all": all, "any": any, "len": len, "abs": abs,
+    """What a template's expressions may name: besides the studies, ``studies`` (all of them, in order) and
+    ``tests_that_clear()`` (:func:`tests_that_clear` over them)."""
+    return {**studies, "studies": list(studies.values()),
+            "tests_that_clear": lambda: tests_that_clear(studies.values()),
+            "level": LEVEL, "cite": cite, "num": num, "claim": claim, "Number": Number, "mean": statistics.fmean,
+            "same_runs": same_runs, "params_at": params_at,
+            "min": min, "max": max, "all": all, "any": any, "len": len, "abs": abs,
             "round": round, "sorted": sorted, **(extra or {})}
 
 

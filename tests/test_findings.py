@@ -139,3 +139,65 @@ def test_numbers_format_as_the_pages_write_them():
 def test_every_page_has_its_template():
     for template, page in PAGES.items():
         assert (ROOT / template).is_file() and (ROOT / page).is_file()
+
+
+def test_a_claim_can_require_an_interval_to_exclude_zero_or_a_test_to_clear():
+    study = _study(VALUES)
+    c = study.diff("s2hc n=4", "residual")
+    assert not c.excludes_zero and not c.clears
+    with pytest.raises(ValueError, match=r"no longer say .*'s2hc above'.*does not exclude 0"):
+        render({"t": '{% do claim(toy.diff("s2hc n=4", "residual").mean > 0, "s2hc above", '
+                     'interval=toy.diff("s2hc n=4", "residual")) %}\n'}, {"toy": study})
+    with pytest.raises(ValueError, match=r"does not clear its adjustment"):
+        render({"t": '{% do claim(True, "s2hc clears", clears=toy.diff("s2hc n=4", "residual")) %}\n'},
+               {"toy": _study(VALUES)})
+    assert render({"t": '{% do claim(True, "short", short=toy.diff("s2hc n=4", "residual")) %}ok\n'},
+                  {"toy": _study(VALUES)})["t"] == "ok\n"
+
+
+def _verdict(page: str) -> str:
+    return page.split("## Verdict", 1)[1].split("\n## ", 1)[0]
+
+
+def test_a_registered_test_that_fails_is_no_longer_called_confirmed(tmp_path):
+    """Two start-confirm seeds of the residual-equivalent start raised by 0.03: the registered one-sided test no
+    longer rejects, and neither the Verdict nor README's results say "confirmed" (or the rendering refuses)."""
+    import json
+
+    root = _copy_repository(tmp_path)
+    assert "confirmed" in _verdict((ROOT / "docs" / "results.md").read_text())
+    path = root / "docs" / "start-confirm" / "results.json"
+    results = json.loads(path.read_text())
+    for row in results["rows"]:
+        if "gate_init=residual" in row["label"] and row["seed"] in (5, 6):
+            row["val_loss"] += 0.03
+    path.write_text(json.dumps(results))
+    try:
+        pages = render_pages(root)
+    except ValueError as error:  # a claim that held for the committed data refuses: as good
+        assert "no longer say" in str(error)
+        return
+    verdict = _verdict(pages["docs/results.md"])
+    assert "confirmed" not in verdict and "not supported" in verdict
+    readme = pages["README.md"].split("<!-- findings", 1)[1]
+    assert "confirmed" not in readme and "not supported" in readme
+
+
+def test_an_interval_moved_across_zero_stops_the_sentence_it_guards(tmp_path):
+    """HC − mHC at equal cost, whose interval the Verdict says lies below zero: one seed of HC raised so the interval
+    crosses zero, and the rendering refuses, naming the interval."""
+    import json
+
+    root = _copy_repository(tmp_path)
+    path = root / "docs" / "cost" / "results.json"
+    results = json.loads(path.read_text())
+    before = Study("cost", json.loads(path.read_text())).diff("hc n=4", "mhc n=4")
+    assert before.high < 0
+    for row in results["rows"]:
+        if row["label"] == "hc n=4" and row["seed"] == 0:
+            row["val_loss"] += 0.08
+    path.write_text(json.dumps(results))
+    after = Study("cost", results).diff("hc n=4", "mhc n=4")
+    assert after.low < 0 < after.high
+    with pytest.raises(ValueError, match=r"no longer say .*does not exclude 0"):
+        render_pages(root)
