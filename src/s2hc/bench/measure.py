@@ -51,6 +51,7 @@ from ..extras import is_available, require
 from ..mixers import REFERENCE_FAMILY
 from ..models import Transformer, get_preset
 from ..reports import DASH, count, mib, ratio, table
+from ..train.compiling import CompileWatch, compile_blocks
 from .settings import BenchSettings
 
 PEER = "hyper-connections:mhc"  # the hyper-connections package's mHC, in the same model
@@ -302,7 +303,8 @@ def peak_step_bytes(step: Callable[[], Any], *baseline: Any, device: torch.devic
 class StepRunner:
     """A model, its AdamW and one fixed batch ``inputs`` / ``targets`` ``(batch, seq_len)`` of token ids,
     all on ``device``; :meth:`step` is one training step, its forward pass under autocast to ``amp_dtype``
-    (None: float32, no autocast) and the loss in float32, as in :mod:`s2hc.train.loop`."""
+    (None: float32, no autocast) and the loss in float32, as in :mod:`s2hc.train.loop`. ``watch``: with its blocks
+    compiled, which of them ran eagerly (:class:`s2hc.train.compiling.CompileWatch`)."""
 
     variant: Variant
     model: nn.Module
@@ -312,6 +314,7 @@ class StepRunner:
     forward: Callable[[torch.Tensor], torch.Tensor]
     device: torch.device = torch.device("cpu")
     amp_dtype: torch.dtype | None = None
+    watch: CompileWatch | None = None
 
     def step(self) -> None:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
@@ -335,15 +338,19 @@ def make_runner(
 ) -> StepRunner:
     """``variant``'s model of ``preset`` on ``device`` with AdamW and a fixed random batch of ``batch_size``
     sequences of ``seq_len`` tokens (the same weights and ids on every device: both are drawn on the CPU);
-    float32 weights, the forward pass autocast as precision ``dtype`` says (:func:`s2hc.devices.autocast_dtype`)."""
+    float32 weights, the forward pass autocast as precision ``dtype`` says (:func:`s2hc.devices.autocast_dtype`).
+    ``compile``: each block compiled as ``s2hc train --compile`` compiles it
+    (:func:`s2hc.train.compiling.compile_blocks`), not the whole model."""
     device = torch.device(device)
     amp_dtype = autocast_dtype(dtype, device)
     model = build_model(preset, variant, overrides).to(device)
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=torch.Generator().manual_seed(0)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1)
-    forward = torch.compile(model) if compile else model
-    return StepRunner(variant, model, optimizer, ids[:, :-1], ids[:, 1:], forward, device, amp_dtype)
+    watch = CompileWatch(model.blocks) if compile else None
+    if compile:
+        compile_blocks(model.blocks)
+    return StepRunner(variant, model, optimizer, ids[:, :-1], ids[:, 1:], model, device, amp_dtype, watch)
 
 
 def _key(variant: Variant) -> tuple[str, int]:
@@ -421,6 +428,9 @@ def benchmark_steps(
         except ValueError as error:
             raise ValueError(f"{variant.label} failed its first training step on {device.type}: {error}") from error
         _sync(device)
+        eager = runner.watch.line("its warm-up steps") if runner.watch is not None else None
+        if eager:
+            log(f"warning: {variant.label}: {eager}")
         runners.append(runner)
         seconds = time.perf_counter() - built
         log(f"built {variant.label} in {seconds:.1f}s (warm-up steps included)")

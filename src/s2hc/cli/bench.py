@@ -57,7 +57,7 @@ def register(subparsers) -> None:
         "forward pass under torch.autocast with bfloat16 on the device, float32 weights and loss, as training "
         "runs), auto (bfloat16 where the device supports it)",
     )  # fmt: skip
-    parser.add_argument("--compile", action="store_true", help="torch.compile every model")
+    parser.add_argument("--compile", action="store_true", help="torch.compile each block, as s2hc train --compile does")
     parser.add_argument(
         "--activation-checkpointing", action="store_true",
         help="also time every variant with its blocks checkpointed (recomputed in the backward pass, as `s2hc train "

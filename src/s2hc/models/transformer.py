@@ -400,6 +400,10 @@ class Block(nn.Module):
     sets on every module that has them. The checkpoint is inside ``forward``, so hooks on the block (FSDP2's
     all-gathers) run once, and a compiled block (``block.compile()``) compiles the checkpoint with it. Evaluation,
     ``torch.no_grad()`` and decoding with a cache (which a second run would append to twice) run as usual.
+
+    ``ran_compiled``: whether the block's last call ran as a compiled graph (True) or eagerly (False; None before
+    its first call). A compiled block (``block.compile()``) runs eagerly where dynamo gave up on it (its
+    recompile limit reached); :class:`s2hc.train.compiling.CompileWatch` reads this to say so.
     """
 
     gradient_checkpointing: bool = False
@@ -421,6 +425,7 @@ class Block(nn.Module):
                                         **sublayers, **options)
         self.mlp_hc = build_connection(config.dim, config.n_streams, layer_index=layer, sublayer=2 * layer + 1,
                                        **sublayers, **options)
+        self.ran_compiled: bool | None = None
 
     def attention_branch(self, h: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
         """Pre-norm (if any), attention, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
@@ -433,6 +438,8 @@ class Block(nn.Module):
         return y if self.mlp_post_norm is None else self.mlp_post_norm(y)
 
     def forward(self, x: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
+        # True only in a graph dynamo traced (a side effect it replays after the graph, guarding on nothing)
+        self.ran_compiled = torch.compiler.is_compiling()
         if self.gradient_checkpointing and cache is None and self.training and torch.is_grad_enabled():
             checkpoint = self._gradient_checkpointing_func or checkpoint_block
             if isinstance(x, tuple):  # AttnRes's sources, each an argument of its own: a reentrant checkpoint

@@ -1,11 +1,11 @@
 """Multi-process training on PyTorch's own engine: torchrun, DDP or FSDP2, NCCL on CUDA and Gloo on CPU.
 
 The layout follows torchtitan: the model is built whole on every rank (same seed, so the same weights),
-each block is compiled first (``nn.Module.compile``, which keeps parameter names), then wrapped —
-FSDP2 ``fully_shard`` on every block and then on the root, or one DDP around the model. Activation checkpointing
-(``--activation-checkpointing``) needs nothing of its own here: it sits inside ``Block.forward``, where torchtitan
-puts it (its checkpoint wrapper goes on the block before ``fully_shard``), so it composes with all of them
-(:func:`wrap`).
+each block is compiled first (:func:`.compiling.compile_blocks`: ``nn.Module.compile``, which keeps parameter
+names), then wrapped — FSDP2 ``fully_shard`` on every block and then on the root, or one DDP around the model.
+Activation checkpointing (``--activation-checkpointing``) needs nothing of its own here: it sits inside
+``Block.forward``, where torchtitan puts it (its checkpoint wrapper goes on the block before ``fully_shard``), so it
+composes with all of them (:func:`wrap`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from torch import nn
 
 from ..config import PARALLEL_MODES
 from ..devices import resolve_device
+from . import compiling
 from .processes import die_with_parent_env, dies_with_parent
 
 
@@ -107,8 +108,7 @@ def wrap(model: nn.Module, ctx: Context, compile_blocks: bool, amp_dtype: torch.
     inside): the same losses and weights as without, the blocks run twice, FSDP2's hooks as often as without.
     """
     if compile_blocks:
-        for block in model.blocks:
-            block.compile()
+        compiling.compile_blocks(model.blocks)
     if ctx.parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 

@@ -59,7 +59,7 @@ from ..rundir.checkpoint import check_kept_of_run
 from ..rundir.guard import clear_run, notice
 from ..rundir.schema import new_run_id
 from ..schedule import learning_rate
-from . import distributed
+from . import compiling, distributed
 from .banner import start_lines
 from .checkpointer import Checkpointer
 from .init_from import load_initial_weights
@@ -416,12 +416,14 @@ def _train(config: TrainConfig, saved: Checkpoint | None, ctx: distributed.Conte
             while run.step < config.max_steps:
                 run.optimizer_step()
                 console.stepped()
+                console.warn(run.compile_line("training"))
                 if run.log_due():
                     run.log()
                     console.logged()
                 run.diagnose_if_due()
                 if run.evaluate_if_due():
                     console.evaluated()
+                    console.warn(run.compile_line("evaluation"))
                 if run.checkpoint_due() or received:
                     run.save()
                 if received:
@@ -439,11 +441,12 @@ class _Console:
     device, precision, tokens per step, optimizer, run directory, and "compiling…" with ``compile``), then a
     progress bar (its postfix the last loss, tokens/s and validation loss) when ``progress`` is on and stderr is a
     terminal; otherwise, for batch jobs and log files, plain lines (no carriage return, no escape code): one per
-    ``log_every`` steps and one per evaluation."""
+    ``log_every`` steps and one per evaluation. With ``compile``, a warning line when blocks ran eagerly or a
+    compiled graph broke (:meth:`_Run.compile_line`), after the step or evaluation where it is first seen."""
 
     def __init__(self, run: _Run, is_main: bool):
         config = run.config
-        self.run = run
+        self.run, self.is_main = run, is_main
         if is_main:  # before the bar, which draws itself when made
             for line in start_lines(config, step=run.step, params=run.params, connection_params=run.hc_params,
                                     device=run.device, amp_dtype=run.amp_dtype, tokens_per_step=run.tokens_per_step,
@@ -474,6 +477,11 @@ class _Console:
         self.postfix.update(val=f"{val_loss:.3f}")
         self.bar.set_postfix(self.postfix)
 
+    def warn(self, line: str | None) -> None:
+        """``line`` (if any) as a warning of its own, above the progress bar when there is one."""
+        if line is not None and self.is_main:
+            tqdm.write(f"s2hc: warning: {line}", file=sys.stderr)
+
     def _line(self, text: str) -> None:
         print(f"step {self.run.step}/{self.run.config.max_steps}: {text}", file=sys.stderr, flush=True)
 
@@ -500,6 +508,9 @@ class _Run:
         self.loader, self.validation = _data(config, tokenizer, ctx)
         self.model = self._build_model(saved)
         self.params, self.hc_params = self.model.num_params(), self.model.num_connection_params()
+        # which blocks ran eagerly under --compile, said once per new finding (:meth:`compile_line`)
+        self.compile_watch = compiling.CompileWatch(self.model.blocks) if config.compile else None
+        self.compile_said: set[str] = set()
         self.forward = distributed.wrap(self.model, ctx, config.compile, self.amp_dtype)
         self.optimizer = make_optimizer(self.model, config.lr, config.weight_decay, (config.beta1, config.beta2),
                                         on=config.weight_decay_on, optimizer=config.optimizer)
@@ -616,6 +627,16 @@ class _Run:
     def _due(self, every: int) -> bool:
         """Whether a task done every ``every`` steps (0: never) is due after the step now being taken."""
         return bool(every) and (self.step + 1) % every == 0
+
+    def compile_line(self, during: str) -> str | None:
+        """With ``compile``, after a step (``during`` "training") or an evaluation ("evaluation"): the line saying
+        how many blocks ran eagerly and why, and any graph break (:class:`.compiling.CompileWatch`), when it says
+        something not said before; else None."""
+        line = self.compile_watch.line(during) if self.compile_watch is not None else None
+        if line is None or line in self.compile_said:
+            return None
+        self.compile_said.add(line)
+        return line
 
     def log_due(self) -> bool:
         return self.step % self.config.log_every == 0 or self.step == self.config.max_steps

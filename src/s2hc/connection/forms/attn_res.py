@@ -23,6 +23,13 @@ At init every query is zero, so each sublayer reads the *mean* of its sources. W
 residual model's function (the mean and the residual sum differ by a positive factor per token, which the
 branch's RMSNorm and the final norm remove, up to their epsilon), so an AttnRes model starts as the residual
 model with the same weights.
+
+Under ``torch.compile`` (``s2hc train --compile`` compiles each block, :mod:`s2hc.train.compiling`) a connection's
+graph depends on what its forward reads of the module as constants: the count of sources comes from the tuple it
+is handed (checked against ``sublayer`` only when not compiling) and whether it begins a block from the bool
+``begins_block``, never from the integer ``sublayer``, so blocks differ only by the number of sources and where
+they sit in an AttnRes block. A tuple of another length is another input structure, so Full AttnRes still compiles
+one graph per block, and Block AttnRes about two per AttnRes block.
 """
 
 from __future__ import annotations
@@ -128,6 +135,9 @@ class AttnResConnection(DepthAttention, Connection):
         self.layer_index = check_int("layer_index", layer_index, minimum=0)
         self.sublayer = check_int("sublayer", sublayer, minimum=0)
         self.block_size = check_int("block_size", block_size)
+        # A bool, not the integers: torch.compile guards on what forward reads of the module, and the integers would
+        # make every block's graph its own (module docstring).
+        self.begins_block = sublayer % block_size == 0
 
     @property
     def family(self) -> str:
@@ -144,10 +154,12 @@ class AttnResConnection(DepthAttention, Connection):
 
     def forward(self, sources: tuple[torch.Tensor, ...], branch: Callable[..., torch.Tensor], *args: Any,
                 **kwargs: Any) -> tuple[torch.Tensor, ...]:
-        sources = _check_sources(sources, self.num_sources, self.dim, type(self).__name__)
+        # The count is checked eagerly; under torch.compile the tuple's length is the graph's own guard.
+        count = None if torch.compiler.is_compiling() else self.num_sources
+        sources = _check_sources(sources, count, self.dim, type(self).__name__)
         h, _ = self.read(sources)
         out = call_branch(branch, h, args, kwargs).to(h.dtype)
-        if self.sublayer % self.block_size == 0:  # this sublayer begins a block
+        if self.begins_block:
             return (*sources, out)
         return (*sources[:-1], sources[-1] + out)
 
