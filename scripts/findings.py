@@ -14,7 +14,11 @@ helpers of :class:`Number` and Python's ``min``, ``max``, ``all``, ``any``, ``le
 ``sorted``. Jinja's statements bind names and loop (``{% set gap = study.diff(...) %}``, ``{% for label in ... %}``);
 a line holding only statements leaves nothing in the page. A statement ``{% do claim(condition, "...") %}`` guards
 the words beside it: when the JSON no longer makes the condition true (a study grew, a row changed), rendering
-stops and names the line.
+stops and names the line. A claim about a difference tests its interval or its test, not only its mean:
+``claim(cond, "...", interval=c)`` requires each interval to exclude 0, ``clears=c`` each test to clear its
+adjustment, ``short=c`` each not to; a verdict sentence is otherwise produced from a test's outcome
+(:attr:`Comparison.outcome`, :func:`tests_that_clear`). A study whose seeds grew after looking
+(``docs/STUDY/seed_history.json``, scripts/seed_history.py) has its planned comparisons labelled exploratory.
 
 Two kinds of comparison (:meth:`Study.diff`):
 
