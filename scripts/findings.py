@@ -789,14 +789,25 @@ class Reruns:
 # ---- rendering -------------------------------------------------------------------------------------------------
 
 
+def read_json(path: Path) -> Any:
+    """The JSON of ``path``; ValueError in one line naming the file and where it is damaged."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}); "
+                         "restore it from git (git checkout -- FILE) or rerun its study") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: cannot be read ({error})") from None
+
+
 def load_studies(docs: Path) -> dict[str, Study]:
-    """Every ``docs/*/results.json`` as a :class:`Study`, by directory name (``-`` as ``_``)."""
+    """Every ``docs/*/results.json`` as a :class:`Study`, by directory name (``-`` as ``_``); ValueError naming a
+    damaged file."""
     studies = {}
     for path in sorted(Path(docs).glob("*/results.json")):
         history = path.parent / "seed_history.json"
         studies[path.parent.name.replace("-", "_")] = Study(
-            path.parent.name, json.loads(path.read_text()),
-            history=json.loads(history.read_text()) if history.is_file() else None)
+            path.parent.name, read_json(path), history=read_json(history) if history.is_file() else None)
     return studies
 
 
@@ -920,7 +931,7 @@ def render_pages(root: Path, write: bool = False) -> dict[str, str]:
     with ``write``, written (atomically) where it differs."""
     root = Path(root)
     reruns = root / "docs" / "reruns" / "cells.json"
-    extra = {"reruns": Reruns(json.loads(reruns.read_text())["cells"])} if reruns.is_file() else {}
+    extra = {"reruns": Reruns(read_json(reruns)["cells"])} if reruns.is_file() else {}
     rendered = render({template: (root / template).read_text() for template in PAGES}, load_studies(root / "docs"),
                       extra)
     pages = {}

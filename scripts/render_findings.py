@@ -24,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when a page differs")
     args = parser.parse_args(argv)
-    pages = render_pages(ROOT, write=not args.check)
+    try:
+        pages = render_pages(ROOT, write=not args.check)
+    except ValueError as error:  # a damaged study file, or a finding its data no longer carries: one line
+        print(f"render_findings: error: {error}", file=sys.stderr)
+        return 2
     stale = [page for page, text in pages.items() if (ROOT / page).read_text() != text]
     for page in stale:
         print(f"{page} differs from what its template and the committed JSON render", file=sys.stderr)

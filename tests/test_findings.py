@@ -201,3 +201,22 @@ def test_an_interval_moved_across_zero_stops_the_sentence_it_guards(tmp_path):
     assert after.low < 0 < after.high
     with pytest.raises(ValueError, match=r"no longer say .*does not exclude 0"):
         render_pages(root)
+
+
+def test_a_damaged_results_json_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
+    """A hand-damaged docs/*/results.json stops the render with one line naming the file, not a traceback."""
+    import render_findings
+    from findings import load_studies
+
+    study = tmp_path / "docs" / "broken"
+    study.mkdir(parents=True)
+    (study / "results.json").write_text('{"rows": [1, 2,')
+    with pytest.raises(ValueError, match=r"broken/results.json: not valid JSON \(.* at line 1"):
+        load_studies(tmp_path / "docs")
+    for template in PAGES:  # the templates, beside the damaged study
+        (tmp_path / template).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / template, tmp_path / template)
+    monkeypatch.setattr(render_findings, "ROOT", tmp_path)
+    assert render_findings.main(["--check"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "broken/results.json: not valid JSON" in error[0]
