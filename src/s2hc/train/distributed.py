@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config import PARALLEL_MODES
+from ..connection.precision import lowers_precision, shard_connections
 from ..devices import resolve_device
 from . import compiling
 from .processes import die_with_parent_env, dies_with_parent
@@ -97,6 +98,12 @@ def wrap(model: nn.Module, ctx: Context, compile_blocks: bool, amp_dtype: torch.
 
     The returned module's parameters are the training parameters (DTensors under FSDP2).
 
+    FSDP2 with ``amp_dtype`` bfloat16 (or float16) rounds only the branches' parameters: every connection module is
+    a float32 unit of its own (:func:`s2hc.connection.precision.shard_connections`), the blocks (``param_dtype``
+    ``amp_dtype``) cast nothing they receive, and the root keeps float32, so the coefficient path computes from
+    float32 parameters and the float32 streams are never rounded; the branches run in ``amp_dtype`` under the
+    training loop's autocast. Without ``amp_dtype`` nothing is cast.
+
     Blocks checkpointed by :meth:`s2hc.models.Transformer.set_activation_checkpointing` (before this call, as the
     training loop does) compose with each step, because the checkpoint runs inside ``Block.forward``:
     ``block.compile()`` traces the non-reentrant checkpoint as one region and inductor's partitioner recomputes it
@@ -112,14 +119,20 @@ def wrap(model: nn.Module, ctx: Context, compile_blocks: bool, amp_dtype: torch.
     if ctx.parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        policy = (
-            MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32)
-            if amp_dtype
-            else MixedPrecisionPolicy()
-        )
+        if not lowers_precision(amp_dtype):
+            for block in model.blocks:
+                fully_shard(block)
+            fully_shard(model)
+            return model
+        # bfloat16 for the branches only (docs/distributed.md, "Mixed precision"): the connections first, each a
+        # float32 unit of its own; the blocks cast nothing they receive, so the float32 streams reach the
+        # connections unrounded; the root (embedding, final norm, LM head) keeps float32, so the streams start
+        # from the exact embedding, as under autocast alone.
+        shard_connections(model)
+        blocks = MixedPrecisionPolicy(param_dtype=amp_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
         for block in model.blocks:
-            fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+            fully_shard(block, mp_policy=blocks)
+        fully_shard(model, mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.float32, cast_forward_inputs=False))
         return model
     if ctx.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel
