@@ -150,7 +150,7 @@ def test_the_verdicts_at_equal_cost_of_a_real_comparison(base, tmp_path):
                  "peak: CPU, measured float32 512² matmul"):
         assert text in line
     found = json.loads((out / "verdicts.json").read_text())
-    assert found["format"] == "s2hc-verdicts" and found["version"] == 1
+    assert found["format"] == "s2hc-verdicts" and found["version"] == 2
     (entry,) = found["baselines"]["residual"]
     assert entry["configuration"] == "s2hc n=4" and entry["seeds"] == [5, 6]
     for measure in ("token_speedup", "wall_clock_speedup"):

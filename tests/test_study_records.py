@@ -7,14 +7,18 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from scipy import stats as scipy_stats
 
 from s2hc.cli import main
-from s2hc.study import parse_spec, runner
-from s2hc.study.report import build_report
+from s2hc.study import cost, parse_spec, runner
+from s2hc.study.preregistered import evaluate, report_lines
+from s2hc.study.report import _baseline_label, build_report, paired_table, verdicts
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -264,3 +268,118 @@ def test_settings_that_differ_only_in_what_a_run_shows_are_one_setting():
     with pytest.raises(ValueError) as error:
         parse_spec({"families": ["residual", "mhc"], "settings": [{"logger": "csv"}, {"logger": "tensorboard"}]})
     assert "settings[0] and settings[1] train the same runs" in str(error.value) and "\n" not in str(error.value)
+
+
+# ------------------------------------------------------------------------ Holm families fixed by the config
+
+
+def _hand_rows() -> dict:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_cost import hand_results
+
+    return hand_results()
+
+
+def test_a_configuration_beyond_the_baseline_s_curve_stays_in_the_holm_family():
+    """``best`` ends below the baseline's best: its token speedup is a bound with no test. It stays in the family
+    (counted as p = 1), so ``fast``'s Holm p is over the two configurations the study pairs with residual."""
+    found = verdicts(_hand_rows())
+    fast, best = found["baselines"]["residual"]
+    tokens = fast["token_speedup"]
+    assert tokens["holm_m"] == 2 and tokens["p_holm"] == pytest.approx(min(1.0, 2 * tokens["p"]))
+    assert best["token_speedup"]["p"] is None and best["token_speedup"]["p_counted"] == 1.0
+    assert found["holm_families"]["residual"] == {
+        "members": ["fast", "best"],
+        "untested": {"loss": [], "token_speedup": ["best"], "wall_clock_speedup": ["best"], "mfu": ["best"]}}
+
+
+def test_the_committed_cost_study_s_holm_families_are_the_six_it_declares():
+    results = json.loads((DOCS / "cost" / "results.json").read_text())
+    found = verdicts(results)
+    assert len(found["holm_families"]["residual"]["members"]) == 6
+    mhc = next(e for e in found["baselines"]["residual"] if e["configuration"] == "mhc n=4")
+    # mHC's token speedup: p 0.0156, Holm over the six (hc and attn-res are bounds), not over the four tested
+    assert mhc["token_speedup"]["holm_m"] == 6 and mhc["token_speedup"]["p_holm"] == pytest.approx(0.0624, abs=1e-4)
+    line = next(x for x in cost.verdict_lines(found) if x.startswith("- **mhc n=4** against `residual"))
+    assert "p 0.016 (unadjusted), Holm p 0.062 (over 6 against `residual`)" in line
+
+
+def test_a_declared_configuration_without_paired_seeds_stays_in_the_paired_table_s_family():
+    results = json.loads((DOCS / "start" / "results.json").read_text())
+    baseline = "residual"
+    before = paired_table(results, baseline)
+    first = next(line for line in before if line.startswith("| ") and "n=4" in line).split(" | ")[0][2:]
+    results["rows"] = [r for r in results["rows"] if not (r["label"] == first and r["seed"] > 0)]  # one seed left
+    after = paired_table(results, baseline)
+    m = len(cost.family(results, baseline, _baseline_label))
+    assert f"Holm p (over {m})" in after[0]
+    assert any(line.startswith(f"| {first} |") and "fewer than two paired seeds" in line for line in after)
+
+
+# ------------------------------------------------------------------------------------ labels and intervals
+
+
+def test_mfu_over_seeds_is_a_geometric_mean_with_its_interval_on_the_log_scale():
+    results = _hand_rows()
+    for row in results["rows"]:
+        if row["label"] == "fast":
+            row["timing"]["tokens_per_s"] = 100.0 if row["seed"] == 0 else 1000.0  # MFU 1.2 % and 12 %
+    mfu = next(e for e in verdicts(results)["baselines"]["residual"] if e["configuration"] == "fast")["mfu"]
+    logs = [math.log(0.012), math.log(0.12)]
+    half = scipy_stats.t.ppf(0.975, 1) * statistics.stdev(logs) / math.sqrt(2)
+    assert mfu["mean"] == pytest.approx(math.sqrt(0.012 * 0.12))
+    assert mfu["ci95"] == pytest.approx([math.exp(statistics.fmean(logs) - half),
+                                         math.exp(statistics.fmean(logs) + half)])
+    assert mfu["ci95"][0] > 0  # a linear interval over two seeds goes below 0 %
+
+
+def test_intervals_beside_holm_verdicts_are_simultaneous_too_and_every_p_is_labelled():
+    found = verdicts(_hand_rows())
+    fast = found["baselines"]["residual"][0]
+    diffs = list(fast["loss"]["per_seed"].values())
+    half = scipy_stats.t.ppf(1 - 0.05 / 4, 1) * statistics.stdev(diffs) / math.sqrt(2)  # Bonferroni over 2
+    assert fast["loss"]["ci95_simultaneous"] == pytest.approx([statistics.fmean(diffs) - half,
+                                                               statistics.fmean(diffs) + half])
+    line = cost.verdict_line(fast, "residual")
+    assert "Δ validation loss +1.0000 [95 % CI " in line and "; simultaneous " in line
+    assert ", p 0.295 (unadjusted), Holm p 0.295 (over 2 against `residual`)" in line
+    # the paired table: both intervals, each p said
+    results = json.loads((DOCS / "recipe" / "results.json").read_text())
+    header = paired_table(results, "residual")[0]
+    assert ("| Δ validation loss [95 % CI] | [simultaneous 95 % CI, Bonferroni over 6] | p (two-sided, unadjusted) | "
+            "Holm p (over 6) | verdict |") in header
+
+
+def test_a_family_of_one_has_no_holm_p_and_no_simultaneous_interval():
+    results = _hand_rows()
+    results["rows"] = [r for r in results["rows"] if r["label"] != "best"]
+    fast = verdicts(results)["baselines"]["residual"][0]
+    line = cost.verdict_line(fast, "residual")
+    assert "Holm" not in line and "simultaneous" not in line and ", p 0.295 (two-sided)" in line
+    start = json.loads((DOCS / "start" / "results.json").read_text())
+    labels = {r["label"] for r in start["rows"]}
+    keep = {"residual", next(label for label in labels if label != "residual")}
+    start["rows"] = [r for r in start["rows"] if r["label"] in keep]
+    start["study"]["configurations"] = [c for c in start["study"]["configurations"] if c["label"] in keep]
+    table = paired_table(start, "residual")
+    assert "Holm" not in table[0] and "simultaneous" not in table[0] and "| p (two-sided) |" in table[0]
+
+
+def test_a_one_sided_registered_test_gives_one_sided_bounds_and_no_holm_p_for_the_primary(measured):
+    results = json.loads((measured / "results.json").read_text())
+    lines = report_lines(results)
+    header = next(line for line in lines if line.startswith("| test |"))
+    # one contrast: its secondary test is the primary's, alone: no Holm column
+    assert "| one-sided 95 % bound |" in header and "| p (one-sided) |" in header and "Holm" not in header
+    test = evaluate(results)
+    values = list(test["primary"]["per_seed"].values())
+    high = statistics.fmean(values) + scipy_stats.t.ppf(0.95, 1) * statistics.stdev(values) / math.sqrt(2)
+    assert test["primary"]["bound"] == pytest.approx([-math.inf, high])
+    primary = next(line for line in lines if line.startswith("| primary"))
+    assert f"| [-∞, {high:+.4f}] |" in primary
+    # three contrasts (the committed confirmation): Holm over the three for the secondary, none for the primary
+    committed = json.loads((DOCS / "start-confirm" / "results.json").read_text())
+    lines = report_lines(committed)
+    header = next(line for line in lines if line.startswith("| test |"))
+    assert "| simultaneous (Bonferroni over 3) | p (one-sided, unadjusted) | Holm p (over the 3 contrasts) |" in header
+    assert "| – (one test) |" in next(line for line in lines if line.startswith("| primary"))

@@ -26,11 +26,19 @@ with other work, or other thread counts, so their seconds are not comparable).
 
 Over seeds, a speedup (a ratio) is analysed on the log scale: the mean log ratio with its Student-t interval and
 the paired t-test of log(configuration) against log(baseline) (:func:`.stats.paired`, the two-sided test that the
-ratio's geometric mean is 1), reported back as a geometric mean ratio and interval. MFU is summarised per
-configuration (mean, interval) and compared as a ratio the same way. Holm's correction runs over the
-configurations paired with one baseline, per measure. A seed beyond the curve gives a bound, not a value: the
-summary is then a bound on the geometric mean (all such seeds on one side: ``"beyond"`` and ``"bound"``), or none
-(``"mixed"``), and has no interval or test.
+ratio's geometric mean is 1), reported back as a geometric mean ratio and interval. MFU, itself a ratio (achieved
+over peak), is summarised per configuration the same way (geometric mean, interval on the log scale: a linear
+interval over a few seeds reaches below 0 %) and compared as a ratio. A seed beyond the curve gives a bound, not a
+value: the summary is then a bound on the geometric mean (all such seeds on one side: ``"beyond"`` and
+``"bound"``), or none (``"mixed"``), and has no interval or test.
+
+Holm's correction runs per measure over each baseline's **family**, fixed by the study's config before anything
+ran (:func:`family`: every configuration it pairs with that baseline), whatever the runs give: a member whose
+measure has no test (a bound, an unreadable speedup, one seed) stays in it counted as p = 1 (``"p_counted"``), the
+most conservative value it could take, so that a configuration beating the baseline's best cannot shrink the
+others' adjustment by leaving the family. Each summary says the family's size (``"holm_m"``); where it is more
+than one, ``"ci95_simultaneous"`` is the interval at the Bonferroni level 1 − 0.05/m, the intervals that hold
+together, to read beside the Holm verdicts (``"ci95"`` holds for one comparison alone).
 """
 
 from __future__ import annotations
@@ -44,12 +52,14 @@ from ..flops import MEASURED_PEAK, peak_flops
 from ..reports import p_value
 from . import stats
 from .rows import by_configuration
-from .stats import describe, holm, paired
+from .stats import describe, paired
 
 VERDICTS = "verdicts.json"
 FORMAT = "s2hc-verdicts"
-#: The version of ``verdicts.json``'s schema.
-VERSION = 1
+#: The version of ``verdicts.json``'s schema. 2: MFU over seeds as a geometric mean with its interval on the log
+#: scale; Holm over each baseline's declared family (``holm_families``, ``holm_m``, ``p_counted``), simultaneous
+#: intervals (``ci95_simultaneous``).
+VERSION = 2
 BELOW, ABOVE, MIXED = "below", "above", "mixed"
 #: The most the CPU matmul peaks measured at the starts of a configuration's and its baseline's runs may differ
 #: (largest over smallest) for their training seconds to be compared: more is a machine busy with other work.
@@ -243,12 +253,15 @@ def _mfu_measure(pairs: dict[int, tuple[dict, dict]], tests: bool) -> dict[str, 
     if not values:
         out["reason"] = next(iter(mine.values()))["reason"] if mine else "no seed"
         return out
-    summary = describe(list(values.values()), interval=tests)
-    out.update(mean=summary["mean"], ci95=summary["ci95"],
-               baseline_mean=statistics.fmean(base_values.values()) if base_values else None,
+    # MFU is a ratio (achieved over peak): over seeds its geometric mean with the interval on the log scale,
+    # exponentiated (a linear interval over two seeds reaches below 0 %)
+    summary = describe([math.log(v) for v in values.values()], interval=tests)
+    out.update(mean=math.exp(summary["mean"]), ci95=[math.exp(v) for v in summary["ci95"]] if summary["ci95"] else None,
+               baseline_mean=math.exp(statistics.fmean(math.log(v) for v in base_values.values()))
+               if base_values else None,
                peak=sorted({m["peak"] for m in mine.values() if m["value"] is not None}))
     ratios = {seed: {"value": values[seed] / base_values[seed]} for seed in values if seed in base_values}
-    out["ratio"] = summarize_ratios(ratios, tests)
+    out["ratio"] = {"per_seed": ratios, **summarize_ratios(ratios, tests)}
     return out
 
 
@@ -275,7 +288,10 @@ def verdicts(results: dict[str, Any], baselines, baseline_label: Callable[..., s
     groups = by_configuration(results["rows"])
     tests = stats.available()
     out: dict[str, Any] = {"format": FORMAT, "version": VERSION, "level": stats.LEVEL, "speedup_scale": "log",
-                           "curve": "running minimum, linearly interpolated between evaluations", "baselines": {}}
+                           "mfu_scale": "log", "curve": "running minimum, linearly interpolated between evaluations",
+                           "holm": "over each baseline's family (holm_families: every configuration the config pairs "
+                                   "with it), per measure; a member without a test counts as p = 1",
+                           "baselines": {}, "holm_families": {}}
     for baseline in baselines:
         entries = []
         for label, runs in groups.items():
@@ -299,22 +315,82 @@ def verdicts(results: dict[str, Any], baselines, baseline_label: Callable[..., s
                 "step_time_ratio": _step_time_ratio(pairs),
                 "train_seconds": _train_seconds(pairs),
             })
-        for measure, part in (("loss", None), ("token_speedup", None), ("wall_clock_speedup", None),
-                              ("mfu", "ratio")):
-            found = [(e[measure] if part is None else e[measure].get(part)) for e in entries]
-            tested = [m for m in found if m is not None and m.get("p") is not None]
-            for m, adjusted in zip(tested, holm([m["p"] for m in tested])):
-                m["p_holm"] = adjusted
+        members = family(results, baseline, baseline_label)
+        untested: dict[str, list[str]] = {}
+        for measure, part in MEASURES:
+            found = {e["configuration"]: (e[measure] if part is None else e[measure].get(part)) for e in entries}
+            found = {label: m for label, m in found.items() if m is not None}
+            adjusted = stats.holm_family(members, {label: m.get("p") for label, m in found.items()})
+            untested[measure] = [label for label in members if (found.get(label) or {}).get("p") is None]
+            for label, m in found.items():
+                m.update(holm_m=len(members), p_holm=adjusted.get(label))
+                if adjusted and m.get("p") is None:
+                    m["p_counted"] = 1.0  # no test (a bound, one seed): Holm counts it as p = 1
+                _simultaneous(m, len(members), log=measure != "loss")
         if entries:
             out["baselines"][baseline] = entries
+            out["holm_families"][baseline] = {"members": members, "untested": untested}
     return out
+
+
+#: The measures Holm's correction runs over, each over one baseline's family: (key, part of the entry).
+MEASURES = (("loss", None), ("token_speedup", None), ("wall_clock_speedup", None), ("mfu", "ratio"))
+
+
+def family(results: dict[str, Any], baseline: str, baseline_label: Callable[..., str | None]) -> list[str]:
+    """The configurations paired with ``baseline``: those the study's config declares (``study.configurations``)
+    whose baseline configuration it also declares, and any other the rows hold, in grid order. Holm's family,
+    fixed by the config before anything ran: a configuration whose runs gave no test (a bound beyond the
+    baseline's curve, a seed too few, a diverged run) stays in it (:func:`.stats.holm_family`)."""
+    declared = {c["label"]: [c] for c in results["study"].get("configurations") or []
+                if isinstance(c, dict) and "label" in c}
+    groups = {**declared, **by_configuration(results["rows"])}
+    members = []
+    for label, runs in groups.items():
+        source = declared if label in declared else groups
+        base = baseline_label(baseline, runs, source)
+        if base is not None and base != label:
+            members.append(label)
+    return members
+
+
+def _simultaneous(summary: dict[str, Any], m: int, log: bool) -> None:
+    """Add ``ci95_simultaneous`` to a summary over a Holm family of ``m`` (more than one): the interval at the
+    Bonferroni level ``1 − 0.05 / m``, of the per-seed differences or (``log``) of the log ratios, exponentiated; the
+    intervals that hold together, to read beside the Holm verdicts (the ``ci95`` beside it holds for one alone)."""
+    if m < 2 or not summary.get("ci95"):
+        return
+    per_seed = summary.get("per_seed") or {}
+    values = [_log(v["value"]) for v in per_seed.values()] if log else list(per_seed.values())
+    if not values or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+        return
+    bounds = stats.interval(values, stats.simultaneous_level(m))
+    if bounds is not None:
+        summary["ci95_simultaneous"] = [math.exp(v) for v in bounds] if log else bounds
 
 
 # ------------------------------------------------------------------------------------------- the report
 
 
 def _ratio_text(summary: dict[str, Any]) -> str:
-    """``1.21× [1.05, 1.39], Holm p 0.031``, ``> 1.42× (…)``, or why it cannot be read."""
+    """``1.21× [1.05, 1.39], Holm p 0.031`` (``p`` where the family is one test), ``> 1.42× (…)``, or why it
+    cannot be read: the short form (:func:`_measure_text` is the report's, every p labelled)."""
+    bound = _beyond_text(summary)
+    if bound is not None:
+        return bound
+    if summary.get("geometric_mean") is None:
+        return "–"
+    text = f"{summary['geometric_mean']:.2f}×"
+    if summary.get("ci95"):
+        low, high = summary["ci95"]
+        text += f" [{low:.2f}, {high:.2f}]"
+    if summary.get("p_holm") is not None:
+        text += f", {'p' if summary.get('holm_m') == 1 else 'Holm p'} {p_value(summary['p_holm'])}"
+    return text
+
+
+def _beyond_text(summary: dict[str, Any]) -> str | None:
+    """What a summary without a value says instead: why it cannot be read, or its bound; None when it has one."""
     if summary.get("unreadable"):
         return f"cannot be read ({summary['unreadable']})"
     if summary.get("beyond") == MIXED:
@@ -323,42 +399,67 @@ def _ratio_text(summary: dict[str, Any]) -> str:
         return f"> {summary['bound']:.2f}× (below the baseline's best: it never reached this loss)"
     if summary.get("beyond") == ABOVE:
         return f"< {summary['bound']:.2f}× (above the baseline's first evaluation)"
-    if summary.get("geometric_mean") is None:
-        return "–"
-    text = f"{summary['geometric_mean']:.2f}×"
-    if summary.get("ci95"):
-        low, high = summary["ci95"]
-        text += f" [{low:.2f}, {high:.2f}]"
-    if summary.get("p_holm") is not None:
-        text += f", Holm p {p_value(summary['p_holm'])}"
-    return text
+    return None
+
+
+def _p_text(summary: dict[str, Any], baseline: str | None) -> str:
+    """Each p labelled by what it is: ``p 0.010 (unadjusted), Holm p 0.062 (over 6 against `residual`)``; ``p 0.010
+    (two-sided)`` where the family is this one test; for a member without a test, that Holm counted it as p = 1."""
+    m, against = summary.get("holm_m") or 1, f" against `{baseline}`" if baseline else ""
+    if summary.get("p") is None:
+        return f"no test: Holm counts it as p = 1 over {m}{against}" if summary.get("p_counted") else ""
+    if m == 1 or summary.get("p_holm") is None:
+        return f"p {p_value(summary['p'])} (two-sided)"
+    return f"p {p_value(summary['p'])} (unadjusted), Holm p {p_value(summary['p_holm'])} (over {m}{against})"
+
+
+def _interval_text(summary: dict[str, Any], form: str) -> str:
+    """`` [95 % CI a, b; simultaneous c, d]`` (the simultaneous interval where the family has more than one), or
+    nothing without an interval; ``form`` formats each bound."""
+    if not summary.get("ci95"):
+        return ""
+    text = " [95 % CI " + ", ".join(form.format(v) for v in summary["ci95"])
+    if summary.get("ci95_simultaneous"):
+        text += "; simultaneous " + ", ".join(form.format(v) for v in summary["ci95_simultaneous"])
+    return text + "]"
+
+
+def _measure_text(summary: dict[str, Any], baseline: str | None) -> str:
+    """A speedup (or the MFU ratio) in the report: the geometric mean with its intervals and labelled p, or its bound
+    (or why it cannot be read) with how Holm counted it."""
+    bound = _beyond_text(summary)
+    if bound is None:
+        if summary.get("geometric_mean") is None:
+            return "–"
+        bound = f"{summary['geometric_mean']:.2f}×" + _interval_text(summary, "{:.2f}")
+    tested = _p_text(summary, baseline)
+    return f"{bound}, {tested}" if tested else bound
 
 
 def _percent(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.3g} %"
 
 
-def verdict_line(entry: dict[str, Any]) -> str:
-    """One line: loss difference, token speedup, wall-clock speedup (its device), MFU."""
+def verdict_line(entry: dict[str, Any], baseline: str | None = None) -> str:
+    """One line: loss difference, token speedup, wall-clock speedup (its device), MFU; ``baseline``: the family
+    its Holm p are adjusted over (the configurations against that baseline)."""
     loss = entry["loss"]
-    loss_text = "–" if loss["mean"] is None else f"{loss['mean']:+.4f}"
-    if loss.get("ci95"):
-        loss_text += f" [{loss['ci95'][0]:+.4f}, {loss['ci95'][1]:+.4f}]"
-    if loss.get("p_holm") is not None:
-        loss_text += f", Holm p {p_value(loss['p_holm'])}"
+    loss_text = "–" if loss["mean"] is None else f"{loss['mean']:+.4f}" + _interval_text(loss, "{:+.4f}")
+    tested = _p_text(loss, baseline)
+    loss_text += f", {tested}" if tested else ""
     wall = entry["wall_clock_speedup"]
     if wall["available"]:
-        wall_text = f"{_ratio_text(wall)} ({wall['device']})"
+        wall_text = f"{_measure_text(wall, baseline)} ({wall['device']})"
     else:
         wall_text = f"unavailable ({wall.get('reason')})"
     mfu = entry["mfu"]
     if mfu["available"]:
         mfu_text = _percent(mfu["mean"])
         if mfu.get("ci95"):
-            mfu_text += f" [{_percent(mfu['ci95'][0])}, {_percent(mfu['ci95'][1])}]"
+            mfu_text += f" [95 % CI {_percent(mfu['ci95'][0])}, {_percent(mfu['ci95'][1])}]"
         mfu_text += f" against {_percent(mfu.get('baseline_mean'))}"
         if mfu.get("ratio") and mfu["ratio"]["n"]:
-            mfu_text += f" (ratio {_ratio_text(mfu['ratio'])})"
+            mfu_text += f" (ratio {_measure_text(mfu['ratio'], baseline)})"
         mfu_text += f"; peak: {'; '.join(mfu['peak'])}"
     else:
         mfu_text = f"unavailable ({mfu.get('reason')})"
@@ -370,8 +471,8 @@ def verdict_line(entry: dict[str, Any]) -> str:
     if seconds.get("configuration") is not None and seconds.get("baseline") is not None:
         cost_text += f", trained {seconds['configuration']:.0f} s against {seconds['baseline']:.0f} s"
     return (f"- **{entry['configuration']}** against `{entry['against']}` (seeds {seeds}): Δ validation loss "
-            f"{loss_text}{cost_text}; token speedup {_ratio_text(entry['token_speedup'])}; wall-clock speedup "
-            f"{wall_text}; MFU {mfu_text}.")
+            f"{loss_text}{cost_text}; token speedup {_measure_text(entry['token_speedup'], baseline)}; wall-clock "
+            f"speedup {wall_text}; MFU {mfu_text}.")
 
 
 def _headline_ratio(summary: dict[str, Any]) -> str:
@@ -422,12 +523,18 @@ def verdict_lines(found: dict[str, Any]) -> list[str]:
              "is below the baseline's best, `< x` where it is above the baseline's first evaluation: a bound, never an"
              " extrapolation); the wall-clock speedup, the same in measured training seconds (step times only, on the "
              "device named: a CPU figure on a CPU); MFU, the model's training FLOPs per token (analytic, 3 × forward) "
-             "× tokens/s over the device's peak. Speedups and the MFU ratio over seeds: geometric mean [95 % interval]"
-             " on the log scale, paired t-test of the logs; Holm: adjusted over the configurations against one "
-             "baseline, per measure. `verdicts.json` holds every value and bound per seed.", ""]
+             "× tokens/s over the device's peak. Speedups, MFU and the MFU ratio over seeds: geometric mean with "
+             "its intervals on the log scale, exponentiated; paired t-test of the logs. Beside each: `[95 % CI a, b; "
+             "simultaneous c, d]`, the 95 % Student-t interval of that comparison alone, then the one at the "
+             "Bonferroni level 1 − 0.05/m that holds over its Holm family of m together (read it with the Holm p); "
+             "p (unadjusted): the two-sided paired t-test; Holm p (over m against `B`): adjusted over every "
+             "configuration the config pairs with baseline B, per measure (the family is fixed by the config, not "
+             "by what the runs gave: a configuration without a test there, a bound beyond the baseline's curve, "
+             "stays in it counted as p = 1, the conservative value); with one configuration in the family, its p "
+             "alone (two-sided). `verdicts.json` holds every value and bound per seed.", ""]
     lines += headline_lines(found)
     if not stats.available():
         lines += [stats.NO_STATISTICS, ""]
     for baseline, entries in found["baselines"].items():
-        lines += [f"Against `{baseline}`:", ""] + [verdict_line(entry) for entry in entries] + [""]
+        lines += [f"Against `{baseline}`:", ""] + [verdict_line(entry, baseline) for entry in entries] + [""]
     return lines

@@ -138,8 +138,10 @@ def design_lines(results: dict[str, Any]) -> list[str]:
              "Effects per seed, on the seeds every cell finished (the spread between seeds cancels as in a paired "
              "test). Main effect: mean over the cells at the factor's second level minus the mean at its first. "
              "Interaction: the first factor's effect at the second factor's second level minus its effect at the "
-             "first level (a difference of differences). 95 % Student-t intervals over seeds; p: one-sample t-test "
-             "against 0; Holm: adjusted over the design's effects for that measure.", ""]
+             "first level (a difference of differences). 95 % Student-t intervals over seeds; p: the two-sided "
+             "one-sample t-test against 0, unadjusted; Holm p: adjusted over the design's m effects for that measure "
+             "(all of them, whatever the runs gave); the simultaneous interval, at the Bonferroni level 1 − 0.05/m, "
+             "holds over those effects together: read it with the verdict.", ""]
     if not stats.available():
         return lines + [stats.NO_STATISTICS, ""]
     groups = by_configuration(results["rows"])
@@ -154,17 +156,26 @@ def design_lines(results: dict[str, Any]) -> list[str]:
             cells.append([cell["label"], *(_mean_cell(per_seed(runs, m)) for m in MEASURES)])
         lines += table(["cell", *(f"{m} (mean ± std)" for m in MEASURES)], cells) + [""]
         rows = []
+        m = len(effects(design, {}))  # the design's effects: Holm's family per measure, whatever the runs gave
         for measure in MEASURES:
             per_cell = {c["label"]: per_seed(groups.get(c["label"], []), measure) for c in design["cells"]}
-            found = [e for e in effects(design, per_cell) if len(e["per_seed"]) >= 2]
-            tests = [stats.paired(e["per_seed"], {s: 0.0 for s in e["per_seed"]}) for e in found]
-            for e, test, p_holm in zip(found, tests, stats.holm([t["p"] for t in tests])):
-                verdict = "within seed noise" if p_holm >= 1 - stats.LEVEL else "distinguishable"
+            every = effects(design, per_cell)
+            found = [e for e in every if len(e["per_seed"]) >= 2]
+            tests = {e["effect"]: stats.paired(e["per_seed"], {s: 0.0 for s in e["per_seed"]}) for e in found}
+            adjusted = stats.holm_family([e["effect"] for e in every], {k: t["p"] for k, t in tests.items()})
+            for e in found:
+                test, p_family = tests[e["effect"]], adjusted.get(e["effect"], tests[e["effect"]]["p"])
+                verdict = "within seed noise" if p_family >= 1 - stats.LEVEL else "distinguishable"
+                simultaneous = stats.interval(test["differences"], stats.simultaneous_level(m))
                 rows.append([measure, e["effect"], _signed_interval(test["mean"], *test["ci95"]),
-                             p_value(test["p"]), p_value(p_holm), verdict, str(len(test["seeds"]))])
+                             *([_signed_interval(test["mean"], *simultaneous).split(" ", 1)[1]] if m > 1 else []),
+                             p_value(test["p"]), *([p_value(p_family)] if m > 1 else []), verdict,
+                             str(len(test["seeds"]))])
         if rows:
-            lines += table(["measure", "effect", "Δ [95 % CI]", "p", "p (Holm)", "verdict", "seeds"], rows,
-                           align="llrrrlr") + [""]
+            header = ["measure", "effect", "Δ [95 % CI]", *([f"[simultaneous 95 % CI, Bonferroni over {m}]"] * (m > 1)),
+                      "p (two-sided, unadjusted)" if m > 1 else "p (two-sided)",
+                      *([f"Holm p (over the {m} effects)"] * (m > 1)), "verdict", "seeds"]
+            lines += table(header, rows, align="llr" + "r" * (m > 1) + "r" + "r" * (m > 1) + "lr") + [""]
         else:
             lines += ["Fewer than two seeds finished in every cell: no effects.", ""]
     return lines

@@ -34,7 +34,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from ..reports import p_value, table
+from ..reports import DASH, p_value, table
 from . import stats
 from .rows import MEASURES, by_configuration, per_seed
 
@@ -158,20 +158,33 @@ def evaluate(results: dict[str, Any]) -> dict[str, Any] | None:
         pooled = {s: statistics.fmean(d[s] for d in differences) for s in common}
         out["primary"] = _entry("mean of the contrasts", pooled, alternative, alpha)
     if registered["secondary"] == "holm":
-        tests = [{**_entry(f"{first} − {second}", d, alternative, alpha), "contrast": [first, second]}
-                 for (first, second), d in zip(registered["contrasts"], differences) if len(d) >= 2]
-        for test, adjusted in zip(tests, stats.holm([t["p"] for t in tests])):
-            test.update(p_holm=adjusted, rejected=adjusted < alpha)
+        # Holm's family: every registered contrast, whatever the runs gave (one with fewer than two seeds stays in
+        # it, counted as p = 1, and is listed under "untested")
+        names = [f"{first} − {second}" for first, second in registered["contrasts"]]
+        tests = [{**_entry(name, d, alternative, alpha), "contrast": [first, second]}
+                 for name, (first, second), d in zip(names, registered["contrasts"], differences) if len(d) >= 2]
+        adjusted = stats.holm_family(names, {t["name"]: t["p"] for t in tests})
+        m = len(names)
+        for test in tests:
+            test.update(p_holm=adjusted[test["name"]], rejected=adjusted[test["name"]] < alpha, holm_m=m)
+            if m > 1:  # the bound that holds over the family together (Bonferroni), beside the Holm decision
+                test["bound_simultaneous"] = stats.interval(list(test["per_seed"].values()),
+                                                            stats.simultaneous_level(m, 1 - alpha), alternative)
         out["secondary"] = tests
+        tested = {t["name"] for t in tests}
+        out["untested"] = [name for name in names if name not in tested]
     return out
 
 
 def _entry(name: str, per_seed_values: dict[int, float], alternative: str, alpha: float) -> dict[str, Any]:
+    """One test: ``ci95`` the two-sided 95 % interval; ``bound`` the interval at level 1 − alpha with the registered
+    sides (one-sided: ``[-inf, high]`` for ``less``, ``[low, inf]`` for ``greater``), the one its decision reads."""
     values = list(per_seed_values.values())
     summary = stats.describe(values)
     p = _ttest(values, alternative)
     return {"name": name, "seeds": list(per_seed_values), "per_seed": per_seed_values, "mean": summary["mean"],
-            "ci95": summary["ci95"], "p": p, "rejected": p < alpha}
+            "ci95": summary["ci95"], "bound": stats.interval(values, 1 - alpha, alternative), "p": p,
+            "rejected": p < alpha}
 
 
 CONFIRMATORY = "## Pre-registered test (confirmatory)"
@@ -195,6 +208,13 @@ def _when(results: dict[str, Any], date: str) -> tuple[str, str]:
             + "not written before the runs, so exploratory like the rest of the report)")
 
 
+def _bound_text(bound: list[float] | None) -> str:
+    """``[-∞, -0.0050]``, ``[+0.0010, +∞]``, ``[-0.0100, +0.0020]``; a dash without one."""
+    if not bound:
+        return DASH
+    return "[" + ", ".join("-∞" if v == -math.inf else "+∞" if v == math.inf else f"{v:+.4f}" for v in bound) + "]"
+
+
 def report_lines(results: dict[str, Any]) -> list[str]:
     """The report's confirmatory section; empty without a registration."""
     test = evaluate(results)
@@ -202,22 +222,37 @@ def report_lines(results: dict[str, Any]) -> list[str]:
         return []
     sided = {"less": "one-sided, H1: below 0", "greater": "one-sided, H1: above 0", "two-sided": "two-sided"}
     heading, when = _when(results, test["registered"])
+    level = f"{100 * (1 - test['alpha']):g} %"
+    kind = "one-sided" if test["alternative"] != "two-sided" else "two-sided"
+    m = len(test["contrasts"])
     lines = [heading, "", f"{when}: *{test['hypothesis']}*", "",
              f"Measure: {test['measure']}; per seed, the first configuration minus the second; the primary test is "
-             f"one t-test on the mean of the {len(test['contrasts'])} contrasts per seed ({sided[test['alternative']]}"
-             f", α = {test['alpha']}); the secondary tests take each contrast alone, Holm-adjusted over them. "
-             "Everything else in this report is exploratory.", ""]
+             f"one t-test on the mean of the {m} contrasts per seed ({sided[test['alternative']]}, α = "
+             f"{test['alpha']}), decided by its own p; the secondary tests take each contrast alone, Holm-adjusted "
+             f"over the {m} registered contrasts (all of them, whatever the runs gave). Each Δ has its {kind} {level} "
+             f"{'bound' if kind == 'one-sided' else 'interval'} (level 1 − α: for the primary test it excludes 0 "
+             "exactly when p < α)" + (f"; the secondary tests also the simultaneous one at level 1 − α/{m} "
+                                      "(Bonferroni), which holds over the contrasts together: the one to read beside "
+                                      "their Holm decision" if m > 1 else "")
+             + ". Everything else in this report is exploratory.", ""]
     if not stats.available():
         return lines + [stats.NO_STATISTICS, ""]
     entries = [("primary", test["primary"])] if test["primary"] else []
     entries += [("secondary", entry) for entry in test["secondary"]]
     if not entries:
         return lines + ["Not enough seeds with every configuration finished to test (two are needed).", ""]
+    holm = test["secondary"] and m > 1
     rows = []
-    for kind, entry in entries:
-        low, high = entry["ci95"] or (math.nan, math.nan)
-        rows.append([kind, entry["name"], f"{entry['mean']:+.4f} [{low:+.4f}, {high:+.4f}]", p_value(entry["p"]),
-                     p_value(entry.get("p_holm")), "H0 rejected" if entry["rejected"] else "not rejected",
+    for which, entry in entries:
+        secondary = which == "secondary"
+        family = [_bound_text(entry.get("bound_simultaneous")) if secondary else DASH] if holm else []
+        adjusted = [p_value(entry["p_holm"]) if secondary else "– (one test)"] if holm else []
+        rows.append([which, entry["name"], f"{entry['mean']:+.4f}", _bound_text(entry["bound"]), *family,
+                     p_value(entry["p"]), *adjusted, "H0 rejected" if entry["rejected"] else "not rejected",
                      str(len(entry["seeds"]))])
-    return lines + table(["test", "contrast", "Δ [95 % CI]", "p", "p (Holm)", "decision", "seeds"], rows,
-                         align="llrrrll") + [""]
+    rows += [["secondary", name, DASH, "fewer than two seeds", *([DASH] if holm else []), DASH,
+              *(["1 (counted)"] if holm else []), "not tested", "0–1"] for name in test.get("untested", [])]
+    header = ["test", "contrast", "Δ (mean)", f"{kind} {level} {'bound' if kind == 'one-sided' else 'interval'}",
+              *([f"simultaneous (Bonferroni over {m})"] if holm else []), f"p ({kind}, unadjusted)" if holm else
+              f"p ({kind})", *([f"Holm p (over the {m} contrasts)"] if holm else []), "decision", "seeds"]
+    return lines + table(header, rows, align="llrr" + "r" * holm + "r" + "r" * holm + "ll") + [""]

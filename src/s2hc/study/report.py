@@ -31,7 +31,7 @@ from .figures import FIGURES, figures
 from .measure import MIXING_VERSION
 from .rows import by_configuration, finished_values, stream_usage
 from .spec import DEFAULT_BASELINES
-from .stats import LEVEL, describe, holm, paired
+from .stats import LEVEL, describe, paired
 
 RESULTS = "results.json"
 #: What the report's statistics (SciPy's t distribution) and figures need: the study extra.
@@ -104,8 +104,11 @@ def summary_table(results: dict[str, Any]) -> list[str]:
 
 
 def paired_table(results: dict[str, Any], baseline: str) -> list[str]:
-    """Paired differences (validation and train loss) of every configuration against ``baseline`` (SciPy)."""
+    """Paired differences (validation and train loss) of every configuration against ``baseline`` (SciPy), with
+    Holm's adjustment over the family the config declares (:func:`.cost.family`: a configuration without two paired
+    seeds stays in it, counted as p = 1) and, beside it, the simultaneous intervals (Bonferroni over the family)."""
     groups = by_configuration(results["rows"])
+    members = cost.family(results, baseline, _baseline_label)
     entries = []
     for label, runs in groups.items():
         base = _baseline_label(baseline, runs, groups)
@@ -113,24 +116,38 @@ def paired_table(results: dict[str, Any], baseline: str) -> list[str]:
             continue
         val = paired(finished_values(runs, "val_loss"), finished_values(groups[base], "val_loss"))
         train = paired(finished_values(runs, "train_loss"), finished_values(groups[base], "train_loss"))
-        if val is not None:
-            entries.append((label, base, val, train))
-    if not entries:
+        entries.append((label, base, val, train))
+    if not any(val is not None for _, _, val, _ in entries):
         return [f"No configuration could be paired with `{baseline}` (it needs the same seeds, at least two).", ""]
-    adjusted = holm([val["p"] for _, _, val, _ in entries])
+    m = len(members)
+    adjusted = stats.holm_family(members, {label: val["p"] for label, _, val, _ in entries if val is not None})
     rows = []
-    for (label, base, val, train), p_holm in zip(entries, adjusted):
-        verdict = "within seed noise" if p_holm >= 1 - LEVEL else ("lower" if val["mean"] < 0 else "higher")
+    for label, base, val, train in entries:
+        if val is None:
+            rows.append([label, base, "fewer than two paired seeds", *([DASH] if m > 1 else []), DASH,
+                         *(["– (counted as 1)"] if m > 1 else []), "no test", DASH, DASH])
+            continue
+        p_family = adjusted.get(label, val["p"])
+        verdict = "within seed noise" if p_family >= 1 - LEVEL else ("lower" if val["mean"] < 0 else "higher")
         train_text = (DASH, DASH) if train is None else (_interval(train), p_value(train["p"]))
-        rows.append([label, base, _interval(val), p_value(val["p"]), p_value(p_holm), verdict, *train_text])
-    header = ["configuration", "against", "Δ validation loss [95 % CI]", "p", "p (Holm)", "verdict",
-              "Δ train loss [95 % CI]", "p"]
-    return table(header, rows, align="llrrrlrr")
+        simultaneous = [_bounds(stats.interval(val["differences"], stats.simultaneous_level(m)))] if m > 1 else []
+        rows.append([label, base, _interval(val), *simultaneous, p_value(val["p"]),
+                     *([p_value(p_family)] if m > 1 else []), verdict, *train_text])
+    header = ["configuration", "against", "Δ validation loss [95 % CI]",
+              *([f"[simultaneous 95 % CI, Bonferroni over {m}]"] if m > 1 else []),
+              "p (two-sided, unadjusted)" if m > 1 else "p (two-sided)", *([f"Holm p (over {m})"] if m > 1 else []),
+              "verdict", "Δ train loss [95 % CI]", "p (two-sided, unadjusted)"]
+    return table(header, rows, align="llr" + "r" * (m > 1) + "r" + "r" * (m > 1) + "lrr")
 
 
 def _interval(comparison: dict[str, Any]) -> str:
-    low, high = comparison["ci95"]
-    return f"{comparison['mean']:+.4f} [{low:+.4f}, {high:+.4f}]"
+    """``+0.0123 [-0.0050, +0.0296]``: a paired comparison's mean difference and 95 % interval."""
+    return f"{comparison['mean']:+.4f} {_bounds(comparison['ci95'])}"
+
+
+def _bounds(bounds: list[float]) -> str:
+    """``[-0.0050, +0.0296]``."""
+    return f"[{bounds[0]:+.4f}, {bounds[1]:+.4f}]"
 
 
 def noise_lines(results: dict[str, Any]) -> list[str]:
@@ -443,8 +460,12 @@ def _paired_lines(results: dict[str, Any]) -> list[str]:
     for baseline in results["study"].get("baselines", DEFAULT_BASELINES):
         lines += [f"## Paired differences against `{baseline}`", "",
                   "Per seed, configuration minus baseline (same seed, same data order); a negative Δ is a lower loss. "
-                  "p: two-sided paired t-test; Holm: adjusted over the table; the verdict says whether the "
-                  "difference is distinguishable from seed noise at the 5 % level after the adjustment.", ""]
+                  "p: the two-sided paired t-test, unadjusted. Holm p (over m): adjusted over the family of the m "
+                  "configurations the study's config pairs with this baseline, fixed before the runs (one without "
+                  "two paired seeds stays in it, counted as p = 1). The 95 % CI holds for one comparison alone; the "
+                  "simultaneous one, at the Bonferroni level 1 − 0.05/m, holds over the family together: read it with "
+                  "the verdict, which says whether the difference is distinguishable from seed noise at the 5 % level "
+                  "after Holm's adjustment. With one configuration in the family, its p alone.", ""]
         lines += paired_table(results, baseline) + [""]
     return lines
 

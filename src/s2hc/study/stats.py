@@ -46,8 +46,8 @@ def describe(values: list[float], interval: bool = True) -> dict[str, Any]:
 
 def paired(values: dict[int, float], baseline: dict[int, float]) -> dict[str, Any] | None:
     """The paired comparison of ``values`` against ``baseline`` over the seeds both have (``{seed: value}``):
-    ``seeds``, ``mean`` difference (values − baseline), its ``ci95``, and the two-sided paired t-test's ``p``
-    (None with fewer than 2 common seeds; 1.0 when every difference is the same zero)."""
+    ``seeds``, ``mean`` difference (values − baseline), its ``ci95``, the two-sided paired t-test's ``p`` and the
+    per-seed ``differences`` (None with fewer than 2 common seeds; p 1.0 when every difference is the same zero)."""
     seeds = sorted(set(values) & set(baseline))
     if len(seeds) < 2:
         return None
@@ -57,7 +57,37 @@ def paired(values: dict[int, float], baseline: dict[int, float]) -> dict[str, An
         p = 1.0 if summary["mean"] == 0 else 0.0
     else:
         p = float(_scipy_stats().ttest_rel([values[s] for s in seeds], [baseline[s] for s in seeds]).pvalue)
-    return {"seeds": seeds, "mean": summary["mean"], "ci95": summary["ci95"], "p": p}
+    return {"seeds": seeds, "mean": summary["mean"], "ci95": summary["ci95"], "p": p, "differences": diffs}
+
+
+def interval(values: list[float], level: float = LEVEL, sides: str = "two-sided") -> list[float] | None:
+    """The Student-t interval of the mean of ``values`` at ``level``: ``[low, high]`` (``sides="two-sided"``), or
+    a one-sided bound, ``[-inf, high]`` (``"less"``: the mean is below ``high``) or ``[low, inf]`` (``"greater"``);
+    None with fewer than two values."""
+    k = len(values)
+    if k < 2:
+        return None
+    mean, std = statistics.fmean(values), statistics.stdev(values)
+    tail = (1 - level) / 2 if sides == "two-sided" else 1 - level
+    half = float(_scipy_stats().t.ppf(1 - tail, k - 1)) * std / math.sqrt(k)
+    return [-math.inf if sides == "less" else mean - half, math.inf if sides == "greater" else mean + half]
+
+
+def simultaneous_level(m: int, level: float = LEVEL) -> float:
+    """The level of each of ``m`` intervals that hold together at ``level`` (Bonferroni: ``1 − (1 − level) / m``),
+    the intervals to read beside Holm's verdicts over a family of ``m``."""
+    return 1 - (1 - level) / max(1, m)
+
+
+def holm_family(members: list[str], pvalues: dict[str, float | None]) -> dict[str, float]:
+    """Holm's adjustment over the family ``members`` fixed before the outcome (every comparison the study declares),
+    whatever its runs gave: a member without a p (no test: a bound beyond a curve, too few seeds) counts as p = 1,
+    the most conservative value it could have, so that it can never make the others' adjustment milder. Empty when
+    no member has a p (nothing was tested)."""
+    if not any(pvalues.get(member) is not None for member in members):
+        return {}
+    counted = [1.0 if pvalues.get(member) is None else pvalues[member] for member in members]
+    return dict(zip(members, holm(counted)))
 
 
 def holm(pvalues: list[float]) -> list[float]:
