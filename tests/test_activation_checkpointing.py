@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from s2hc.connection import forms
 from s2hc.models.transformer import KVCache
 
-FAMILIES = ["residual", "mhc", "s2hc", "gated-residual", "attn-res", "wide-residual"]
+FAMILIES = ["residual", "mhc", "s2hc", "gated-residual", "attn-res", "wide-residual", "mhc-lagged"]
 
 
 def model_for(family: str, seed: int = 0, **overrides):

@@ -29,14 +29,14 @@ TINY = dict(vocab_size=64, dim=16, n_heads=2, ffn_dim=32, max_seq_len=16)
 
 def test_every_family_is_one_form_in_the_documented_order():
     assert s2hc.families() == ["residual", *mixers.REGISTRY, "gated-residual", "attn-res", "wide-residual",
-                                "vp-residual", "affine-residual"]
+                                "vp-residual", "affine-residual", "mhc-lagged"]
     assert [form.name for form in forms.FORMS] == s2hc.families()
     assert all(forms.get(name).name == name for name in s2hc.families())
     assert all(isinstance(forms.get(name), forms.HyperConnectionForm) for name in mixers.REGISTRY)
 
 
 def test_an_unknown_family_names_the_allowed_ones():
-    with pytest.raises(ValueError, match=r"^--family must be one of \['residual', .*'affine-residual'\], got 'nope'$"):
+    with pytest.raises(ValueError, match=r"^--family must be one of \['residual', .*'mhc-lagged'\], got 'nope'$"):
         forms.get("nope", "--family")
     with pytest.raises(ValueError, match="got 3"):
         forms.check_family(3)
@@ -57,6 +57,8 @@ def test_an_unknown_family_names_the_allowed_ones():
                          stream_scaling=False, mixes_streams=False)),
     ("affine-residual", dict(default_streams=1, max_streams=1, pre_norms=True, default_stream_reduce="sum",
                              stream_scaling=False, mixes_streams=False)),
+    ("mhc-lagged", dict(default_streams=4, pre_norms=True, default_stream_reduce="head", stream_scaling=False,
+                        mixes_streams=True, has_res=True, compute_options=True)),  # its state a pair
 ])
 def test_what_each_form_declares(family, declared):
     form = forms.get(family)

@@ -182,8 +182,11 @@ def test_a_connection_forward_and_backward_make_no_host_sync(family, n, options)
             p.add_(0.3 * torch.randn_like(p))
     branch = Branch(16)
     x = torch.randn(2, 5, n, 16, requires_grad=True)
+    state = forms.get(family).expand(torch.zeros(2, 5, 16), n)  # a state that carries more than the streams:
+    state = x if isinstance(state, torch.Tensor) else (x, *state[1:])  # the streams replaced by x, the rest kept
     with HostSyncs() as mode:
-        hc(x, branch).square().sum().backward()
+        out = hc(state, branch)
+        sum(t.square().sum() for t in ((out,) if isinstance(out, torch.Tensor) else out)).backward()
     assert mode.calls == [], f"{family} n={n}: {mode.calls}"
     assert x.grad is not None and torch.isfinite(x.grad).all()
 

@@ -27,9 +27,13 @@ from s2hc.train.init_from import load_initial_weights
 transformers = pytest.importorskip("transformers")
 
 # The mixing families whose rows and columns sum to 1, and the wide residual (it starts as its source by
-# construction: one block read, every block written).
-FAMILIES = ["identity", "mhc", "mhc-lite", "kromhc", "s2hc", "isometric", "wide-residual"]
+# construction: one block read, every block written), and DeepSeek-V4.1's single-pass mHC (its first read is stream
+# 0 of the copies, the embedding).
+FAMILIES = ["identity", "mhc", "mhc-lite", "kromhc", "s2hc", "isometric", "ihc", "wide-residual", "mhc-lagged"]
 TOLERANCE = 1e-4
+#: DeepSeek's Sinkhorn keeps the streams' mean only to 1 − hc_eps per connection (measured in
+#: test_deepseek_v4_mhc_upcycles_to_within_its_epsilon); with hc_eps = 0 the single-pass mHC is exact too.
+UPCYCLE_OPTIONS = {"mhc-lagged": {"hc_eps": 0.0}}
 
 
 def source_model(seed: int = 0, **shape) -> Transformer:
@@ -57,7 +61,7 @@ def test_the_upcycled_model_computes_the_source_function_in_float32(family, n):
     ids = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         expected = source(ids)
-        got = upcycle_model(source, family, n).eval()(ids)
+        got = upcycle_model(source, family, n, UPCYCLE_OPTIONS.get(family)).eval()(ids)
     assert expected.std() > 0.5
     assert (got - expected).abs().max().item() <= TOLERANCE
 

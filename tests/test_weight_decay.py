@@ -284,4 +284,5 @@ def test_2d_rule_is_matrices_plus_the_two_dimensional_biases(model):
     assert set(decayed_parameter_names(model, on="matrices")) <= old
     assert ("stream_scale.scale" in extra) == (model.config.lss_init is not None)
     static = extra - {"stream_scale.scale"}
-    assert bool(static) == (model.config.family in ("mhc", "hc")), extra  # the only two-dimensional biases
+    # the only two-dimensional biases: mHC's (DeepSeek-V4.1's single-pass mHC's too) and HC's static matrix
+    assert bool(static) == (model.config.family in ("mhc", "hc", "mhc-lagged")), extra

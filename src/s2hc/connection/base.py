@@ -103,6 +103,12 @@ class ConnectionModule(nn.Module):
     unit_parameters: tuple[str, ...] = ()
     depth_read: bool = False
 
+    def state_streams(self, state: Any) -> Any:
+        """The streams ``(..., n, C)`` in a state this module takes or returns (what the stream diagnostics
+        sample): the state itself by default; a form whose state carries more beside them (DeepSeek-V4.1's
+        single-pass mHC, its read weights) returns the streams alone."""
+        return state
+
 
 class Connection(ConnectionModule):
     """Base of every connection around one branch: ``forward(state, branch, *args, **kwargs) -> state``, where the

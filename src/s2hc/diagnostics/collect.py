@@ -195,7 +195,7 @@ class Recorder(contextlib.AbstractContextManager):
 
     def _hooks(self, name: str, module: Connection):
         def before(mod, args, kwargs):
-            x = args[0] if args else kwargs["x"]
+            x = mod.state_streams(args[0] if args else kwargs["x"])  # a state may carry more than the streams
             with torch.no_grad():
                 sample = self._sample(x)
                 h = mod.matrices(sample.unsqueeze(0))
@@ -213,7 +213,7 @@ class Recorder(contextlib.AbstractContextManager):
 
         def after(mod, args, kwargs, output):
             with torch.no_grad():
-                sample = self._sample(output)
+                sample = self._sample(mod.state_streams(output))
                 record = self.records[name]
                 record.sim_out.append(measures.stream_similarity(sample).cpu())
                 record.norm_out.append(measures.stream_norms(sample).cpu())

@@ -8,8 +8,9 @@ A family is a form: the plain residual (:mod:`~.residual`), a hyper-connection o
 :data:`s2hc.mixers.REGISTRY` (:mod:`~.hyper`), Qwen's gated residual (:mod:`~.gated_residual`), Attention
 Residuals (:mod:`~.attn_res`), the wide residual (:mod:`~.wide_residual`), and the one-stream residuals of
 production models: the variance-preserving residual (:mod:`~.vp_residual`: Muse Spark, Ergo, Beam) and the affine
-residual (:mod:`~.affine_residual`: ZAYA). Adding a form is one module here
-and one entry in :data:`FORMS` (docs/design.md section 4); what a form declares is :class:`ConnectionForm`.
+residual (:mod:`~.affine_residual`: ZAYA); and DeepSeek-V4.1's single-pass mHC (:mod:`~.lagged_mhc`). Adding a form
+is one module here and one entry in :data:`FORMS` (docs/design.md section 4); what a form declares is
+:class:`ConnectionForm`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .attn_res import ATTN_RES, AttnResConnection, AttnResHead
 from .base import CoefficientProbe, ConnectionForm
 from .gated_residual import GATED_RESIDUAL, GatedHead, GatedResidual
 from .hyper import HYPER_CONNECTION_OPTIONS, HyperConnectionForm
+from .lagged_mhc import LAGGED_MHC, LaggedHead, LaggedHyperConnection
 from .residual import RESIDUAL, ResidualConnection
 from .vp_residual import VP_RESIDUAL, VPResidual
 from .wide_residual import WIDE_RESIDUAL, WideResidual
@@ -36,6 +38,7 @@ FORMS: tuple[ConnectionForm, ...] = (
     WIDE_RESIDUAL,
     VP_RESIDUAL,
     AFFINE_RESIDUAL,
+    LAGGED_MHC,
 )
 REGISTRY: dict[str, ConnectionForm] = {form.name: form for form in FORMS}
 
@@ -68,8 +71,9 @@ def options(family: str) -> dict[str, Any]:
 
 
 __all__ = [
-    "AFFINE_RESIDUAL", "ATTN_RES", "FORMS", "GATED_RESIDUAL", "HYPER_CONNECTION_OPTIONS", "REGISTRY", "RESIDUAL",
-    "VP_RESIDUAL", "WIDE_RESIDUAL", "AffineResidual", "AttnResConnection", "AttnResHead", "CoefficientProbe",
-    "ConnectionForm", "GatedHead", "GatedResidual", "HyperConnectionForm", "ResidualConnection", "VPResidual",
-    "WideResidual", "check_family", "default_streams", "families", "get", "options",
+    "AFFINE_RESIDUAL", "ATTN_RES", "FORMS", "GATED_RESIDUAL", "HYPER_CONNECTION_OPTIONS", "LAGGED_MHC", "REGISTRY",
+    "RESIDUAL", "VP_RESIDUAL", "WIDE_RESIDUAL", "AffineResidual", "AttnResConnection", "AttnResHead",
+    "CoefficientProbe", "ConnectionForm", "GatedHead", "GatedResidual", "HyperConnectionForm", "LaggedHead",
+    "LaggedHyperConnection", "ResidualConnection", "VPResidual", "WideResidual", "check_family", "default_streams",
+    "families", "get", "options",
 ]
