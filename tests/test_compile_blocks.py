@@ -89,9 +89,7 @@ def test_blocks_past_the_recompile_limit_are_said_in_one_line(monkeypatch):
 
 
 def test_the_training_loop_says_when_blocks_run_eagerly(corpus_file, tmp_path, monkeypatch, capsys):
-    compile_block = torch.nn.Module.compile
-    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **options: compile_block(
-        self, **{**options, "backend": "eager"}))  # dynamo's tracing without inductor: seconds on a CPU
+    eager_backend(monkeypatch)
     monkeypatch.setattr(compiling, "recompile_limit", lambda n_blocks: 2)
     from s2hc.train import train
 
@@ -101,3 +99,34 @@ def test_the_training_loop_says_when_blocks_run_eagerly(corpus_file, tmp_path, m
     said = "s2hc: warning: torch.compile ran 2 of 4 blocks eagerly in training (dynamo's recompile limit reached"
     assert sum(line.startswith(said) for line in lines) == 1, lines  # once, though every step runs them so
     assert all(line.startswith("s2hc: warning: torch.compile ran ") for line in lines), lines
+
+
+def eager_backend(monkeypatch) -> None:
+    """Every ``nn.Module.compile`` with dynamo's ``eager`` backend: its tracing without inductor, seconds on a CPU."""
+    compile_block = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **options: compile_block(
+        self, **{**options, "backend": "eager"}))
+
+
+def test_bench_compiles_each_block_as_training_does(monkeypatch):
+    from s2hc.bench import BenchSettings, measure
+
+    eager_backend(monkeypatch)
+    variant = measure.Variant("attn-res", 1, {"variant": "full"})
+    runner = measure.make_runner("tiny", variant, batch_size=1, seq_len=8, compile=True,
+                                 overrides={**SMALL_MODEL, "n_layers": 4})
+    assert runner.forward is runner.model  # the model itself, its blocks compiled in place
+    assert all(block._compiled_call_impl is not None for block in runner.model.blocks)
+    runner.step()
+    assert all(block.ran_compiled for block in runner.model.blocks) and runner.watch.line() is None
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiling, "recompile_limit", lambda n_blocks: 2)
+    logged = []
+    settings = BenchSettings(preset="tiny", overrides={**SMALL_MODEL, "n_layers": 4}, batch_size=1, seq_len=8,
+                             compile=True, repeats=1, steps=1, warmup=0, memory=False)
+    measure.benchmark_steps(settings, [variant], log=logged.append)
+    warned = [line for line in logged if line.startswith("warning: ")]
+    # residual's blocks take one graph, AttnRes's first block the second: its three others run eagerly
+    assert warned == ["warning: attn-res:variant=full: torch.compile ran 3 of 4 blocks eagerly in its warm-up "
+                      "steps (dynamo's recompile limit reached (2 graphs))"], logged
