@@ -37,6 +37,7 @@ from torchtitan.models.qwen3 import Qwen3Model, parallelize_qwen3
 from torchtitan.protocols.model_spec import ModelSpec
 from torchtitan.protocols.module import Module, ModuleDict
 
+from ..connection.precision import connection_modules, lowers_precision, shard_connections
 from ..connection.stack import Connections
 from ..init_rng import redraw
 from ..yaml_safety import load_yaml
@@ -86,11 +87,15 @@ class S2HCBlock(TransformerBlock):
         self.ffn_norm = config.ffn_norm.build() if config.pre_norms else _Identity.Config().build()
         self.attention_connection, self.feed_forward_connection = connections
 
+    #: The dtype a branch gets its input in (None: the streams'). :func:`parallelize` sets bfloat16 under a bfloat16
+    #: FSDP2 policy, whose float32 streams would otherwise meet the branch's bfloat16 parameters.
+    compute_dtype: torch.dtype | None = None
+
     def _attention(self, h: torch.Tensor, attention_masks: Any, positions: torch.Tensor | None) -> torch.Tensor:
-        return self.attention(self.attention_norm(h), attention_masks, positions)
+        return self.attention(self.attention_norm(_cast(h, self.compute_dtype)), attention_masks, positions)
 
     def _feed_forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.feed_forward(self.ffn_norm(h))
+        return self.feed_forward(self.ffn_norm(_cast(h, self.compute_dtype)))
 
     def forward(self, x: Any, attention_masks: Any, positions: torch.Tensor | None = None) -> Any:
         x = self.attention_connection(x, self._attention, attention_masks, positions)
@@ -169,11 +174,18 @@ class S2HCDecoder(Decoder):
         if self.enable_weight_tying:
             self.tok_embeddings.weight = self.lm_head.weight
 
+    #: The dtype the streams are made in (None: the embedding's), and the one the final norm and LM head get (None:
+    #: the streams'). :func:`parallelize` sets float32 and bfloat16 under a bfloat16 FSDP2 policy, whose embedding
+    #: comes out in bfloat16 (docs/distributed.md, "Mixed precision").
+    stream_dtype: torch.dtype | None = None
+    compute_dtype: torch.dtype | None = None
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, attention_masks: Any = None):
-        x = self.streams.expand(self.tok_embeddings(tokens))
+        h = self.tok_embeddings(tokens)
+        x = self.streams.expand(_cast(h, self.stream_dtype))
         for layer in self.layers.values():
             x = layer(x, attention_masks, positions)
-        h = self.norm(self.streams.reduce(x))
+        h = self.norm(_cast(self.streams.reduce(x), self.compute_dtype))
         if self._skip_lm_head:
             return h
         return self.lm_head(h)
@@ -212,6 +224,56 @@ class S2HCDecoder(Decoder):
             sources[f"layers.{key}.feed_forward_connection"] = fresh.connections[2 * int(key) + 1]
         for name, module in self.s2hc_modules().items():
             copy_states(sources[name], module)
+
+
+def _cast(h: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """``h`` in ``dtype`` (None: as it is): what FSDP2's ``cast_forward_inputs``, which torchtitan turns off, would
+    do for a branch, or for the final norm and LM head, under a bfloat16 policy."""
+    return h if dtype is None or h.dtype == dtype else h.to(dtype)
+
+
+def parallelize(parallelize_fn: Callable) -> Callable:
+    """``parallelize_fn`` (torchtitan's ``parallelize_llama`` / ``parallelize_qwen3``) preceded, under a bfloat16 (or
+    float16) ``training.mixed_precision_param``, by :func:`s2hc.connection.precision.shard_connections` on the same
+    data-parallel mesh: every connection module a float32 FSDP2 unit of its own, the streams made in float32
+    (:attr:`S2HCDecoder.stream_dtype`), the branches given their input in bfloat16 (torchtitan's blocks already
+    cast nothing they receive). The coefficient path then computes in float32 from float32 parameters and the
+    streams are never rounded. A connection unit inside a block that torchtitan compiles with ``fullgraph=True``
+    is refused by dynamo, so with ``compile.enable`` the connection modules are compiled instead (each with its
+    branches inlined), before they are sharded."""
+
+    def parallelize_s2hc(model: nn.Module, *, parallel_dims, training, parallelism, compile_config, **kwargs):
+        from torchtitan.config import TORCH_DTYPE_MAP
+        from torchtitan.distributed.fsdp import get_fsdp_reshard_after_forward_policy
+
+        param_dtype = TORCH_DTYPE_MAP[training.mixed_precision_param]
+        if lowers_precision(param_dtype) and not kwargs.get("skip_dp"):
+            options: dict[str, Any] = {}
+            if parallelism.spmd_backend in ("full_dtensor", "spmd_types"):
+                from torchtitan.distributed.full_dtensor import resolve_fsdp_mesh
+
+                options["mesh"], options["dp_mesh_dims"] = resolve_fsdp_mesh(parallel_dims)
+            else:
+                names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
+                options["mesh"] = parallel_dims.get_mesh(names)
+            if training.enable_cpu_offload:
+                from torch.distributed.fsdp import CPUOffloadPolicy
+
+                options["offload_policy"] = CPUOffloadPolicy()
+            options["reshard_after_forward"] = get_fsdp_reshard_after_forward_policy(
+                parallelism.fsdp_reshard_after_forward, parallel_dims.pp_enabled)
+            if compile_config.enable and "model" in compile_config.components:
+                for module in connection_modules(model):
+                    module.compile(backend=compile_config.backend, fullgraph=True)
+                compile_config = dataclasses.replace(compile_config, enable=False)
+            shard_connections(model, **options)
+            model.stream_dtype, model.compute_dtype = torch.float32, param_dtype
+            for layer in model.layers.values():
+                _unwrap(layer).compute_dtype = param_dtype
+        return parallelize_fn(model, parallel_dims=parallel_dims, training=training, parallelism=parallelism,
+                              compile_config=compile_config, **kwargs)
+
+    return parallelize_s2hc
 
 
 def _unwrap(layer: nn.Module) -> nn.Module:
@@ -273,5 +335,5 @@ def s2hc_model_spec(config: S2HCDecoder.Config, flavor: str) -> ModelSpec:
     """The ``ModelSpec`` a ``Trainer.Config`` takes: ``config`` with its architecture's parallelize function (AC,
     per-block compile, FSDP2); no pipelining function (refused), no Hugging Face state-dict adapter."""
     return ModelSpec(name=f"s2hc-{config.architecture}", flavor=flavor, model=config,
-                     parallelize_fn=ARCHITECTURES[config.architecture][1], pipelining_fn=None,
+                     parallelize_fn=parallelize(ARCHITECTURES[config.architecture][1]), pipelining_fn=None,
                      post_optimizer_build_fn=None, state_dict_adapter=None)
