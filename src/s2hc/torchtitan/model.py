@@ -7,7 +7,8 @@ stream, or AttnRes's tuple of sources) is made from the embeddings after ``tok_e
 sum, mean or the family's learned head) before the final norm. The blocks are llama3's or qwen3's dense blocks
 (their attention, feed-forward and norms, built from their configs), so torchtitan's ``parallelize_llama`` /
 ``parallelize_qwen3`` apply activation checkpointing, per-block ``torch.compile`` and FSDP2 (``fully_shard`` per
-block: the block's two connections are sharded with it) exactly as for its own models.
+block; under a bfloat16 policy :func:`parallelize` first makes each connection a float32 unit of its own) as for
+its own models.
 
 Initialisation. torchtitan builds the model on ``meta``, shards it, materialises it with ``to_empty`` and then
 calls ``init_weights`` (``Module.init_states``), which knows only its own modules. :meth:`S2HCDecoder.init_states`
