@@ -266,6 +266,8 @@ def measure_run(configuration: Configuration, seed: int, run_dir: Path, diagnost
                                          out=run_dir / "diagnostics", device=device, loaded=(model, saved_config))
             if "depth_attention" in result:  # AttnRes: its depth softmax, not stream matrices
                 row["depth_attention"] = result["depth_attention"]
+            elif "learned_maps" in result:  # the wide residual: its read and write maps
+                row["learned_maps"] = result["learned_maps"]
             elif not result.get("nothing_to_measure"):
                 row["diagnostics"] = compact_diagnostics(result)
             row["rotations"] = rotation_probe(model.cpu().float(), config, _probe_batch(config))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import shlex
@@ -582,6 +583,16 @@ def _train_all(runs: list[Run], spec: StudySpec, jobs: int, device: str, log) ->
             pool.close(hurry=lambda: len(received) > signals)  # a signal while they stop: kill them now
 
 
+def time_to_go(minutes: float) -> str:
+    """What is left to train, said so that a run still to go never reads as "0 min": whole minutes rounded up, or
+    "under a minute to go".
+
+    >>> time_to_go(0.2), time_to_go(3.1)
+    ('under a minute to go', 'about 4 min to go')
+    """
+    return "under a minute to go" if minutes < 1 else f"about {math.ceil(minutes)} min to go"
+
+
 def _supervise(pool: _Pool, pending: list[Run], spec: StudySpec, device: str, log, received: list[int]) -> list[str]:
     """Start ``pending`` in ``pool`` as slots free up and measure each run as it ends; the failures, described.
     Raises :class:`StudyInterrupted` once a signal in ``received`` has stopped every run."""
@@ -607,7 +618,6 @@ def _supervise(pool: _Pool, pending: list[Run], spec: StudySpec, device: str, lo
                 log(f"{run.name} failed with exit status {status}; its log: {run.log_path}")
             left = len(pending) + len(pool.active)
             eta = sum(durations) / len(durations) * left / jobs / 60
-            log(f"{total - left}/{total} trained, {left} left"
-                + (f", about {eta:.0f} min to go" if left else ""))
+            log(f"{total - left}/{total} trained, {left} left" + (f", {time_to_go(eta)}" if left else ""))
         time.sleep(0.2)
     return failures
