@@ -319,3 +319,13 @@ def test_compiled_fused_connection_with_fullgraph_equals_eager(family, kernels):
     for a, b in zip(grads_compiled, grads_eager):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
+
+
+def test_s2hc_at_one_stream_compiles():
+    """s²HC at n = 1 has m = 0: its per-token products are empty, which the broadcast form must give as zeros
+    (it indexed a size-0 dimension under torch.compile before)."""
+    assert small_matmul(torch.ones(2, 0, 0), torch.ones(2, 0, 0)).shape == (2, 0, 0)
+    hc = HyperConnection(8, 1, family="s2hc")
+    x = torch.randn(2, 3, 1, 8)
+    compiled = torch.compile(lambda x: hc(x, torch.tanh), backend="eager")
+    torch.testing.assert_close(compiled(x), hc(x, torch.tanh))

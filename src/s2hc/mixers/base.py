@@ -210,6 +210,8 @@ def small_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     matrix, and a per-matrix loop in its backward); q elementwise passes over the batch are not, and
     ``torch.compile`` fuses them into one loop.
     """
+    if a.shape[-1] == 0:  # an empty product (s2hc at n = 1: m = 0): zeros, as torch.matmul gives
+        return torch.matmul(a, b)
     out = a[..., :, 0, None] * b[..., None, 0, :]
     for j in range(1, a.shape[-1]):
         out = out + a[..., :, j, None] * b[..., None, j, :]
