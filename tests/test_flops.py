@@ -54,6 +54,8 @@ CASES = [
     ("wide-residual", 2, {}, {"stream_reduce": "head"}),
     ("s2hc", 4, {"transpose_res": True}, {"stream_reduce": "head"}),
     ("mhc", 4, {}, {"stream_reduce": "mean", "lss_init": 0.6}),
+    ("mhc-lagged", 4, {"iterations": 5}, {}),  # DeepSeek-V4.1's single-pass mHC and its final collapse
+    ("mhc-lagged", 3, {}, {"stream_reduce": "sum"}),
     ("residual", 1, {}, {"mlp": "gelu", "qkv_bias": True, "out_bias": True, "mlp_bias": True, "pos": "learned",
                          "norm": "layernorm", "tie_embeddings": False}),
     ("s2hc", 4, {}, {"n_kv_heads": 1, "qk_norm": True, "post_norms": True, "mlp": "geglu", "embed_scale": True}),
