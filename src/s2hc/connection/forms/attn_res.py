@@ -41,7 +41,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...checks import check_float, check_int
+from ...checks import check_bool, check_float, check_int
 from ...counts import Count, count
 from ...mixers.base import coefficient_dtype
 from ..base import Connection, ConnectionModule, StreamHead, _stream_precision, call_branch, check_device
@@ -50,6 +50,21 @@ from .base import ConnectionForm
 #: The paper's Block AttnRes: about eight blocks over the depth (``block_size=None`` chooses the size for that).
 DEFAULT_BLOCKS = 8
 VARIANTS = ("block", "full")
+KEY_NORMS = ("weighted", "unweighted")
+VALUES = ("raw", "normed")
+#: The read's conventions: the paper's (the defaults) and each released model's that differs (docs/mixers.md,
+#: "Production designs"; the converters in :mod:`s2hc.hf.inkling2` and :mod:`s2hc.hf.kimi_k3`).
+CONVENTIONS = {
+    "paper": dict(key_norm="weighted", values="raw", scaled_logits=False, read_first=True),
+    "inkling2": dict(key_norm="unweighted", values="normed", scaled_logits=True, read_first=False),
+    "kimi-k3": dict(key_norm="weighted", values="raw", scaled_logits=False, read_first=True),
+}
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise ValueError(f"family option {name!r} of 'attn-res' must be one of {list(choices)}, got {value!r}")
+    return value
 
 
 def _check_sources(sources: Any, count: int | None, dim: int, what: str) -> tuple[torch.Tensor, ...]:
@@ -75,28 +90,100 @@ class DepthAttention(ConnectionModule):
     """The softmax read over depth sources: a pseudo-query ``query`` ``(C,)`` (zero at init) against the sources
     RMS-normalised with a learned weight ``key_norm_weight`` ``(C,)`` (one at init).
 
-    ``weights(sources)``: a tuple of ``(B, T, C)`` -> ``(B, T, S)`` in at least float32 (sums to 1 over S);
-    ``forward(sources)`` -> ``(B, T, C)`` in the sources' dtype."""
+    The conventions (the paper's by default; each other value is a released model's, :data:`CONVENTIONS`):
+
+    * ``key_norm``: ``"weighted"``, the keys' RMSNorm has a learned weight (the paper, Kimi-K3); ``"unweighted"``,
+      it has none (Inkling-2's ``Inkling2UnweightedRMSNorm``): no ``key_norm_weight`` parameter.
+    * ``values``: ``"raw"``, the values are the sources themselves (the paper, Kimi-K3); ``"normed"``, the values
+      are the keys, the sources RMS-normalised (Inkling-2 hands the normalised states to attention as both).
+    * ``scaled_logits``: False, the logits are ``wᵀ RMSNorm(v)`` (the paper, Kimi-K3); True, times ``C^-1/2``
+      (Inkling-2 calls scaled dot-product attention with ``scaling=hidden_size**-0.5``).
+    * ``num_queries``: queries read at once (Inkling-2's full-attention layers read three, the inputs of the
+      query, key and value projections): ``query`` is ``(num_queries, C)`` when more than one, as Inkling-2's.
+    * ``reads``: False for a connection that reads nothing and has no parameters (Inkling-2's first layer has no
+      ``attention_input``: its attention takes the embedding itself; with ``values="normed"`` a one-source read
+      would normalise it).
+
+    ``weights(sources)``: a tuple of ``(B, T, C)`` -> ``(B, T, S)`` (``(B, T, Q, S)`` with ``num_queries > 1``) in
+    at least float32 (sums to 1 over S); ``forward(sources)`` -> ``(B, T, C)`` in the sources' dtype."""
 
     depth_read = True
 
-    def __init__(self, dim: int, eps: float = 1e-6):
+    def __init__(self, dim: int, eps: float = 1e-6, *, key_norm: str = "weighted", values: str = "raw",
+                 scaled_logits: bool = False, num_queries: int = 1, reads: bool = True):
         super().__init__()
         self.dim = check_int("dim", dim)
         self.eps = check_float("eps", eps, positive=True)
-        self.query = nn.Parameter(torch.zeros(dim))
-        self.key_norm_weight = nn.Parameter(torch.ones(dim))
+        self.key_norm = _check_choice("key_norm", key_norm, KEY_NORMS)
+        self.values = _check_choice("values", values, VALUES)
+        self.scaled_logits = check_bool("scaled_logits", scaled_logits)
+        self.num_queries = check_int("num_queries", num_queries)
+        self.reads = check_bool("reads", reads)
+        if reads:
+            self.query = nn.Parameter(torch.zeros(dim) if num_queries == 1 else torch.zeros(num_queries, dim))
+        else:
+            self.register_parameter("query", None)
+        if reads and key_norm == "weighted":
+            self.key_norm_weight = nn.Parameter(torch.ones(dim))
+        else:
+            self.register_parameter("key_norm_weight", None)
+
+    @property
+    def paper_conventions(self) -> bool:
+        return self.key_norm == "weighted" and self.values == "raw" and not self.scaled_logits
+
+    def _logits(self, sources: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """``(logits (B, T, Q, S), the sources cast, their inverse RMS (B, T) each)`` in the coefficient dtype."""
+        dtype = coefficient_dtype(sources[0].dtype)
+        query = self.query.to(dtype).reshape(-1, self.dim)
+        if self.key_norm_weight is not None:
+            query = query * self.key_norm_weight.to(dtype)
+        cast = [source.to(dtype) for source in sources]
+        inverse_rms = [torch.rsqrt(v.square().mean(-1) + self.eps) for v in cast]
+        logits = torch.stack([(v @ query.T) * r[..., None] for v, r in zip(cast, inverse_rms)], dim=-1)
+        if self.scaled_logits:
+            logits = logits * self.dim ** -0.5
+        return logits, cast, inverse_rms
 
     def weights(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
         check_device(sources[0], self, "sources")
-        dtype = coefficient_dtype(sources[0].dtype)
-        scaled_query = self.query.to(dtype) * self.key_norm_weight.to(dtype)
-        logits = [(v @ scaled_query) * torch.rsqrt(v.square().mean(-1) + self.eps)
-                  for v in (source.to(dtype) for source in sources)]  # each source cast once
-        return torch.softmax(torch.stack(logits, dim=-1), dim=-1)
+        if not self.reads:
+            raise ValueError(f"{type(self).__name__} reads nothing (reads=False): it has no depth weights")
+        if self.paper_conventions and self.num_queries == 1:
+            dtype = coefficient_dtype(sources[0].dtype)
+            scaled_query = self.query.to(dtype) * self.key_norm_weight.to(dtype)
+            logits = [(v @ scaled_query) * torch.rsqrt(v.square().mean(-1) + self.eps)
+                      for v in (source.to(dtype) for source in sources)]  # each source cast once
+            return torch.softmax(torch.stack(logits, dim=-1), dim=-1)
+        weights = torch.softmax(self._logits(sources)[0], dim=-1)
+        return weights[..., 0, :] if self.num_queries == 1 else weights
+
+    def read_all(self, sources: tuple[torch.Tensor, ...]) -> tuple[tuple[torch.Tensor, ...], torch.Tensor]:
+        """``(hs, weights)``: one weighted sum ``(B, T, C)`` per query in the sources' dtype and the weights
+        ``(B, T, Q, S)``; without a read (``reads=False``), the first source for each query and no weights."""
+        if not self.reads:
+            return (sources[0],) * self.num_queries, sources[0].new_ones(*sources[0].shape[:-1], 1, 1)
+        if self.paper_conventions and self.num_queries == 1:
+            h, weights = self.read(sources)
+            return (h,), weights[..., None, :]
+        with _stream_precision(sources[0]):
+            check_device(sources[0], self, "sources")
+            logits, cast, inverse_rms = self._logits(sources)
+            weights = torch.softmax(logits, dim=-1)
+            values = [v * r[..., None] for v, r in zip(cast, inverse_rms)] if self.values == "normed" else cast
+            dtype = sources[0].dtype
+            hs = tuple(sum(weights[..., q, i, None] * value for i, value in enumerate(values)).to(dtype)
+                       for q in range(self.num_queries))
+        return hs, weights
 
     def read(self, sources: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(h, weights)``: the weighted sum ``(B, T, C)`` in the sources' dtype and the weights ``(B, T, S)``."""
+        """``(h, weights)``: the weighted sum ``(B, T, C)`` in the sources' dtype and the weights ``(B, T, S)``
+        (one query)."""
+        if not (self.paper_conventions and self.num_queries == 1):
+            hs, weights = self.read_all(sources)
+            if self.num_queries != 1:
+                raise ValueError(f"{type(self).__name__} reads {self.num_queries} queries: use read_all")
+            return hs[0], weights[..., 0, :]
         with _stream_precision(sources[0]):
             weights = self.weights(sources)
             dtype = sources[0].dtype
@@ -105,6 +192,11 @@ class DepthAttention(ConnectionModule):
 
     def forward(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return self.read(_check_sources(sources, None, self.dim, type(self).__name__))[0]
+
+    def conventions(self) -> dict[str, Any]:
+        """The options that decide what the read computes (what a converter checks)."""
+        return {"eps": self.eps, "key_norm": self.key_norm, "values": self.values,
+                "scaled_logits": self.scaled_logits, "num_queries": self.num_queries, "reads": self.reads}
 
 
 class AttnResConnection(DepthAttention, Connection):
@@ -117,17 +209,25 @@ class AttnResConnection(DepthAttention, Connection):
         sublayer: this branch's index over the model's sublayers (0-based).
         block_size: sublayers per block (1: Full AttnRes).
         eps: the key norm's epsilon.
+        key_norm, values, scaled_logits, num_queries: the read's conventions (:class:`DepthAttention`).
+        read_first: False: sublayer 0 reads nothing and has no parameters (its branch takes the embedding).
 
     ``forward(sources, branch, *args, **kwargs)``: ``sources`` a tuple of ``1 + ⌈sublayer / block_size⌉``
-    ``(B, T, C)`` tensors; calls ``branch(h, *args, **kwargs)`` on the weighted read ``h`` and returns the new
-    sources: the branch output appended as a new block when ``sublayer`` starts one, else added to the last.
+    ``(B, T, C)`` tensors; calls ``branch(h, *args, **kwargs)`` on the weighted read ``h`` (with
+    ``num_queries=Q > 1``, ``branch(h_1, ..., h_Q, *args, **kwargs)``, one read per query: Inkling-2's
+    full-attention layers call ``branch(h_q, h_k, h_v)``) and returns the new sources: the branch output appended
+    as a new block when ``sublayer`` starts one, else added to the last.
     """
 
     projections: tuple[str, ...] = ()  # the query and the norm weight are not token-driven matrices: no decay
 
     def __init__(self, dim: int, n_streams: int = 1, layer_index: int = 0, *, sublayer: int = 0, block_size: int = 1,
-                 eps: float = 1e-6):
-        super().__init__(dim, eps)
+                 eps: float = 1e-6, key_norm: str = "weighted", values: str = "raw", scaled_logits: bool = False,
+                 num_queries: int = 1, read_first: bool = True):
+        read_first = check_bool("read_first", read_first)
+        super().__init__(dim, eps, key_norm=key_norm, values=values, scaled_logits=scaled_logits,
+                         num_queries=num_queries, reads=read_first or sublayer != 0)
+        self.read_first = read_first
         if n_streams != 1:
             raise ValueError(f"n_streams must be 1 for family='attn-res' (its state is the depth sources), "
                              f"got {n_streams}")
@@ -157,14 +257,21 @@ class AttnResConnection(DepthAttention, Connection):
         # The count is checked eagerly; under torch.compile the tuple's length is the graph's own guard.
         count = None if torch.compiler.is_compiling() else self.num_sources
         sources = _check_sources(sources, count, self.dim, type(self).__name__)
-        h, _ = self.read(sources)
-        out = call_branch(branch, h, args, kwargs).to(h.dtype)
+        if self.num_queries == 1 and self.reads:
+            h, _ = self.read(sources)
+            out = call_branch(branch, h, args, kwargs).to(h.dtype)
+        else:
+            hs, _ = self.read_all(sources)
+            out = call_branch(branch, hs[0], (*hs[1:], *args), kwargs).to(hs[0].dtype)
         if self.begins_block:
             return (*sources, out)
         return (*sources[:-1], sources[-1] + out)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, sublayer={self.sublayer}, block_size={self.block_size}, eps={self.eps}"
+        conventions = "" if self.paper_conventions and self.num_queries == 1 and self.read_first else (
+            f", key_norm={self.key_norm!r}, values={self.values!r}, scaled_logits={self.scaled_logits}, "
+            f"num_queries={self.num_queries}, read_first={self.read_first}")
+        return f"dim={self.dim}, sublayer={self.sublayer}, block_size={self.block_size}, eps={self.eps}{conventions}"
 
 
 class AttnResHead(DepthAttention, StreamHead):
@@ -196,11 +303,13 @@ def _sources(sublayer: int, block_size: int) -> int:
     return 1 + math.ceil(sublayer / block_size)
 
 
-def _read_flops(dim: int, sources: int) -> int:
+def _read_flops(dim: int, sources: int, values: str = "raw", scaled_logits: bool = False) -> int:
     """One softmax read over ``sources`` sources, all elementwise: per source its dot with the query (``2C``; a
     matrix-vector product, which FlopCounterMode does not count), its mean square and scale (``3C`` + 2), the
-    softmax (5 per source) and the weighted sum (``2C``)."""
-    return sources * (2 * dim + 3 * dim + 2 + 5 + 2 * dim)
+    softmax (5 per source) and the weighted sum (``2C``); with ``values="normed"`` the source scaled by its inverse
+    RMS (``C``), with ``scaled_logits`` the logit times ``C^-1/2`` (1)."""
+    extra = (dim if values == "normed" else 0) + (1 if scaled_logits else 0)
+    return sources * (2 * dim + 3 * dim + 2 + 5 + 2 * dim + extra)
 
 
 class AttnResForm(ConnectionForm):
@@ -211,14 +320,20 @@ class AttnResForm(ConnectionForm):
     stream_scaling = False
     mixes_streams = False
     connection_options = ("eps",)
-    option_kinds = {"variant": {"str"}, "block_size": {"int", "None"}, "eps": {"float"}}
+    option_kinds = {"variant": {"str"}, "block_size": {"int", "None"}, "eps": {"float"}, "key_norm": {"str"},
+                    "values": {"str"}, "scaled_logits": {"bool"}, "read_first": {"bool"}}
 
     def options(self) -> dict[str, Any]:
-        return {"variant": "block", "block_size": None}
+        """``variant``, ``block_size`` (in sublayers: an attention and an MLP are two) and the read's conventions,
+        the paper's by default (:data:`CONVENTIONS`; Inkling-2's are ``key_norm="unweighted"``,
+        ``values="normed"``, ``scaled_logits=True``, ``read_first=False``)."""
+        return {"variant": "block", "block_size": None, **CONVENTIONS["paper"]}
 
     def check_options(self, options: Mapping[str, Any], what: str = "family_options") -> None:
         super().check_options(options, what)
         block_size_for(options.get("variant", "block"), options.get("block_size"), 1)
+        _check_choice("key_norm", options.get("key_norm", "weighted"), KEY_NORMS)
+        _check_choice("values", options.get("values", "raw"), VALUES)
 
     def check_sizes(self, options: Mapping[str, Any], *, dim: int, n_streams: int, n_sublayers: int) -> None:
         block_size_for(options.get("variant", "block"), options.get("block_size"), n_sublayers, bounded=True)
@@ -230,7 +345,8 @@ class AttnResForm(ConnectionForm):
         return AttnResConnection(dim, n_streams, layer_index, sublayer=sublayer, block_size=size, **options)
 
     def build_head(self, dim: int, n_streams: int, *, norm_eps: float, options: Mapping[str, Any]) -> nn.Module:
-        return AttnResHead(dim, eps=options.get("eps", 1e-6))
+        return AttnResHead(dim, eps=options.get("eps", 1e-6), key_norm=options.get("key_norm", "weighted"),
+                           values=options.get("values", "raw"), scaled_logits=options.get("scaled_logits", False))
 
     def expand(self, h: torch.Tensor, n_streams: int) -> tuple[torch.Tensor, ...]:
         if not isinstance(h, torch.Tensor) or h.dim() != 3:
@@ -246,11 +362,14 @@ class AttnResForm(ConnectionForm):
         return total / len(sources) if mean else total
 
     def flops(self, dim: int, n_streams: int, *, sublayer: int, n_sublayers: int, variant: str = "block",
-              block_size: int | None = None, **options: Any) -> Count:
-        """Its softmax read over its sources, and the output added to the current block (or appended as a new one:
-        no FLOP)."""
+              block_size: int | None = None, values: str = "raw", scaled_logits: bool = False,
+              read_first: bool = True, **options: Any) -> Count:
+        """Its softmax read over its sources (none at sublayer 0 with ``read_first=False``), and the output added
+        to the current block (or appended as a new one: no FLOP)."""
         size = block_size_for(variant, block_size, n_sublayers)
-        return count(0, _read_flops(dim, _sources(sublayer, size)) + (dim if sublayer % size else 0))
+        read = 0 if sublayer == 0 and not read_first else _read_flops(dim, _sources(sublayer, size), values,
+                                                                        scaled_logits)
+        return count(0, read + (dim if sublayer % size else 0))
 
     def state_size(self, n_streams: int, n_sublayers: int, options: Mapping[str, Any]) -> int:
         """The sources the last sublayer hands on: the embedding and one per block."""
@@ -259,7 +378,8 @@ class AttnResForm(ConnectionForm):
 
     def head_flops(self, dim: int, n_streams: int, *, n_sublayers: int, options: Mapping[str, Any]) -> Count:
         """The output query's read over every source."""
-        return count(0, _read_flops(dim, self.state_size(n_streams, n_sublayers, options)))
+        return count(0, _read_flops(dim, self.state_size(n_streams, n_sublayers, options),
+                                    options.get("values", "raw"), options.get("scaled_logits", False)))
 
     def upcycle_refusal(self) -> str | None:
         return ("its sublayers read the mean of their sources, the residual sum's direction but not its scale, so "
