@@ -45,15 +45,18 @@ def reference_forward(hc: HyperConnection, x: torch.Tensor, branch) -> torch.Ten
         d_pre, d_post, d_res = d[..., 0], d[..., 1], d[..., 2:].transpose(-1, -2).flatten(-2)
     else:
         flat = x.double().flatten(-2)
-        normed = flat / flat.pow(2).mean(-1, keepdim=True).add(hc.eps).sqrt() * hc.norm_weight.double()
+        normed = flat / flat.pow(2).mean(-1, keepdim=True).add(hc.eps).sqrt()
+        if hc.norm_weight is not None:  # ihc's (and DeepSeek-V4's) norm has no weight
+            normed = normed * hc.norm_weight.double()
         d = normed @ hc.projection.double()
         d_pre, d_post, d_res = d[..., :n], d[..., n : 2 * n], d[..., 2 * n :]
     if hc.mixer.gate == "tanh":
         pre = hc.bias_pre.double() + hc.alpha_pre.double() * torch.tanh(d_pre)
         post = hc.bias_post.double() + hc.alpha_post.double() * torch.tanh(d_post)
-    else:
-        pre = torch.sigmoid(hc.alpha_pre.double() * d_pre + hc.bias_pre.double())
-        post = 2 * torch.sigmoid(hc.alpha_post.double() * d_post + hc.bias_post.double())
+    else:  # H_pre = σ(·) + ε_pre, H_post = m σ(·) + ε_post: m = 2 and no ε but for DeepSeek-V4's mHC and Hy4's iHC
+        pre = torch.sigmoid(hc.alpha_pre.double() * d_pre + hc.bias_pre.double()) + hc.mixer.pre_offset
+        post = hc.mixer.post_scale * torch.sigmoid(hc.alpha_post.double() * d_post + hc.bias_post.double()) \
+            + hc.mixer.post_offset
     res = hc.mixer.double()(d_res)
     hc.mixer.float()
     branch_out = branch((pre.unsqueeze(-1) * x.double()).sum(-2).float()).double()
@@ -99,6 +102,8 @@ def test_matrices_shapes_dtypes_and_initial_gates(family):
     if family == "hc":  # HC: read one stream, write to all
         expected_pre, expected_post = torch.zeros(n), torch.ones(n)
         expected_pre[favoured] = 1.0
+    elif family == "ihc":  # Hy4's start: σ(−log(n − 1)) = 1/n read from every stream, 2σ(0) = 1 written, + hc_eps
+        expected_pre, expected_post = torch.full((n,), 1 / n + 1e-6), torch.full((n,), 1.0 + 1e-6)
     else:
         logits = torch.full((n,), -1.0)
         logits[favoured] = 1.0
