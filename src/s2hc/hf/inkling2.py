@@ -151,11 +151,12 @@ def connection_state_to_hf(state: Mapping[str, torch.Tensor] | nn.Module, dim: i
 
 
 def connection_from_hf(hf_config: Any, state: Mapping[str, torch.Tensor] | nn.Module | None, layer: int = 0,
-                       kind: str = "attention") -> AttnResConnection:
-    """An :class:`AttnResConnection` computing layer ``layer``'s ``attention_input`` or ``mlp_input`` (float32
-    parameters, as transformers keeps them); ``state``: its module or state dict (None for layer 0's attention)."""
+                       kind: str = "attention", dtype: torch.dtype = torch.float32) -> AttnResConnection:
+    """An :class:`AttnResConnection` computing layer ``layer``'s ``attention_input`` or ``mlp_input`` (its
+    parameters in ``dtype``, float32 by default, as transformers keeps them); ``state``: its module or state dict
+    (None for layer 0's attention)."""
     options = connection_options(hf_config, layer, kind)
-    connection = AttnResConnection(layer_index=layer, **options)
+    connection = AttnResConnection(layer_index=layer, **options).to(dtype)
     connection.load_state_dict(connection_state_from_hf({} if state is None else state, options["dim"],
                                                         options["num_queries"], connection.reads))
     return connection
@@ -194,11 +195,12 @@ def connection_to_hf(connection: AttnResConnection, hf_config: Any | None = None
     return connection_state_to_hf(connection.state_dict(), connection.dim, connection.num_queries, connection.reads)
 
 
-def head_from_hf(hf_config: Any, state: Mapping[str, torch.Tensor] | nn.Module) -> AttnResHead:
+def head_from_hf(hf_config: Any, state: Mapping[str, torch.Tensor] | nn.Module,
+                 dtype: torch.dtype = torch.float32) -> AttnResHead:
     """An :class:`AttnResHead` computing ``final_input`` (one query)."""
     dim = check_int("hidden_size", setting(hf_config, "hidden_size", DESIGN))
     head = AttnResHead(dim, eps=KEY_NORM_EPS, key_norm="unweighted", values="normed", scaled_logits=True)
-    head.load_state_dict(connection_state_from_hf(state, dim))
+    head.to(dtype).load_state_dict(connection_state_from_hf(state, dim))
     return head
 
 
