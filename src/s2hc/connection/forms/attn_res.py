@@ -19,6 +19,13 @@ growing concatenation would copy every source at every sublayer and keep each co
 (quadratic memory in depth). The logits are computed as ``(v_i · (w ⊙ g)) / rms(v_i)`` (``g`` the key norm's
 weight), so a call keeps only its per-token scalars besides the sources themselves.
 
+Released models differ from the paper in named options (:data:`CONVENTIONS`, :class:`DepthAttention`): Inkling-2
+(``s2hc.hf.inkling2``) normalises its keys without a weight, reads the normalised sources as values, scales the
+logits by ``C^-1/2``, gives its first sublayer no read, and reads three queries in its full-attention layers
+(``num_queries=3``, the connection level only: s2hc's Transformer hands a branch one input); Kimi-K3
+(``s2hc.hf.kimi_k3``) is the paper's read with blocks of 24 sublayers. ``block_size`` counts sublayers (a block of
+k layers is ``2k``).
+
 At init every query is zero, so each sublayer reads the *mean* of its sources. With pre-norm branches that is the
 residual model's function (the mean and the residual sum differ by a positive factor per token, which the
 branch's RMSNorm and the final norm remove, up to their epsilon), so an AttnRes model starts as the residual
