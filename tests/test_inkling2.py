@@ -23,6 +23,7 @@ from transformers.models.inkling2.modeling_inkling2 import (  # noqa: E402
 )
 
 from s2hc.connection.forms import AttnResConnection  # noqa: E402
+from s2hc.diagnostics.depth import depth_attention  # noqa: E402
 from s2hc.hf import inkling2  # noqa: E402
 from s2hc.models import Transformer, get_preset  # noqa: E402
 
@@ -175,3 +176,24 @@ def test_s2hcs_transformer_holds_it_without_three_query_layers_and_says_why_not_
     assert torch.isfinite(logits).all()
     back = inkling2.model_connections_to_hf(ours.state_dict(), config, prefix="")
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in back.items())
+
+
+def test_its_gradients_are_exact_and_the_diagnostics_read_it():
+    conventions = {k: v for k, v in inkling2.FAMILY_OPTIONS.items() if k != "variant"}
+    connection = AttnResConnection(6, sublayer=3, block_size=2, num_queries=3, **conventions).double()
+    random_queries_(connection)
+    generator = torch.Generator().manual_seed(3)
+    sources = tuple(torch.randn(2, 3, 6, generator=generator, dtype=torch.float64, requires_grad=True)
+                    for _ in range(connection.num_sources))
+
+    query = connection.query.detach().clone().requires_grad_()
+
+    def run(query, *sources):
+        return torch.func.functional_call(connection, {"query": query}, (sources, lambda q, k, v: q * k.sin() + v))[-1]
+
+    assert torch.autograd.gradcheck(run, (query, *sources))
+    config = hf_config(["hybrid"] + ["hybrid_sliding"] * (LAYERS - 1))
+    model = Transformer(get_preset("tiny", family="attn-res", n_layers=LAYERS, family_options=inkling2.family_options(
+        config), vocab_size=64, dim=DIM, n_heads=2, ffn_dim=32, max_seq_len=16))
+    reads = depth_attention(model, torch.randint(0, 64, (2, 5)))["reads"]
+    assert reads[0]["sources"] == 1 and reads[0]["embedding_weight"] == 1.0 and len(reads) == 2 * LAYERS + 1

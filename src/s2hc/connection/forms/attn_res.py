@@ -154,8 +154,9 @@ class DepthAttention(ConnectionModule):
 
     def weights(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
         check_device(sources[0], self, "sources")
-        if not self.reads:
-            raise ValueError(f"{type(self).__name__} reads nothing (reads=False): it has no depth weights")
+        if not self.reads:  # the branch takes the first source whole: weight 1 on one source
+            shape = (*sources[0].shape[:-1], *((self.num_queries,) if self.num_queries > 1 else ()), 1)
+            return torch.ones(shape, dtype=coefficient_dtype(sources[0].dtype), device=sources[0].device)
         if self.paper_conventions and self.num_queries == 1:
             dtype = coefficient_dtype(sources[0].dtype)
             scaled_query = self.query.to(dtype) * self.key_norm_weight.to(dtype)
