@@ -32,6 +32,7 @@ from ..connection import Connection
 from ..connection.forms.lagged_mhc import LaggedHyperConnection
 from ..mixers.mhc import MAX_ITERATIONS
 from .deepseek_v4 import connection_state_from_hf, connection_state_to_hf
+from .settings import required, text_settings
 
 __all__ = [
     "FAMILY", "MODEL_TYPE", "MODEL_TYPES", "connection_from_hf", "connection_options", "connection_state_from_hf",
@@ -52,30 +53,11 @@ _NEMO = re.compile(r"model\.layers\.(\d+)\.(attn|ffn)_hc\.(fn|base|scale)")
 _S2HC = re.compile(r"blocks\.(\d+)\.(attn_hc|mlp_hc)\.(.+)")
 
 
-def _get(config: Any, name: str) -> Any:
-    return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
-
-
 def text_config(hf_config: Any) -> Any:
     """The text model's settings of ``hf_config`` (a ``DeepseekV41Config``, a ``DeepseekV41TextConfig`` or either's
     ``config.json`` as a dict): ``text_config`` for model type ``deepseek_v41`` (or no model type and a
     ``text_config``), else the config itself. ValueError for another model type or a missing ``text_config``."""
-    model_type = _get(hf_config, "model_type")
-    if model_type is not None and model_type not in MODEL_TYPES:
-        raise ValueError(f"the {NAME} config must have model_type one of {list(MODEL_TYPES)}, got {model_type!r}")
-    nested = _get(hf_config, "text_config")
-    if model_type == MODEL_TYPE or (model_type is None and nested is not None):
-        if nested is None:
-            raise ValueError(f"the {NAME} config (model_type {MODEL_TYPE!r}) has no text_config")
-        return nested
-    return hf_config
-
-
-def _setting(text: Any, name: str) -> Any:
-    value = _get(text, name)
-    if value is None:
-        raise ValueError(f"the {NAME} config has no {name!r}")
-    return value
+    return text_settings(hf_config, NAME, MODEL_TYPE, MODEL_TYPES)
 
 
 def connection_options(hf_config: Any) -> dict[str, Any]:
@@ -85,11 +67,11 @@ def connection_options(hf_config: Any) -> dict[str, Any]:
     name."""
     text = text_config(hf_config)
     return dict(
-        dim=check_int("hidden_size", _setting(text, "hidden_size")),
-        n_streams=check_streams("hc_mult", _setting(text, "hc_mult")),
-        iterations=check_int("hc_sinkhorn_iters", _setting(text, "hc_sinkhorn_iters"), maximum=MAX_ITERATIONS),
-        hc_eps=check_float("hc_eps", _setting(text, "hc_eps"), minimum=0.0),
-        eps=check_float("rms_norm_eps", _setting(text, "rms_norm_eps"), positive=True),
+        dim=check_int("hidden_size", required(text, "hidden_size", NAME)),
+        n_streams=check_streams("hc_mult", required(text, "hc_mult", NAME)),
+        iterations=check_int("hc_sinkhorn_iters", required(text, "hc_sinkhorn_iters", NAME), maximum=MAX_ITERATIONS),
+        hc_eps=check_float("hc_eps", required(text, "hc_eps", NAME), minimum=0.0),
+        eps=check_float("rms_norm_eps", required(text, "rms_norm_eps", NAME), positive=True),
     )
 
 
@@ -99,7 +81,8 @@ def model_options(hf_config: Any) -> dict[str, Any]:
     ``stream_reduce="head"`` (the final collapse with the last FFN site's ``pre``) and ``norm_eps``. Its attention
     (CSA2), MoE and Engram are not s2hc's, so no whole model converts."""
     options = connection_options(hf_config)
-    layers = check_int("num_hidden_layers", _setting(text_config(hf_config), "num_hidden_layers"), maximum=MAX_LAYERS)
+    layers = check_int("num_hidden_layers", required(text_config(hf_config), "num_hidden_layers", NAME),
+                       maximum=MAX_LAYERS)
     return dict(dim=options["dim"], family=FAMILY, n_streams=options["n_streams"], n_layers=layers,
                 family_options={k: options[k] for k in ("iterations", "hc_eps", "eps")}, stream_reduce="head",
                 norm_eps=options["eps"])
@@ -150,7 +133,8 @@ def _as_state(source: Mapping[str, torch.Tensor] | nn.Module, what: str) -> Mapp
 def _layers(hf_config: Any, n_layers: int | None) -> int:
     if n_layers is not None:
         return check_int("n_layers", n_layers, maximum=MAX_LAYERS)
-    return check_int("num_hidden_layers", _setting(text_config(hf_config), "num_hidden_layers"), maximum=MAX_LAYERS)
+    return check_int("num_hidden_layers", required(text_config(hf_config), "num_hidden_layers", NAME),
+                     maximum=MAX_LAYERS)
 
 
 def state_from_hf(state: Mapping[str, torch.Tensor] | nn.Module, hf_config: Any,

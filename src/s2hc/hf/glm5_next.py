@@ -28,6 +28,7 @@ from ..connection import HyperConnection
 from ..mixers.mhc import MAX_ITERATIONS
 from . import deepseek_v4
 from .deepseek_v4 import connection_state_from_hf, connection_state_to_hf
+from .settings import required, text_settings
 
 __all__ = [
     "MODEL_TYPE", "MODEL_TYPES", "connection_from_hf", "connection_options", "connection_state_from_hf",
@@ -41,30 +42,11 @@ MODEL_TYPES = (MODEL_TYPE, "glm5_next_text")
 NAME = "GLM-5.3"
 
 
-def _get(config: Any, name: str) -> Any:
-    return config.get(name) if isinstance(config, Mapping) else getattr(config, name, None)
-
-
 def text_config(hf_config: Any) -> Any:
     """The text model's settings of ``hf_config`` (a ``Glm5NextConfig``, a ``Glm5NextTextConfig`` or either's
     ``config.json`` as a dict): ``text_config`` when the model type is ``glm5_next`` (or there is no model type and a
     ``text_config``), else the config itself. ValueError for another model type or a missing ``text_config``."""
-    model_type = _get(hf_config, "model_type")
-    if model_type is not None and model_type not in MODEL_TYPES:
-        raise ValueError(f"the {NAME} config must have model_type one of {list(MODEL_TYPES)}, got {model_type!r}")
-    nested = _get(hf_config, "text_config")
-    if model_type == MODEL_TYPE or (model_type is None and nested is not None):
-        if nested is None:
-            raise ValueError(f"the {NAME} config (model_type {MODEL_TYPE!r}) has no text_config")
-        return nested
-    return hf_config
-
-
-def _setting(text: Any, name: str) -> Any:
-    value = _get(text, name)
-    if value is None:
-        raise ValueError(f"the {NAME} config has no {name!r}")
-    return value
+    return text_settings(hf_config, NAME, MODEL_TYPE, MODEL_TYPES)
 
 
 def connection_options(hf_config: Any) -> dict[str, Any]:
@@ -73,13 +55,13 @@ def connection_options(hf_config: Any) -> dict[str, Any]:
     input norm's, ``rms_norm_eps``), each checked under its config name."""
     text = text_config(hf_config)
     return dict(
-        dim=check_int("hidden_size", _setting(text, "hidden_size")),
-        n_streams=check_streams("hc_mult", _setting(text, "hc_mult")),
+        dim=check_int("hidden_size", required(text, "hidden_size", NAME)),
+        n_streams=check_streams("hc_mult", required(text, "hc_mult", NAME)),
         family="mhc",
         variant=deepseek_v4.VARIANT,
-        iterations=check_int("hc_sinkhorn_iters", _setting(text, "hc_sinkhorn_iters"), maximum=MAX_ITERATIONS),
-        hc_eps=check_float("hc_eps", _setting(text, "hc_eps"), minimum=0.0),
-        eps=check_float("rms_norm_eps", _setting(text, "rms_norm_eps"), positive=True),
+        iterations=check_int("hc_sinkhorn_iters", required(text, "hc_sinkhorn_iters", NAME), maximum=MAX_ITERATIONS),
+        hc_eps=check_float("hc_eps", required(text, "hc_eps", NAME), minimum=0.0),
+        eps=check_float("rms_norm_eps", required(text, "rms_norm_eps", NAME), positive=True),
     )
 
 
@@ -89,7 +71,8 @@ def model_options(hf_config: Any) -> dict[str, Any]:
     (its final read, an unweighted mean), ``norm_eps`` and ``n_layers``. Its attention (Kimi delta attention and MLA
     with a DSA indexer) and MoE are not s2hc's, so no whole model converts."""
     options = connection_options(hf_config)
-    layers = check_int("num_hidden_layers", _setting(text_config(hf_config), "num_hidden_layers"), maximum=MAX_LAYERS)
+    layers = check_int("num_hidden_layers", required(text_config(hf_config), "num_hidden_layers", NAME),
+                       maximum=MAX_LAYERS)
     return dict(dim=options["dim"], family="mhc", n_streams=options["n_streams"], n_layers=layers,
                 family_options={k: options[k] for k in ("variant", "iterations", "hc_eps", "eps")},
                 stream_reduce="mean", norm_eps=options["eps"])

@@ -44,7 +44,10 @@ from torch import nn
 
 from ..checks import check_float, check_int, check_streams
 from ..connection import Connection, HyperConnection, HyperHead, StreamHead
-from .deepseek_v4 import _checked
+from .deepseek_v4 import (
+    _checked,
+    head_state_to_hf,  # the same head's layout: s2hc's HyperHead -> hc_fn, hc_base, hc_scale
+)
 
 __all__ = [
     "MODEL_TYPE", "connection_from_hf", "connection_options", "connection_state_from_hf", "connection_state_to_hf",
@@ -150,16 +153,6 @@ def head_state_from_hf(
     shapes = {"hc_fn": (n_streams, n_streams * dim), "hc_base": (n_streams,), "hc_scale": (1,)}
     hf = _checked(state, shapes, f"{NAME} head state", sizes)
     return {"projection": hf["hc_fn"].T.contiguous(), "alpha": hf["hc_scale"].clone(), "bias": hf["hc_base"].clone()}
-
-
-def head_state_to_hf(
-    state: Mapping[str, torch.Tensor] | nn.Module, dim: int, n_streams: int
-) -> dict[str, torch.Tensor]:
-    """The inverse of :func:`head_state_from_hf`."""
-    sizes = f"n_streams n={n_streams}, dim C={dim}"
-    shapes = {"projection": (n_streams * dim, n_streams), "alpha": (1,), "bias": (n_streams,)}
-    s = _checked(state, shapes, "s2hc head state", sizes)
-    return {"hc_fn": s["projection"].T.contiguous(), "hc_base": s["bias"].clone(), "hc_scale": s["alpha"].clone()}
 
 
 # ------------------------------------------------------------------------------------------ modules
