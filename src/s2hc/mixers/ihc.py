@@ -13,7 +13,7 @@ import torch
 
 from ..checks import check_float
 from ..counts import Count, count
-from .base import Guarantees, Mixer
+from .identity import IdentityMixer
 
 #: Hy4's ``hc_eps`` and ``hc_magnitude`` (``HYV4Config``'s defaults), the family's defaults.
 HY_V4_EPS = 1e-6
@@ -26,7 +26,7 @@ def start_bias(n_streams: int) -> float:
     return -math.log(max(n_streams - 1, 1))
 
 
-class IHCMixer(Mixer):
+class IHCMixer(IdentityMixer):
     """``H_res = I``, with Hy4's gates: ``H_pre = σ(α_pre d_pre + b_pre) + ε`` and
     ``H_post = m · σ(α_post d_post + b_post) + ε`` (``m = hc_magnitude``, default 2.0; ``ε = hc_eps``, default
     1e-6), from an RMSNorm over the n·C features without a weight. K = 0.
@@ -37,15 +37,7 @@ class IHCMixer(Mixer):
     Input ``d_res`` ``(..., 0)``; output ``(..., n, n)``, the identity.
     """
 
-    name = "ihc"
-    guarantees = Guarantees(
-        row_sums_one=True,
-        col_sums_one=True,
-        nonnegative=True,
-        spectral_norm_at_most_one=True,
-        orthogonal=True,
-        closed_under_products=True,
-    )
+    name = "ihc"  # the identity's H_res and guarantees (its mix, too); its own gates, norm and start
     weighted_norm = False
     default_stream_reduce = "head"
 
@@ -69,10 +61,6 @@ class IHCMixer(Mixer):
         """Hy4's: ``b_pre = −log(max(n − 1, 1))`` for every stream, ``b_post = 0``, whatever the layer."""
         n = self.n_streams
         return torch.full((n,), start_bias(n)), torch.zeros(n)
-
-    def mix(self, d_res: torch.Tensor) -> torch.Tensor:
-        eye = torch.eye(self.n_streams, dtype=d_res.dtype, device=d_res.device)
-        return eye.expand(*d_res.shape[:-1], self.n_streams, self.n_streams)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, hc_eps={self.hc_eps}, hc_magnitude={self.hc_magnitude}"

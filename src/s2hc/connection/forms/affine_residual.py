@@ -28,7 +28,7 @@ from ...checks import check_int
 from ...counts import Count, count
 from ...mixers.base import coefficient_dtype
 from ..base import Connection, _stream_precision, call_branch, check_stream_tensor
-from .base import ConnectionForm
+from .base import OneStreamForm
 
 NAME = "affine-residual"
 #: The parameters, s2hc's name -> transformers' (``ZayaResidualScaling``), and their neutral values.
@@ -91,14 +91,9 @@ class AffineResidual(Connection):
         return f"dim={self.dim}, layer_index={self.layer_index}"
 
 
-class AffineResidualForm(ConnectionForm):
+class AffineResidualForm(OneStreamForm):
     name = NAME
     summary = "affine residual (F + b_F) s_F + (x + b_x) s_x: learned scale and bias per channel on both terms"
-    min_streams = max_streams = default_streams = 1
-    stream_reductions = ("sum", "mean")
-    stream_scaling = False
-    mixes_streams = False  # one stream: its diagnostics are its vectors (AffineResidual.measures)
-    compute_options = True  # accepted and ignored, as the residual's
 
     def build(self, dim: int, n_streams: int, layer_index: int = 0, *, sublayer: int = 0, n_sublayers: int = 1,
               **options: Any) -> nn.Module:

@@ -225,3 +225,15 @@ class ConnectionForm:
 
     def __repr__(self) -> str:
         return f"<connection form {self.name!r}>"
+
+
+class OneStreamForm(ConnectionForm):
+    """What every one-stream form declares (the plain residual, the variance-preserving and affine residuals): one
+    stream, summed or averaged at the end, no stream scaling and no stream matrices; it takes the compute options
+    every hyper-connection takes and ignores them (one stream: one way to add)."""
+
+    min_streams = max_streams = default_streams = 1
+    stream_reductions = ("sum", "mean")
+    stream_scaling = False
+    mixes_streams = False
+    compute_options = True

@@ -10,7 +10,7 @@ from torch import nn
 
 from ...checks import check_int, check_streams
 from ..base import Connection, call_branch, check_stream_tensor
-from .base import ConnectionForm, count
+from .base import OneStreamForm, count
 
 NAME = "residual"
 
@@ -41,14 +41,9 @@ class ResidualConnection(Connection):
         return f"dim={self.dim}, layer_index={self.layer_index}"
 
 
-class ResidualForm(ConnectionForm):
+class ResidualForm(OneStreamForm):
     name = NAME
     summary = "the plain residual x + F(x): one stream"
-    min_streams = max_streams = default_streams = 1
-    stream_reductions = ("sum", "mean")
-    stream_scaling = False
-    mixes_streams = False
-    compute_options = True  # accepted, and nothing changes: see ResidualConnection.set_options
 
     def check_streams(self, n_streams: int, argument: str = "n_streams") -> int:
         if isinstance(n_streams, int) and not isinstance(n_streams, bool) and n_streams > 1:

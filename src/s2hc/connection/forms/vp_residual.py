@@ -43,7 +43,7 @@ from ...counts import Count, count
 from ...init_rng import Draw
 from ...mixers.base import coefficient_dtype
 from ..base import Connection, _stream_precision, call_branch, check_stream_tensor
-from .base import ConnectionForm
+from .base import OneStreamForm
 
 NAME = "vp-residual"
 GATES = ("learned", "depth")
@@ -156,14 +156,9 @@ class VPResidual(Connection):
                 f"alpha={self.alpha_kind!r}, alpha_floor={self.alpha_floor}")
 
 
-class VPResidualForm(ConnectionForm):
+class VPResidualForm(OneStreamForm):
     name = NAME
     summary = "variance-preserving residual α x + β F(x), α² + β² = 1: learned per channel or fixed by depth"
-    min_streams = max_streams = default_streams = 1
-    stream_reductions = ("sum", "mean")
-    stream_scaling = False
-    mixes_streams = False  # one stream: its diagnostics are its gates (VPResidual.measures)
-    compute_options = True  # accepted and ignored, as the residual's
     option_kinds = {"gate": {"str"}, "temperature": {"float"}, "alpha": {"str"}, "alpha_floor": {"float"},
                     "gate_init": {"str"}, "init_std": {"float"}}
 
