@@ -247,6 +247,13 @@ class HyperConnection(Connection):
         res = self.mixer(d_res, fused=path.fused_mixer)
         return pre, post, res.mT if self.transpose_res else res
 
+    def _step_coefficients(self, x: torch.Tensor, path: ComputePath):
+        """``(pre, post, res)`` of a forward step on ``path``; with ``recompute`` (and gradients) not stored but
+        computed again in the backward pass."""
+        if self.recompute and torch.is_grad_enabled():
+            return checkpoint(self._coefficients_on, x, path, use_reentrant=False)
+        return self._coefficients_on(x, path)
+
     def _per_stream_projection(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The HC paper's ``d``: stream s, normed alone, gives its read weight ``d[s, 0]``, its write weight
         ``d[s, 1]`` and row s of ``A_r`` ``d[s, 2:]``. ``d_res`` is returned as ``A_rᵀ`` flattened, so that the
@@ -267,10 +274,7 @@ class HyperConnection(Connection):
             return self.forward(as_batch_time(x), flat_branch, *args, **kwargs).reshape(x.shape)
         path = self.compute_path(x)
         with _stream_precision(x):
-            if self.recompute and torch.is_grad_enabled():
-                pre, post, res = checkpoint(self._coefficients_on, x, path, use_reentrant=False)
-            else:
-                pre, post, res = self._coefficients_on(x, path)
+            pre, post, res = self._step_coefficients(x, path)
             branch_in, mixed = path.read_mix(x, pre, res)
         branch_out = self._call_branch(branch, branch_in, args, kwargs)  # the one part that runs under autocast
         with _stream_precision(x):

@@ -39,6 +39,19 @@ def _constructor_kinds(mixer: type[mixers.Mixer]) -> dict[str, set[str]]:
     return kinds
 
 
+def coefficients_probe(hc: HyperConnection, generator: torch.Generator) -> CoefficientProbe:
+    """The bench's probe of a hyper-connection's coefficient path: its projection drawn from ``generator`` (away
+    from the zero start, so no path skips work), and a scalar of its three matrices."""
+    with torch.no_grad():
+        hc.projection.normal_(0, 0.1, generator=generator)
+
+    def run(x: torch.Tensor, fused: bool) -> torch.Tensor:
+        pre, post, res = hc.coefficients(x, fused)
+        return pre.float().sum() + post.float().sum() + res.float().square().sum()
+
+    return CoefficientProbe(hc, run)
+
+
 class HyperConnectionForm(ConnectionForm):
     """The papers' connection, ``X' = H_res X + H_postᵀ F(H_pre X)``, with the constraint map of mixer ``name``."""
 
@@ -119,14 +132,7 @@ class HyperConnectionForm(ConnectionForm):
 
     def coefficient_probe(self, dim: int, n_streams: int, generator: torch.Generator) -> CoefficientProbe:
         hc = HyperConnection(dim, n_streams, family=self.name, **self.mixer.options_for_size(n_streams))
-        with torch.no_grad():  # away from the zero initialisation, so no path is trivially skipped
-            hc.projection.normal_(0, 0.1, generator=generator)
-
-        def run(x: torch.Tensor, fused: bool) -> torch.Tensor:
-            pre, post, res = hc.coefficients(x, fused)
-            return pre.float().sum() + post.float().sum() + res.float().square().sum()
-
-        return CoefficientProbe(hc, run)
+        return coefficients_probe(hc, generator)
 
     def res_guarantees(self) -> mixers.Guarantees:
         return self.mixer.guarantees

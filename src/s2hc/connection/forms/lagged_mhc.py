@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from ... import mixers
 from ...checks import check_float, check_int
@@ -46,7 +45,7 @@ from ...mixers.mhc import DEEPSEEK_V4_EPS, MAX_ITERATIONS
 from ..base import StreamHead, _stream_precision, check_stream_tensor
 from ..module import HyperConnection
 from .base import CoefficientProbe, ConnectionForm
-from .hyper import HyperConnectionForm
+from .hyper import HyperConnectionForm, coefficients_probe
 
 NAME = "mhc-lagged"
 #: DeepSeek-V4.1's ``rms_norm_eps`` (``DeepseekV41TextConfig``), the epsilon of the coefficient path's norm.
@@ -124,10 +123,7 @@ class LaggedHyperConnection(HyperConnection):
             return x4.reshape(x.shape), pre4.reshape(carried.shape)
         path = self.compute_path(x)
         with _stream_precision(x):
-            if self.recompute and torch.is_grad_enabled():
-                pre, post, res = checkpoint(self._coefficients_on, x, path, use_reentrant=False)
-            else:
-                pre, post, res = self._coefficients_on(x, path)
+            pre, post, res = self._step_coefficients(x, path)
             branch_in, mixed = path.read_mix(x, carried, res)  # the previous site's read weights
         branch_out = self._call_branch(branch, branch_in, args, kwargs)
         with _stream_precision(x):
@@ -234,15 +230,7 @@ class LaggedMHCForm(ConnectionForm):
         return count(0, (2 * n_streams - 1) * dim)
 
     def coefficient_probe(self, dim: int, n_streams: int, generator: torch.Generator) -> CoefficientProbe:
-        hc = LaggedHyperConnection(dim, n_streams)
-        with torch.no_grad():  # away from the zero initialisation, so no path is trivially skipped
-            hc.projection.normal_(0, 0.1, generator=generator)
-
-        def run(x: torch.Tensor, fused: bool) -> torch.Tensor:
-            pre, post, res = hc.coefficients(x, fused)
-            return pre.float().sum() + post.float().sum() + res.float().square().sum()
-
-        return CoefficientProbe(hc, run)
+        return coefficients_probe(LaggedHyperConnection(dim, n_streams), generator)
 
     def res_guarantees(self) -> Guarantees:
         """DeepSeek-V4's Sinkhorn with ``hc_eps``: entries > 0, its sums 1 only up to about ``hc_eps``."""
