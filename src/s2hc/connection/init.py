@@ -106,10 +106,12 @@ def upcycling_biases(n_streams: int, layer_index: int, spread: float = DEFAULT_S
     outside that gate's range (a magnitude below ``1 + spread``)."""
     pre, post = residual_targets(n_streams, layer_index, spread)
     share = (post - post_offset) / post_scale
-    if not bool(((share > 0) & (share < 1)).all()):
-        raise ValueError(f"the residual start's writes {sorted(set(post.tolist()))} lie outside the write gate's range "
-                         f"({post_offset}, {post_offset + post_scale}) (its magnitude {post_scale}); use a smaller "
-                         "spread or a larger magnitude")
+    with torch.device("cpu"):  # the range check reads values, which a model built on meta does not have
+        written = residual_targets(n_streams, layer_index, spread)[1]
+    if not bool((((written - post_offset) / post_scale > 0) & ((written - post_offset) / post_scale < 1)).all()):
+        raise ValueError(f"the residual start's writes {sorted(set(written.tolist()))} lie outside the write gate's "
+                         f"range ({post_offset}, {post_offset + post_scale}) (its magnitude {post_scale}); use a "
+                         "smaller spread or a larger magnitude")
     return torch.logit(pre - pre_offset).float(), torch.logit(share).float()  # H_pre = σ(b) + offset, m σ(b) + offset
 
 
