@@ -94,12 +94,13 @@ def check_as_trained(family: str, options: dict, *, layers: int, dim: int, n_str
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..checks import check_streams
+    from ..checks import MAX_LAYERS, check_int, check_streams
     from ..params import format_table, param_table
 
     left_out = []
     try:
         check_streams("argument --streams", args.streams)
+        check_int("layers", args.layers, maximum=MAX_LAYERS)  # the table's own bounds first: no family would pass
         variants = []
         for family, options in parse_variants(args.families):
             try:
