@@ -136,16 +136,16 @@ def test_kill_9_of_export_at_random_moments_keeps_the_previous_export_or_nothing
     landed = 0
     for k, (previous, ready, delay) in enumerate(moments):
         if previous and not (out.exists() and _is_export_of(out, tiny_checkpoint)):
-            assert run_cli(["export", str(tiny_checkpoint), "--out", str(out)], capsys)[0] == 0
+            assert run_cli(["export", str(tiny_checkpoint), "--out", str(out), "--overwrite"], capsys)[0] == 0
         before = listing(out) if previous else None
-        process = start(["export", str(residual_run), "--out", str(out)], logs / f"export-{k}.err")
+        process = start(["export", str(residual_run), "--out", str(out), "--overwrite"], logs / f"export-{k}.err")
         landed += kill_9(process, ready, delay, logs / f"export-{k}.err")
         state = previous_or_absent(out, before)
         if state == "other":  # the kill came after the swap (or the export ended): the new export, whole
             assert_export_of(out, residual_run)
         hidden_marked(out)
     assert landed >= 2, "the kills came too late: every export had finished"
-    code, _, line = run_cli(["export", str(residual_run), "--out", str(out)], capsys)
+    code, _, line = run_cli(["export", str(residual_run), "--out", str(out), "--overwrite"], capsys)
     assert code == 0, line
     assert_export_of(out, residual_run)
     assert leftovers(out) == []
@@ -457,15 +457,15 @@ def test_a_full_disk_under_export_keeps_the_previous_export_and_export_runs_agai
     pytest.importorskip("transformers")
     resize(small_filesystem, "3m")
     out = small_filesystem / "hf"
-    assert run_cli(["export", str(tiny_checkpoint), "--out", str(out)], capsys)[0] == 0
+    assert run_cli(["export", str(tiny_checkpoint), "--out", str(out), "--overwrite"], capsys)[0] == 0
     before = listing(out)
     filler = fill(small_filesystem, leave=300_000)  # less than the new model.safetensors
-    code, _, line = run_cli(["export", str(residual_run), "--out", str(out)], capsys)
+    code, _, line = run_cli(["export", str(residual_run), "--out", str(out), "--overwrite"], capsys)
     assert code == 1
     assert line.startswith("s2hc export: error: ") and str(out) in line and "No space left on device" in line, line
     assert listing(out) == before and leftovers(out) == []
     filler.unlink()
-    assert run_cli(["export", str(residual_run), "--out", str(out)], capsys)[0] == 0
+    assert run_cli(["export", str(residual_run), "--out", str(out), "--overwrite"], capsys)[0] == 0
     assert_export_of(out, residual_run)
 
 
