@@ -298,6 +298,8 @@ def test_no_module_outside_the_registry_asks_for_an_architecture_by_name():
     for path in sorted(source.rglob("*.py")):
         if path.is_relative_to(source / "hf" / "architectures"):
             continue
+        if path.is_relative_to(source / "torchtitan"):  # its keys name torchtitan's own models ("qwen3"), not HF's
+            continue
         for node in ast.walk(ast.parse(path.read_text())):
             compared = isinstance(node, ast.Compare) and any(named(n) for n in [node.left, *node.comparators])
             compared |= isinstance(node, ast.Compare) and any(
