@@ -198,7 +198,9 @@ def test_an_error_in_a_parallel_study_stops_and_reaps_every_run(corpus_file, cac
 
     def recording(*args, **kwargs):
         process = real_popen(*args, **kwargs)
-        started.append(process)
+        command = args[0] if args else kwargs.get("args")
+        if not (isinstance(command, (list, tuple)) and command and command[0] == "git"):  # the runs, not the
+            started.append(process)  # git that finds the study's commit
         return process
 
     def log(line: str) -> None:  # stderr closed under the study (`s2hc study ... | head`): a real error
