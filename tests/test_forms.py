@@ -364,7 +364,7 @@ def test_model_config_round_trips_the_new_forms():
 
 @pytest.mark.parametrize(("family", "streams", "options"), [("attn-res", 1, ["block_size=2"]),
                                                             ("wide-residual", 3, [])])
-def test_train_export_reload_and_diagnose(family, streams, options, corpus_file, tmp_path):
+def test_train_export_reload_and_diagnose(family, streams, options, corpus_file, tmp_path, capsys):
     """``s2hc train --family attn-res`` and ``--family wide-residual`` train, export and reload through
     transformers with identical logits; ``s2hc diagnose`` measures AttnRes's depth softmax and the wide
     residual's streams."""
@@ -391,6 +391,11 @@ def test_train_export_reload_and_diagnose(family, streams, options, corpus_file,
     ids = torch.randint(0, 4096, (2, 10), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, model.eval()(ids), rtol=0, atol=0)
+    capsys.readouterr()
+    assert main(["diagnose", "--static", str(tmp_path / "hf"), "--out", str(tmp_path / "static")]) == 2
+    refused = capsys.readouterr().err.strip().splitlines()  # says what --static reads, not an internal check
+    assert len(refused) == 1 and f"family {family!r}, which has no residual matrix" in refused[0]
+    assert "s2hc diagnose RUN" in refused[0] and "HyperConnection" not in refused[0]
     assert main(["diagnose", str(run), "--out", str(tmp_path / "diag"), "--tokens", "64"]) == 0
     report = (tmp_path / "diag" / "report.md").read_text()
     assert ("## Depth attention" in report) == (family == "attn-res")

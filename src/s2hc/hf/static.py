@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from ..checks import MAX_LAYERS, check_float, check_int
-from ..connection import Connection, GatedHead, GatedResidual, HyperConnection, HyperHead, build_connection
+from ..connection import Connection, GatedHead, GatedResidual, HyperConnection, HyperHead, build_connection, forms
 from ..connection.forms.gated_residual import NAME as GATED_RESIDUAL
 from ..diagnostics import report as diagnostics_report
 from ..diagnostics.collect import Capture
@@ -206,6 +206,10 @@ def _s2hc_connections(source: str, tensors: dict[str, torch.Tensor], config: dic
     except (ValueError, TypeError) as error:
         raise ValueError(f"{source!r}: config.json's 's2hc' entry is not a model s2hc builds: {error}") from None
     gated = model.family == GATED_RESIDUAL
+    if not gated and not forms.get(model.family).has_res:  # AttnRes, the wide and one-stream residuals
+        raise ValueError(f"{source!r} is an s2hc export of family {model.family!r}, which has no residual matrix: "
+                         "--static reads the input-independent part of each H_res (its biases alone), and there is "
+                         "none; measure the run itself (s2hc diagnose RUN), which reports the family's own maps")
     grouped: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     head: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
