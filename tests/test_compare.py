@@ -278,7 +278,9 @@ def test_a_stopped_compare_prints_the_command_that_goes_on(monkeypatch):
     (["DEMO_STEPS=20", "DEMO_RESUME=1"], "--out runs/demo --resume --max-steps 20 --eval-every 4"),
 ])
 def test_make_demo_evaluates_a_short_demo_several_times_and_resumes(variables, expected, tmp_path):
-    result = subprocess.run(["make", "-n", "demo", f"VENV={tmp_path / 'venv'}", *variables], cwd=ROOT,
+    # --no-print-directory: under `make test` this make is a sub-make, which would print its directory around
+    result = subprocess.run(["make", "--no-print-directory", "-n", "demo", f"VENV={tmp_path / 'venv'}", *variables],
+                            cwd=ROOT,
                             capture_output=True, text=True, check=True)
     command = " ".join(result.stdout.replace("\\\n", " ").split())
     assert "s2hc compare --config configs/demo-tiny.yaml" in command
