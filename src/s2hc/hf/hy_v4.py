@@ -48,6 +48,7 @@ from .deepseek_v4 import (
     _checked,
     head_state_to_hf,  # the same head's layout: s2hc's HyperHead -> hc_fn, hc_base, hc_scale
 )
+from .settings import required
 
 __all__ = [
     "MODEL_TYPE", "connection_from_hf", "connection_options", "connection_state_from_hf", "connection_state_to_hf",
@@ -61,24 +62,17 @@ FAMILY = "ihc"
 NAME = "Hy4"
 
 
-def _get(hf_config: Any, name: str) -> Any:
-    value = hf_config.get(name) if isinstance(hf_config, Mapping) else getattr(hf_config, name, None)
-    if value is None:
-        raise ValueError(f"the {NAME} config has no {name!r}")
-    return value
-
-
 def connection_options(hf_config: Any) -> dict[str, Any]:
     """The :class:`s2hc.HyperConnection` arguments that compute what ``HYV4HyperConnection(hf_config)`` computes:
     ``dim``, ``n_streams``, ``family="ihc"``, ``hc_eps``, ``hc_magnitude``, ``eps``. ``hf_config``: an
     ``HYV4Config`` or a mapping with its keys (a ``config.json`` read from disk), each checked under its own name."""
     return dict(
-        dim=check_int("hidden_size", _get(hf_config, "hidden_size")),
-        n_streams=check_streams("hc_mult", _get(hf_config, "hc_mult")),
+        dim=check_int("hidden_size", required(hf_config, "hidden_size", NAME)),
+        n_streams=check_streams("hc_mult", required(hf_config, "hc_mult", NAME)),
         family=FAMILY,
-        hc_eps=check_float("hc_eps", _get(hf_config, "hc_eps"), minimum=0.0),
-        hc_magnitude=check_float("hc_magnitude", _get(hf_config, "hc_magnitude"), positive=True),
-        eps=check_float("rms_norm_eps", _get(hf_config, "rms_norm_eps"), positive=True),
+        hc_eps=check_float("hc_eps", required(hf_config, "hc_eps", NAME), minimum=0.0),
+        hc_magnitude=check_float("hc_magnitude", required(hf_config, "hc_magnitude", NAME), positive=True),
+        eps=check_float("rms_norm_eps", required(hf_config, "rms_norm_eps", NAME), positive=True),
     )
 
 
