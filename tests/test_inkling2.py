@@ -6,7 +6,8 @@ queries and every source count of a tiny config; a whole ``Inkling2TextModel`` (
 attention at layers 0, 2 and 5, random queries) is compared with the same layers' attention, convolutions and MoE
 run as branches of s2hc's connections (converted by :mod:`s2hc.hf.inkling2`) and its head. The released read
 casts to float32 whatever the model's dtype, so float64 is checked against a float64 transcription of its
-equations. Round trips are exact; bad tensors and a Transformer that cannot hold three queries are refused by name.
+equations. Round trips are exact; bad tensors are refused by name. s2hc's Transformer holds the three-query reads at its
+global layers (``qkv_reads``).
 """
 
 from __future__ import annotations
@@ -158,24 +159,38 @@ def test_round_trips_are_exact_and_bad_tensors_are_named():
             k: v for k, v in inkling2.FAMILY_OPTIONS.items() if k != "variant"}), config)
 
 
-def test_s2hcs_transformer_holds_it_without_three_query_layers_and_says_why_not_with():
-    with pytest.raises(ValueError, match=r"full-attention layers \[2, 5\] read three queries .* one input"):
-        inkling2.family_options(hf_config())
-    config = hf_config(["hybrid"] + ["hybrid_sliding"] * (LAYERS - 1))  # layer 0's attention reads nothing
+PATTERN = 4  # full attention at layers 3 and 7: s2hc's global layers with sliding_window_pattern=4
+
+
+def patterned_model(options) -> Transformer:
+    return Transformer(get_preset("tiny", family="attn-res", n_layers=LAYERS, family_options=options, vocab_size=64,
+                                  dim=DIM, n_heads=2, ffn_dim=32, max_seq_len=16, sliding_window=4,
+                                  sliding_window_pattern=PATTERN))
+
+
+def test_s2hcs_transformer_holds_its_three_query_reads_at_its_global_layers():
+    full = [i for i in range(LAYERS) if (i + 1) % PATTERN == 0]
+    config = hf_config(["hybrid" if i in full else "hybrid_sliding" for i in range(LAYERS)])
     options = inkling2.family_options(config)
-    assert options["block_size"] == 2 * PER_BLOCK and options["key_norm"] == "unweighted"
-    ours = Transformer(get_preset("tiny", family="attn-res", n_layers=LAYERS, family_options=options,
-                                  vocab_size=64, dim=DIM, n_heads=2, ffn_dim=32, max_seq_len=16))
+    assert options["block_size"] == 2 * PER_BLOCK and options["key_norm"] == "unweighted" and options["qkv_reads"]
+    ours = patterned_model(options)
+    assert [block.attn_hc.num_queries for block in ours.blocks] == [3 if i in full else 1 for i in range(LAYERS)]
+    assert [block.attn_k_norm is not None for block in ours.blocks] == [i in full for i in range(LAYERS)]
     model = Inkling2TextModel(config)
     random_queries_(model)
     state = inkling2.model_connections_from_hf(model.state_dict(), config)
-    missing, unexpected = ours.load_state_dict(state, strict=False)
+    missing, unexpected = ours.load_state_dict(state, strict=False)  # a query of another shape would raise
     assert not unexpected and not [k for k in missing if "_hc." in k or "stream_head" in k]
     assert ours.blocks[0].attn_hc.query is None and ours.blocks[0].attn_hc.key_norm_weight is None
     logits = ours(torch.randint(0, 64, (2, 5)))
     assert torch.isfinite(logits).all()
     back = inkling2.model_connections_to_hf(ours.state_dict(), config, prefix="")
+    assert back.keys() == {k for k in model.state_dict() if k.endswith(".query")}
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in back.items())
+    everywhere = Transformer(get_preset("tiny", family="attn-res", n_layers=LAYERS, family_options=options,
+                                        vocab_size=64, dim=DIM, n_heads=2, ffn_dim=32, max_seq_len=16))
+    with pytest.raises(RuntimeError, match=r"blocks.0.attn_hc|size mismatch for blocks.1.attn_hc.query"):
+        everywhere.load_state_dict(state, strict=False)  # every layer global: the sliding layers' shapes differ
 
 
 def test_its_gradients_are_exact_and_the_diagnostics_read_it():
@@ -192,8 +207,9 @@ def test_its_gradients_are_exact_and_the_diagnostics_read_it():
         return torch.func.functional_call(connection, {"query": query}, (sources, lambda q, k, v: q * k.sin() + v))[-1]
 
     assert torch.autograd.gradcheck(run, (query, *sources))
-    config = hf_config(["hybrid"] + ["hybrid_sliding"] * (LAYERS - 1))
-    model = Transformer(get_preset("tiny", family="attn-res", n_layers=LAYERS, family_options=inkling2.family_options(
-        config), vocab_size=64, dim=DIM, n_heads=2, ffn_dim=32, max_seq_len=16))
+    config = hf_config(["hybrid" if (i + 1) % PATTERN == 0 else "hybrid_sliding" for i in range(LAYERS)])
+    model = patterned_model(inkling2.family_options(config))
     reads = depth_attention(model, torch.randint(0, 64, (2, 5)))["reads"]
-    assert reads[0]["sources"] == 1 and reads[0]["embedding_weight"] == 1.0 and len(reads) == 2 * LAYERS + 1
+    assert reads[0]["sources"] == 1 and reads[0]["embedding_weight"] == 1.0
+    names = [read["name"] for read in reads]  # the three-query reads (layers 3 and 7) one row per query
+    assert len(names) == 2 * LAYERS + 1 + 2 * 2 and names[6:9] == [f"blocks.3.attn_hc query {q}" for q in range(3)]

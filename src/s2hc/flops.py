@@ -100,11 +100,15 @@ def model_flops(config, seq_len: int) -> dict[str, Any]:
     mlp_products = 3 if config.mlp in ("swiglu", "geglu") else 2
     activation = 3 * F if mlp_products == 3 else 2 * F  # silu / tanh-GELU and the gate's product
     mlp = count(mlp_products * 2 * C * F, activation + (F * (mlp_products - 1) + C) * config.mlp_bias)
+    # A layer's attention may take several inputs (AttnRes's qkv_reads), each read by a query and normed.
+    inputs = [form.attention_inputs(config.family_options, local=config.is_local_layer(i)) for i in range(L)]
     norms_per_layer = 2 * form.pre_norms + 2 * config.post_norms
     final_norm = 0 if form.replaces_final_norm(config.stream_reduce) else _norm(config, C)
-    norms = count(0, L * norms_per_layer * _norm(config, C) + final_norm)
-    connection = add(*(connection_flops(family, C, n, sublayer=j, n_sublayers=2 * L, **config.family_options)
-                       for j in range(2 * L)))
+    extra_norms = form.pre_norms * sum(k - 1 for k in inputs)
+    norms = count(0, (L * norms_per_layer + extra_norms) * _norm(config, C) + final_norm)
+    queries = [{"num_queries": inputs[j // 2]} if j % 2 == 0 and inputs[j // 2] > 1 else {} for j in range(2 * L)]
+    connection = add(*(connection_flops(family, C, n, sublayer=j, n_sublayers=2 * L, **config.family_options,
+                                        **queries[j]) for j in range(2 * L)))
     options = _counted_options(config.family_options)
     state = form.state_size(n, 2 * L, options)  # tensors the last block hands on: n streams, or AttnRes's sources
     if config.stream_reduce == "head":  # the form's learned read

@@ -41,6 +41,8 @@ class Connections(nn.Module):
 
         x = connections.expand(h)                 # h (B, T, C), the embeddings
         x = connections[i](x, branch, *args)      # branch i, called as branch(h_i, *args): (B, T, C) -> (B, T, C)
+                                                  # (AttnRes's qkv_reads: each layer's first branch, its attention,
+                                                  # as branch(h_q, h_k, h_v, *args))
         out = connections.reduce(x)               # (B, T, C), before the final norm
 
     ``pre_norms``: whether the branches keep their own pre-norm (False for the gated residual, whose read is
@@ -63,9 +65,12 @@ class Connections(nn.Module):
         form.check_model(dim=dim, n_streams=self.n_streams, n_sublayers=n_sublayers,
                          stream_reduce=self.stream_reduce, lss_init=lss_init, options=options)
         options = form.check_option_values(options, self.n_streams)
+        # The first branch of each layer is its attention, which a form may hand several inputs (attention_inputs).
+        inputs = form.attention_inputs(options)
         self.connections = nn.ModuleList(
             form.build(dim, self.n_streams, sublayer // sublayers_per_layer, sublayer=sublayer,
-                       n_sublayers=n_sublayers, **options)
+                       n_sublayers=n_sublayers, **options,
+                       **({"num_queries": inputs} if inputs > 1 and sublayer % sublayers_per_layer == 0 else {}))
             for sublayer in range(n_sublayers))
         self.scale = None if lss_init is None else StreamScaling(dim, self.n_streams, init=lss_init)
         self.head = None

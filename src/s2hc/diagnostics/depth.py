@@ -4,7 +4,9 @@ block's sum), the diagnostic of ``family="attn-res"`` in place of the matrices' 
 Per sublayer, on the sampled token positions: ``weights`` (mean over tokens of the softmax weight of each source,
 in source order: the embedding first), ``embedding_weight`` (the first of them), ``effective_sources`` (``exp`` of
 the softmax's entropy, averaged over tokens: 1 when one source takes everything, S when the read is uniform, as it
-starts) and ``sources`` (S). The model's output read (its last query) is reported the same way.
+starts) and ``sources`` (S). The model's output read (its last query) is reported the same way. A read of several
+queries (Inkling-2's query, key and value reads, ``qkv_reads``) is reported as one read per query, named
+``{module} query {q}``.
 """
 
 from __future__ import annotations
@@ -47,13 +49,17 @@ def depth_attention(model: nn.Module, input_ids: torch.Tensor, tokens: int | Non
     B, T = input_ids.shape
     positions = sample_positions(B * T, tokens, seed)
     rows = batch_size or B
-    gathered: dict[str, list[torch.Tensor]] = {name: [] for name, _ in modules}
+    gathered: dict[str, list[torch.Tensor]] = {}  # in the order the reads first run: module order
     selected: list[torch.Tensor | None] = [None]
 
     def hook(name):
         def record(module, args):
-            weights = module.weights(tuple(args[0])).flatten(0, 1)  # (B·T, S)
-            gathered[name].append(weights if selected[0] is None else weights[selected[0]])
+            weights = module.weights(tuple(args[0])).flatten(0, 1)  # (B·T, S), or (B·T, Q, S) for Q queries
+            weights = weights if selected[0] is None else weights[selected[0]]
+            reads = {name: weights} if weights.dim() == 2 else {
+                f"{name} query {q}": weights[:, q] for q in range(weights.shape[1])}
+            for key, value in reads.items():
+                gathered.setdefault(key, []).append(value)
         return record
 
     handles = [module.register_forward_pre_hook(hook(name)) for name, module in modules]
@@ -74,7 +80,7 @@ def depth_attention(model: nn.Module, input_ids: torch.Tensor, tokens: int | Non
         for handle in handles:
             handle.remove()
         model.train(was_training)
-    reads = [{"name": name, **_summary(torch.cat(gathered[name]))} for name, _ in modules if gathered[name]]
+    reads = [{"name": name, **_summary(torch.cat(weights))} for name, weights in gathered.items()]
     return {"reads": reads, "tokens": B * T if positions is None else int(positions.numel())}
 
 

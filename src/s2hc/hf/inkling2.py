@@ -28,17 +28,20 @@ option                     Inkling-2                           the paper's defau
 ``scaled_logits=True``     ``scaling=hidden_size**-0.5``       no scale
 ``read_first=False``       layer 0 has no ``attention_input``  the first sublayer reads its one source
 ``eps=1e-6``               the unweighted norm's default       (the same)
-``num_queries=3``          a full-attention layer's attention  one query (connection level only, below)
+``qkv_reads=True``         a full-attention layer's attention  one query (``num_queries=3``, below)
 =========================  ==================================  ==============================================
 
 The read runs in float32 in transformers whatever the model's dtype (``.float()``, and the queries are kept in
 float32: ``_keep_in_fp32_modules_strict``); s2hc's runs in at least float32 (in float64 for a float64 model) and
 hands its read on in the sources' dtype (float32 under s2hc's float32 residual).
 
-**The three-query read.** ``AttnResConnection(num_queries=3)`` calls ``branch(h_q, h_k, h_v, *args)``; s2hc's own
-:class:`~s2hc.models.Transformer` hands its attention one input, so it cannot hold an Inkling-2 model with a
-full-attention layer after the first: :func:`family_options` refuses such a config by name (the connections
-themselves convert, :func:`connection_from_hf`).
+**The three-query read.** ``AttnResConnection(num_queries=3)`` calls ``branch(h_q, h_k, h_v, *args)``. In s2hc's
+:class:`~s2hc.models.Transformer` the form's ``qkv_reads`` builds it for every global layer's attention, whose
+query, key and value projections then read one each through their own pre-norms (``attn_norm``, ``attn_k_norm``,
+``attn_v_norm``: Inkling-2's ``q/k/v_input_layernorm``); local (sliding-window) layers read one query, as
+Inkling-2's ``hybrid_sliding`` layers do. So an s2hc model holds Inkling-2's connections when its global layers are
+Inkling-2's full-attention layers (:func:`full_attention_layers`; the default layer types, every sixth layer full,
+are ``sliding_window_pattern=6``); a query of the wrong shape is refused by name when the state loads.
 
 Tensors: ``layers.{i}.attention_input.query`` ``(C,)`` or ``(3, C)`` <-> ``blocks.{i}.attn_hc.query``,
 ``layers.{i}.mlp_input.query`` <-> ``blocks.{i}.mlp_hc.query``, ``final_input.query`` <-> ``stream_head.query``;
@@ -100,14 +103,11 @@ def full_attention_layers(hf_config: Any) -> list[int]:
 
 def family_options(hf_config: Any) -> dict[str, Any]:
     """The ``family_options`` of an s2hc :class:`~s2hc.models.Transformer` (``family="attn-res"``) computing
-    Inkling-2's connections. ValueError when a layer after the first is a full-attention layer: its read has three
-    queries, and s2hc's Transformer hands its attention one input (:func:`connection_from_hf` converts it alone)."""
-    full = [i for i in full_attention_layers(hf_config) if i > 0]
-    if full:
-        raise ValueError(f"{DESIGN}'s full-attention layers {full} read three queries (the Q, K and V inputs); "
-                         "s2hc's Transformer hands its attention one input: use connection_from_hf, "
-                         "AttnResConnection(num_queries=3)")
-    return {**FAMILY_OPTIONS, "block_size": block_size(hf_config)}
+    Inkling-2's connections: its conventions, its block size and ``qkv_reads`` (three queries at each global
+    layer's attention) when it has full-attention layers; the model's global layers must be those
+    (:func:`full_attention_layers`, module docstring)."""
+    return {**FAMILY_OPTIONS, "block_size": block_size(hf_config),
+            "qkv_reads": bool(full_attention_layers(hf_config))}
 
 
 def _num_queries(hf_config: Any, layer: int, kind: str) -> int:

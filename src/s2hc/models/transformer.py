@@ -286,7 +286,8 @@ class KVCache:
 class Attention(nn.Module):
     """Causal multi-head attention with grouped-query heads, optional QK-norm, RoPE and a sliding window.
 
-    ``forward(x, rope, mask, cache, layer)``: ``x`` ``(B, T, C)``; ``rope`` ``(cos, sin)`` each ``(T, head_dim)``
+    ``forward(x, rope, mask, cache, layer)``: ``x`` ``(B, T, C)``, or three of them, the inputs of the query, key
+    and value projections; ``rope`` ``(cos, sin)`` each ``(T, head_dim)``
     (or ``(B, T, head_dim)``) or None (learned positions); ``mask`` a boolean ``(T, T_keys)`` or
     ``(B, 1, T, T_keys)`` (True = attend) or None for plain causal attention. With a ``cache`` (see
     :class:`KVCache`) the new keys and values are appended to its layer ``layer`` and the queries attend over
@@ -312,12 +313,16 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def project(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None):
-        """Queries ``(B, H, T, D)`` and keys, values ``(B, H_kv, T, D)`` for ``x`` ``(B, T, C)``, normed and rotated."""
-        B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim)
+    def project(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                rope: tuple[torch.Tensor, torch.Tensor] | None):
+        """Queries ``(B, H, T, D)`` and keys, values ``(B, H_kv, T, D)`` for ``x`` ``(B, T, C)``, normed and rotated;
+        ``x`` may be three ``(B, T, C)`` inputs, one each for the query, key and value projections (Inkling-2's
+        three-query AttnRes read)."""
+        x_q, x_k, x_v = x if isinstance(x, tuple) else (x, x, x)
+        B, T, _ = x_q.shape
+        q = self.q_proj(x_q).view(B, T, self.n_heads, self.head_dim)
+        k = self.k_proj(x_k).view(B, T, self.n_kv_heads, self.head_dim)
+        v = self.v_proj(x_v).view(B, T, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -344,7 +349,7 @@ class Attention(nn.Module):
         cache=None,
         layer: int = 0,
     ) -> torch.Tensor:
-        B, T, _ = x.shape
+        B, T, _ = (x[0] if isinstance(x, tuple) else x).shape
         q, k, v = self.project(x, rope)
         if cache is not None:
             k, v = cache.update(k, v, layer)
@@ -391,7 +396,9 @@ class Block(nn.Module):
     ``forward(x, rope, mask, cache)``: streams ``x`` ``(B, T, n, C)`` -> ``(B, T, n, C)``. Both connections get
     ``layer_index = layer``, as in the s²HC authors' code (the block index for both sublayers), so both start
     favouring stream ``layer mod n``; the attention uses layer ``layer`` of ``cache``. With
-    ``family="gated-residual"`` the connections are :class:`s2hc.GatedResidual` and the pre-norms None.
+    ``family="gated-residual"`` the connections are :class:`s2hc.GatedResidual` and the pre-norms None. Where the
+    form hands the attention three inputs (``attention_inputs``: AttnRes's ``qkv_reads``) the attention's query,
+    key and value projections read one each, through ``attn_norm``, ``attn_k_norm`` and ``attn_v_norm``.
 
     Activation checkpointing (:meth:`Transformer.set_activation_checkpointing`): with ``gradient_checkpointing``
     True, a forward in training mode with gradients enabled and no ``cache`` keeps only the block's input and
@@ -412,17 +419,25 @@ class Block(nn.Module):
     def __init__(self, config: ModelConfig, layer: int):
         super().__init__()
         self.layer, self.local = layer, config.is_local_layer(layer)
-        pre_norms = forms.get(config.family).pre_norms  # the gated residual's read is normalised already
+        form, options = forms.get(config.family), dict(family=config.family, **config.family_options)
+        pre_norms = form.pre_norms  # the gated residual's read is normalised already
         self.attn_norm = make_norm(config) if pre_norms else None
+        # A form may hand the attention three inputs (AttnRes's qkv_reads: query, key and value), each its own norm.
+        inputs = form.attention_inputs(config.family_options, local=self.local)
+        if inputs not in (1, 3):
+            raise ValueError(f"family {config.family!r} hands the attention {inputs} inputs; it takes 1 or 3 "
+                             "(query, key and value)")
+        self.attention_inputs = inputs
+        self.attn_k_norm = make_norm(config) if pre_norms and inputs == 3 else None
+        self.attn_v_norm = make_norm(config) if pre_norms and inputs == 3 else None
         self.attn = Attention(config, local=self.local)
         self.attn_post_norm = make_norm(config) if config.post_norms else None
         self.mlp_norm = make_norm(config) if pre_norms else None
         self.mlp = MLP(config)
         self.mlp_post_norm = make_norm(config) if config.post_norms else None
-        options = dict(family=config.family, **config.family_options)
         sublayers = {"n_sublayers": 2 * config.n_layers}  # attention 2·layer, MLP 2·layer + 1 (AttnRes counts them)
         self.attn_hc = build_connection(config.dim, config.n_streams, layer_index=layer, sublayer=2 * layer,
-                                        **sublayers, **options)
+                                        **sublayers, **options, **({"num_queries": inputs} if inputs > 1 else {}))
         self.mlp_hc = build_connection(config.dim, config.n_streams, layer_index=layer, sublayer=2 * layer + 1,
                                        **sublayers, **options)
         self.ran_compiled: bool | None = None
@@ -430,6 +445,15 @@ class Block(nn.Module):
     def attention_branch(self, h: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
         """Pre-norm (if any), attention, optional post-norm: ``(B, T, C) -> (B, T, C)``."""
         y = self.attn(h if self.attn_norm is None else self.attn_norm(h), rope, mask, cache, self.layer)
+        return y if self.attn_post_norm is None else self.attn_post_norm(y)
+
+    def qkv_attention_branch(self, h_q: torch.Tensor, h_k: torch.Tensor, h_v: torch.Tensor, rope=None, mask=None,
+                             cache=None) -> torch.Tensor:
+        """The attention of three inputs (query, key and value: AttnRes's ``qkv_reads``), each through its own
+        pre-norm (Inkling-2's ``q/k/v_input_layernorm``): three ``(B, T, C)`` -> ``(B, T, C)``."""
+        if self.attn_norm is not None:  # built with the other two
+            h_q, h_k, h_v = self.attn_norm(h_q), self.attn_k_norm(h_k), self.attn_v_norm(h_v)
+        y = self.attn((h_q, h_k, h_v), rope, mask, cache, self.layer)
         return y if self.attn_post_norm is None else self.attn_post_norm(y)
 
     def mlp_branch(self, h: torch.Tensor) -> torch.Tensor:
@@ -452,7 +476,8 @@ class Block(nn.Module):
 
     def _forward(self, x: torch.Tensor, rope=None, mask=None, cache=None) -> torch.Tensor:
         """The block itself (what :meth:`forward` checkpoints): ``(B, T, n, C) -> (B, T, n, C)``."""
-        x = self.attn_hc(x, self.attention_branch, rope, mask, cache)
+        attention = self.attention_branch if self.attention_inputs == 1 else self.qkv_attention_branch
+        x = self.attn_hc(x, attention, rope, mask, cache)
         return self.mlp_hc(x, self.mlp_branch)
 
 
@@ -533,8 +558,8 @@ class Transformer(nn.Module):
         for block in self.blocks:
             attn, mlp = block.attn, block.mlp
             linears += [attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj, attn.o_proj, mlp.down_proj]
-            for norm in (block.attn_norm, block.attn_post_norm, block.mlp_norm, block.mlp_post_norm,
-                         attn.q_norm, attn.k_norm):  # fmt: skip
+            for norm in (block.attn_norm, block.attn_k_norm, block.attn_v_norm, block.attn_post_norm,
+                         block.mlp_norm, block.mlp_post_norm, attn.q_norm, attn.k_norm):  # fmt: skip
                 if norm is not None:
                     norm.reset_parameters()
         for linear in linears:

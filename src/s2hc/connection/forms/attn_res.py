@@ -21,8 +21,9 @@ weight), so a call keeps only its per-token scalars besides the sources themselv
 
 Released models differ from the paper in named options (:data:`CONVENTIONS`, :class:`DepthAttention`): Inkling-2
 (``s2hc.hf.inkling2``) normalises its keys without a weight, reads the normalised sources as values, scales the
-logits by ``C^-1/2``, gives its first sublayer no read, and reads three queries in its full-attention layers
-(``num_queries=3``, the connection level only: s2hc's Transformer hands a branch one input); Kimi-K3
+logits by ``C^-1/2``, gives its first sublayer no read, and reads three queries in its full-attention layers,
+one each for the inputs of the query, key and value projections (the form's ``qkv_reads``: each global layer's
+attention reads three, :meth:`AttnResForm.attention_inputs`; a connection's ``num_queries=3``); Kimi-K3
 (``s2hc.hf.kimi_k3``) is the paper's read with blocks of 24 sublayers. ``block_size`` counts sublayers (a block of
 k layers is ``2k``).
 
@@ -311,13 +312,15 @@ def _sources(sublayer: int, block_size: int) -> int:
     return 1 + math.ceil(sublayer / block_size)
 
 
-def _read_flops(dim: int, sources: int, values: str = "raw", scaled_logits: bool = False) -> int:
-    """One softmax read over ``sources`` sources, all elementwise: per source its dot with the query (``2C``; a
-    matrix-vector product, which FlopCounterMode does not count), its mean square and scale (``3C`` + 2), the
-    softmax (5 per source) and the weighted sum (``2C``); with ``values="normed"`` the source scaled by its inverse
-    RMS (``C``), with ``scaled_logits`` the logit times ``C^-1/2`` (1)."""
-    extra = (dim if values == "normed" else 0) + (1 if scaled_logits else 0)
-    return sources * (2 * dim + 3 * dim + 2 + 5 + 2 * dim + extra)
+def _read_flops(dim: int, sources: int, values: str = "raw", scaled_logits: bool = False, queries: int = 1) -> int:
+    """A softmax read of ``queries`` queries over ``sources`` sources, all elementwise: per source its mean square
+    and scale (``3C`` + 2) and, with ``values="normed"``, the source scaled by its inverse RMS (``C``), once; per
+    source and query its dot with the query (``2C``; a matrix-vector product, which FlopCounterMode does not
+    count), the softmax (5), the weighted sum (``2C``) and, with ``scaled_logits``, the logit times ``C^-1/2``
+    (1)."""
+    shared = 3 * dim + 2 + (dim if values == "normed" else 0)
+    per_query = 2 * dim + 5 + 2 * dim + (1 if scaled_logits else 0)
+    return sources * (shared + queries * per_query)
 
 
 class AttnResForm(ConnectionForm):
@@ -329,13 +332,20 @@ class AttnResForm(ConnectionForm):
     mixes_streams = False
     connection_options = ("eps",)
     option_kinds = {"variant": {"str"}, "block_size": {"int", "None"}, "eps": {"float"}, "key_norm": {"str"},
-                    "values": {"str"}, "scaled_logits": {"bool"}, "read_first": {"bool"}}
+                    "values": {"str"}, "scaled_logits": {"bool"}, "read_first": {"bool"}, "qkv_reads": {"bool"}}
 
     def options(self) -> dict[str, Any]:
-        """``variant``, ``block_size`` (in sublayers: an attention and an MLP are two) and the read's conventions,
+        """``variant``, ``block_size`` (in sublayers: an attention and an MLP are two), the read's conventions,
         the paper's by default (:data:`CONVENTIONS`; Inkling-2's are ``key_norm="unweighted"``,
-        ``values="normed"``, ``scaled_logits=True``, ``read_first=False``)."""
-        return {"variant": "block", "block_size": None, **CONVENTIONS["paper"]}
+        ``values="normed"``, ``scaled_logits=True``, ``read_first=False``), and ``qkv_reads``: False, every
+        sublayer reads one query (the paper); True, each global layer's attention reads three, one each for the
+        inputs of its query, key and value projections, each through its own pre-norm (Inkling-2's full-attention
+        layers; its sliding-window layers read one, as s2hc's local layers do)."""
+        return {"variant": "block", "block_size": None, **CONVENTIONS["paper"], "qkv_reads": False}
+
+    def attention_inputs(self, options: Mapping[str, Any], local: bool = False) -> int:
+        """3 for a global layer's attention with ``qkv_reads`` (its query, key and value inputs), else 1."""
+        return 3 if options.get("qkv_reads", False) and not local else 1
 
     def check_options(self, options: Mapping[str, Any], what: str = "family_options") -> None:
         super().check_options(options, what)
@@ -348,9 +358,12 @@ class AttnResForm(ConnectionForm):
 
     def build(self, dim: int, n_streams: int, layer_index: int = 0, *, sublayer: int = 0, n_sublayers: int = 1,
               **options: Any) -> nn.Module:
+        num_queries = options.pop("num_queries", 1)  # the caller's, from attention_inputs: not a family option
         self.check_options(options, "option(s)")
         size = block_size_for(options.pop("variant", "block"), options.pop("block_size", None), n_sublayers)
-        return AttnResConnection(dim, n_streams, layer_index, sublayer=sublayer, block_size=size, **options)
+        options.pop("qkv_reads", None)
+        return AttnResConnection(dim, n_streams, layer_index, sublayer=sublayer, block_size=size,
+                                 num_queries=num_queries, **options)
 
     def build_head(self, dim: int, n_streams: int, *, norm_eps: float, options: Mapping[str, Any]) -> nn.Module:
         return AttnResHead(dim, eps=options.get("eps", 1e-6), key_norm=options.get("key_norm", "weighted"),
@@ -371,12 +384,13 @@ class AttnResForm(ConnectionForm):
 
     def flops(self, dim: int, n_streams: int, *, sublayer: int, n_sublayers: int, variant: str = "block",
               block_size: int | None = None, values: str = "raw", scaled_logits: bool = False,
-              read_first: bool = True, **options: Any) -> Count:
-        """Its softmax read over its sources (none at sublayer 0 with ``read_first=False``), and the output added
-        to the current block (or appended as a new one: no FLOP)."""
+              read_first: bool = True, num_queries: int = 1, **options: Any) -> Count:
+        """Its softmax read of ``num_queries`` queries (:meth:`attention_inputs`) over its sources (none at
+        sublayer 0 with ``read_first=False``), and the output added to the current block (or appended as a new
+        one: no FLOP)."""
         size = block_size_for(variant, block_size, n_sublayers)
         read = 0 if sublayer == 0 and not read_first else _read_flops(dim, _sources(sublayer, size), values,
-                                                                        scaled_logits)
+                                                                        scaled_logits, num_queries)
         return count(0, read + (dim if sublayer % size else 0))
 
     def state_size(self, n_streams: int, n_sublayers: int, options: Mapping[str, Any]) -> int:

@@ -167,6 +167,13 @@ class ConnectionForm:
         attention, ``2·layer + 1`` for the MLP) of ``n_sublayers``, for forms that carry state across them."""
         raise NotImplementedError
 
+    def attention_inputs(self, options: Mapping[str, Any], local: bool = False) -> int:
+        """How many inputs a layer's attention branch takes (``local``: a sliding-window layer): 1; a form that
+        reads more (AttnRes's ``qkv_reads``: 3, the query, key and value inputs) builds that sublayer's connection
+        with ``num_queries`` of them (:meth:`build`, :meth:`flops`), and the model gives each input its own
+        pre-norm."""
+        return 1
+
     def build_head(self, dim: int, n_streams: int, *, norm_eps: float, options: Mapping[str, Any]) -> nn.Module:
         """The learned final read of ``stream_reduce="head"``: DeepSeek-V4's :class:`~s2hc.HyperHead` unless the
         form has its own."""
