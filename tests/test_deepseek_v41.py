@@ -407,3 +407,50 @@ def test_bad_configs_and_connections_are_one_line_errors():
     with pytest.raises(ValueError, match=r"the s2hc state has no tensors of 'blocks.2.attn_hc'"):
         dv41.state_to_hf({k: v for k, v in dv41.state_from_hf(checkpoint(), config()).items()
                           if not k.startswith("blocks.2.")}, config())
+
+
+def test_diagnose_static_reads_a_checkpoint_in_its_released_names(tmp_path, capsys):
+    """A checkpoint as the release stores it (``layers.{i}.hc_{attn,ffn}_*`` in safetensors, ``config.json`` with a
+    ``text_config``): each site's matrices at d = 0 are the transcription's of a zero input, the family
+    ``mhc-lagged``, no head; a hyper-head tensor or a missing setting is refused in one line."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from s2hc.cli import main
+    from s2hc.hf.static import diagnose_static
+
+    tensors = {**checkpoint(seed=5), "layers.3.hc_attn_base": torch.zeros(N * (N + 2))}  # a layer past the model's
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(config()))
+    result = diagnose_static(tmp_path)
+    assert (result["layout"], result["family"], result["n_streams"], result["head_weights"]) == (
+        "deepseek_v41", "mhc-lagged", N, None)
+    assert result["family_options"] == {"iterations": 7, "hc_eps": 1e-4, "eps": 1e-5}
+    assert result["depth"] == 2 * LAYERS
+    zero = torch.zeros(1, 1, N, DIM, dtype=torch.float64)
+    for index in range(2 * LAYERS):
+        layer, site = divmod(index, 2)
+        params = {k[len(f"layers.{layer}.hc_{('attn', 'ffn')[site]}_"):]: v.double() for k, v in tensors.items()
+                  if k.startswith(f"layers.{layer}.hc_{('attn', 'ffn')[site]}_")}
+        pre, post, comb = transcribed_mix(params, zero, N, 7, 1e-4, 1e-5)
+        torch.testing.assert_close(torch.tensor(result["matrices"]["pre"][index], dtype=torch.float64), pre[0, 0], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(torch.tensor(result["matrices"]["post"][index], dtype=torch.float64), post[0, 0], rtol=1e-10,
+                                   atol=1e-12)
+        torch.testing.assert_close(torch.tensor(result["matrices"]["res"][index], dtype=torch.float64), comb[0, 0].T, rtol=1e-10,
+                                   atol=1e-12)
+    out = tmp_path / "report"
+    assert main(["diagnose", "--static", str(tmp_path), "--out", str(out)]) == 0
+    assert "each site's read weights (pre) are read by the next site" in (out / "report.md").read_text()
+
+    save_file({**checkpoint(seed=5), "hc_head_base": torch.zeros(N)}, str(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match=r"hc_head_base is a hyper-head's; DeepSeek-V4.1 has none"):
+        diagnose_static(tmp_path)
+    save_file(checkpoint(seed=5), str(tmp_path / "model.safetensors"))
+    broken = config()
+    del broken["text_config"]["hc_sinkhorn_iters"]
+    (tmp_path / "config.json").write_text(json.dumps(broken))
+    capsys.readouterr()
+    assert main(["diagnose", "--static", str(tmp_path)]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "hc_sinkhorn_iters" in error[0], error

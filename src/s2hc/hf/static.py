@@ -48,6 +48,7 @@ import torch
 from ..checks import MAX_LAYERS, check_float, check_int
 from ..connection import Connection, GatedHead, GatedResidual, HyperConnection, HyperHead, build_connection, forms
 from ..connection.forms.gated_residual import NAME as GATED_RESIDUAL
+from ..connection.forms.lagged_mhc import LaggedHyperConnection
 from ..diagnostics import report as diagnostics_report
 from ..diagnostics.collect import Capture
 from ..diagnostics.summary import summarize
@@ -55,7 +56,7 @@ from ..io import json_kind, read_json_object
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
 from ..reports import number, table
-from . import glm5_next, hy_v4, qwen4_exp, static_one_stream
+from . import deepseek_v41, glm5_next, hy_v4, qwen4_exp, static_one_stream
 from .deepseek_v4 import connection_from_hf, connection_options
 from .weights import read_safetensors
 
@@ -70,6 +71,13 @@ DEEPSEEK_V4 = "deepseek-v4"
 QWEN4_EXP = "qwen4_exp"
 GLM5_NEXT = "glm5_next"
 HY_V4 = "hy_v4"
+DEEPSEEK_V41 = "deepseek_v41"
+#: What a layout's matrices mean beyond the family's, said in the report.
+LAYOUT_NOTES = {
+    DEEPSEEK_V41: "DeepSeek-V4.1 is single-pass: each site's read weights (pre) are read by the next site, the first "
+                  "site reads stream 0 alone, and the final norm's input is the streams read with the last FFN "
+                  "site's pre (it has no head of its own).",
+}
 #: config.json model_types of the qwen4_exp layout: the text model's settings at the top, or under text_config.
 QWEN4_EXP_TYPES = ("qwen4_exp", "qwen4_exp_text")
 #: The config.json settings the qwen4_exp layout needs.
@@ -455,6 +463,37 @@ def _glm_connections(source: str, tensors: dict[str, torch.Tensor], config: dict
     return family, n, options, connections, head
 
 
+def _deepseek_v41_connections(source: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
+    """DeepSeek-V4.1 (config.json's model_type ``deepseek_v41`` or ``deepseek_v41_text``): DeepSeek-V4's tensors and
+    names at each site, the settings from the text model's config (each required, as :mod:`s2hc.hf.deepseek_v41`
+    reads them), ``family="mhc-lagged"``; layers from ``num_hidden_layers`` on are not the model's and are left
+    out. It has no head: a hyper-head tensor is refused."""
+    try:
+        text = deepseek_v41.text_config(config)
+        settings = deepseek_v41.connection_options({**text, "hidden_size": 1})
+        layers = check_int("num_hidden_layers", text.get("num_hidden_layers"), maximum=MAX_LAYERS)
+    except (ValueError, AttributeError) as error:
+        raise ValueError(f"{source!r}: config.json (DeepSeek-V4.1): {error}") from None
+    kept = {}
+    for name, tensor in tensors.items():
+        match = next((m for m in (p.match(name) for p in _DSV4_KEYS) if m), None)
+        if match is None:
+            raise ValueError(f"{source!r}: tensor {name} is a hyper-head's; DeepSeek-V4.1 has none (the final norm "
+                             "reads the streams with the last FFN site's pre)")
+        if int(match["layer"]) < layers:
+            kept[name] = tensor
+    _, n, _, read, _ = _deepseek_connections(source, kept, text)
+    if n != settings["n_streams"]:
+        raise ValueError(f"{source!r}: config.json says hc_mult={settings['n_streams']}, but base has {n} streams")
+    connections = []
+    for name, connection in read:
+        lagged = LaggedHyperConnection(**settings, layer_index=connection.layer_index).double()
+        lagged.load_state_dict(connection.state_dict())
+        connections.append((name, lagged))
+    options = {key: settings[key] for key in ("iterations", "hc_eps", "eps")}
+    return deepseek_v41.FAMILY, n, options, connections, None
+
+
 def _hy_connections(source: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
     """Hy4 (``hy_v4``): ``family="ihc"``; ``n`` from ``base``'s length (2n), ``hc_eps``, ``hc_magnitude`` and
     ``rms_norm_eps`` from config.json when present (else ``HYV4Config``'s defaults, 1e-6, 2.0 and 1e-5)."""
@@ -540,8 +579,10 @@ def read_static(path: str | Path) -> StaticCheckpoint:
         layout = HY_V4
     elif layout == DEEPSEEK_V4 and model_type in glm5_next.MODEL_TYPES:
         layout = GLM5_NEXT
+    elif layout == DEEPSEEK_V4 and model_type in deepseek_v41.MODEL_TYPES:
+        layout = DEEPSEEK_V41
     read = {S2HC: _s2hc_connections, QWEN4_EXP: _qwen_connections, DEEPSEEK_V4: _deepseek_connections,
-            HY_V4: _hy_connections, GLM5_NEXT: _glm_connections}[layout]
+            HY_V4: _hy_connections, GLM5_NEXT: _glm_connections, DEEPSEEK_V41: _deepseek_v41_connections}[layout]
     family, n, options, connections, head = read(source, tensors, config)
     return StaticCheckpoint(source=source, layout=layout, family=family, n_streams=n, family_options=options,
                             connections=connections, head=head, tensors_read=sorted(tensors), files=opened)
@@ -738,6 +779,8 @@ def _report(result: dict[str, Any], figures: dict[str, Path], out: Path) -> str:
         f"numbers: [`{JSON_NAME}`]({JSON_NAME}).",
         "",
     ]
+    if result["layout"] in LAYOUT_NOTES:
+        lines += [LAYOUT_NOTES[result["layout"]], ""]
     if gated:
         lines += _stream_weight_lines(result["stream_weights"])
     lines += ["## Summary", ""]
