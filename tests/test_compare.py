@@ -245,7 +245,7 @@ def test_compare_sets_and_says_the_threads_of_its_runs(base, tmp_path, monkeypat
         return tmp_path / "report.md"
 
     monkeypatch.setattr(comparison, "run_study", fake_run_study)
-    monkeypatch.setattr(comparison, "available_cores", lambda: 6)
+    monkeypatch.setattr(comparison.runner, "available_cores", lambda: 6)
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
     lines: list[str] = []

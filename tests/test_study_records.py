@@ -256,11 +256,18 @@ def test_without_study_json_runs_are_reused_only_when_every_training_setting_mat
     assert "rows/mhc-n4-seed0.json was trained with max_steps 2 (the grid: 3)" in capsys.readouterr().err
 
 
-def test_a_logger_changes_no_run_and_a_registration_recorded_over_runs_says_so(measured, tmp_path, capsys):
+def test_a_logger_changes_no_run_and_a_registration_recorded_over_runs_says_so(measured, tmp_path, capsys,
+                                                                               monkeypatch):
     out = _copy(measured, tmp_path)
     (out / "study.json").unlink()
-    assert main(["study", str(_config(tmp_path, TINY)), "--out", str(out), "--logger", "csv"]) == 0
-    assert "4 runs: 4 done, 0 to measure, 0 to train" in capsys.readouterr().err
+    monkeypatch.setattr(runner, "available_cores", lambda: 6)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert main(["study", str(_config(tmp_path, TINY)), "--out", str(out), "--logger", "csv", "--jobs", "3"]) == 0
+    # the banner says how the runs share the cores, as each run's environment sets them
+    assert "4 runs: 4 done, 0 to measure, 0 to train (3 at a time, 2 torch thread(s) each)" in capsys.readouterr().err
+    pool = runner._Pool(3, 1)
+    pool.gpus = 0
+    assert pool._env(0)["OMP_NUM_THREADS"] == pool._env(1)["MKL_NUM_THREADS"] == "2"
     assert "## Registered test, made after the runs (exploratory)" in (out / "report.md").read_text()
 
 

@@ -21,14 +21,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..config import TrainConfig, check_seed_count
 from ..connection import forms
 from ..connection.forms import default_streams
 from ..diagnostics.report import DEFAULT_TOKENS
 from ..rundir import check_run_directory, holds_run
-from .runner import Run, run_study
+from . import runner
+from .runner import Run, run_study, run_threads
 from .spec import DEFAULT_BASELINES, GRID_KEYS, StudySpec, parse_spec
 
 TITLE = "s2hc compare"
@@ -101,24 +100,10 @@ def compare(base: TrainConfig, families: list[str | tuple[str, dict]], seeds: in
     jobs = 1
     threads = run_threads(jobs, base.device)
     if threads is not None and log is not None:
-        log(f"each run trains with {threads} torch thread(s): {available_cores()} core(s), {jobs} run at a time"
+        log(f"each run trains with {threads} torch thread(s): {runner.available_cores()} core(s), {jobs} run at a time"
             + (" (OMP_NUM_THREADS)" if os.environ.get("OMP_NUM_THREADS") else ""))
     with _thread_environment(threads):
         return run_study(spec, out, jobs=jobs, device=base.device, log=log, strict=False, fresh=overwrite)
-
-
-def available_cores() -> int:
-    """The CPU cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def run_threads(jobs: int, device: str) -> int | None:
-    """The torch threads each of ``jobs`` concurrent training runs gets on a CPU: ``OMP_NUM_THREADS`` when set,
-    else the cores shared out (at least 1); None where the runs train on a GPU (``device``)."""
-    if device != "cpu" and torch.cuda.is_available():
-        return None
-    given = os.environ.get("OMP_NUM_THREADS", "")
-    return int(given) if given.isdigit() and int(given) > 0 else max(1, available_cores() // jobs)
 
 
 @contextlib.contextmanager

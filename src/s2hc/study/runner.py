@@ -410,6 +410,24 @@ def _environment(elapsed_s: float, jobs: int, code: dict[str, Any] | None = None
 _FORWARDED = {signal.SIGHUP: signal.SIGTERM} if hasattr(signal, "SIGHUP") else {}
 
 
+def available_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _threads_text(threads: int | None) -> str:
+    return "each on its own GPU" if threads is None else f"{threads} torch thread(s) each"
+
+
+def run_threads(jobs: int, device: str) -> int | None:
+    """The torch threads each of ``jobs`` concurrent training runs gets on a CPU: ``OMP_NUM_THREADS`` when set,
+    else the cores shared out (at least 1); None where the runs train on a GPU (``device``)."""
+    if device != "cpu" and torch.cuda.is_available():
+        return None
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    return int(given) if given.isdigit() and int(given) > 0 else max(1, available_cores() // jobs)
+
+
 class _Pool:
     """Up to ``jobs`` training processes at once; each gets its share of the CPU threads, or its own GPU."""
 
@@ -422,8 +440,8 @@ class _Pool:
         env = dict(os.environ)
         if self.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str((slot * self.nproc + i) % self.gpus) for i in range(self.nproc))
-        elif self.jobs > 1:
-            threads = str(max(1, len(os.sched_getaffinity(0)) // self.jobs))
+        else:  # torch's own default is every core, whatever else runs
+            threads = str(run_threads(self.jobs, "cpu"))
             env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
         return env
 
@@ -521,7 +539,7 @@ def run_study(spec: StudySpec, out: str | Path, jobs: int = 1, device: str = "au
         to_measure = [run for run in runs if states[run.name] in ("finished", "diverged")]
         done = sum(state == "measured" for state in states.values())
         log(f"{len(runs)} runs: {done} done, {len(to_measure)} to measure, {len(to_train)} to train "
-            f"({jobs} at a time) in {out}")
+            f"({jobs} at a time, {_threads_text(run_threads(jobs, device))}) in {out}")
         for run in to_measure:
             _measure(run, spec, device, log)
         failures = _train_all(to_train, spec, jobs, device, log)
