@@ -541,3 +541,26 @@ def test_streamed_training_resumes_with_another_process_count(tmp_path):
     assert load_checkpoint(tmp_path / "run").loader["world_size"] == 2
     resumed = run(tmp_path / "run", batch_size=4, max_steps=6, resume=True)
     torch.testing.assert_close(resumed, reference, rtol=1e-5, atol=0)  # all-reduce order: a few ulps
+
+
+def test_eval_of_a_streamed_run_scores_the_validation_set_training_scored(tmp_path, corpus_file):
+    """A streamed validation split is ``eval_batches`` global batches: ``s2hc eval`` of a run trained by two
+    processes scores twice the windows of one trained by one, as its training did (the checkpoint's
+    ``world_size``), not the per-process batch's share."""
+    from s2hc.evaluate.perplexity import checkpoint_perplexity
+    from s2hc.rundir import resolve_checkpoint
+    from s2hc.rundir.checkpoint import save_checkpoint
+    from s2hc.train import train
+
+    config = small_config(corpus_file, tmp_path / "run", streaming="always", max_steps=2, eval_batches=3,
+                          batch_size=2)
+    train(config)
+    _join_stream_threads()
+    one = checkpoint_perplexity(config.out, data=config.data, progress=False, device="cpu")
+    assert one.windows == 3 * 2
+    path = resolve_checkpoint(config.out)
+    saved = load_checkpoint(path)
+    saved.world_size = 2  # as a run of two processes at batch_size 2 records itself
+    save_checkpoint(path, saved)
+    two = checkpoint_perplexity(config.out, data=config.data, progress=False, device="cpu")
+    assert two.windows == 3 * 2 * 2 and two.seq_len == config.seq_len

@@ -142,6 +142,7 @@ def run_eval(args: argparse.Namespace) -> int:
 def _evaluate(args: argparse.Namespace, model, tokenizer, train_config, out: Path | None) -> int:
     from ..data.shards import stored_cache_dir
     from ..evaluate.perplexity import perplexity, run_tokens
+    from ..rundir import peek_checkpoint
 
     parser = args.subparser
     do_perplexity = args.perplexity or args.tasks is None
@@ -152,7 +153,8 @@ def _evaluate(args: argparse.Namespace, model, tokenizer, train_config, out: Pat
             # the run's own data is split as the run split it; another source is read with the run's text_field
             seq_len = args.seq_len or min(train_config.seq_len, model.config.max_seq_len)
             tokens = run_tokens(args.data, tokenizer, train_config, args.split, cache_dir=cache, seq_len=seq_len,
-                                batch_size=args.batch_size, max_batches=args.max_batches, progress=args.progress)
+                                batch_size=args.batch_size, max_batches=args.max_batches, progress=args.progress,
+                                processes=peek_checkpoint(args.checkpoint).world_size)
             result = perplexity(
                 model, tokens, seq_len,
                 batch_size=args.batch_size, max_batches=args.max_batches, progress=args.progress,

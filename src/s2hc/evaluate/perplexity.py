@@ -23,6 +23,7 @@ from ..data.loader import eval_batches
 from ..data.shards import prepare_tokens, stored_cache_dir
 from ..data.sources import spec_for
 from ..data.stream import first_tokens, should_stream, validation_tokens
+from ..rundir import peek_checkpoint
 from .loading import load_for_eval
 
 
@@ -111,7 +112,7 @@ def perplexity(
 
 
 def run_tokens(data: str, tokenizer, train_config, split: str, *, cache_dir, seq_len: int, batch_size: int,
-               max_batches: int | None, progress: bool = False) -> np.ndarray:
+               max_batches: int | None, progress: bool = False, processes: int = 1) -> np.ndarray:
     """The tokens of ``split`` of ``data`` that an evaluation of the run ``train_config`` scores, 1-D.
 
     On the run's own data the split is the run's own (all its data options, ``TrainConfig.source_spec``); on
@@ -119,7 +120,9 @@ def run_tokens(data: str, tokenizer, train_config, split: str, *, cache_dir, seq
     (:func:`s2hc.data.sources.spec_for`). A split that streams (the run's ``streaming``,
     :func:`s2hc.data.stream.should_stream`: an ``hf:`` dataset, large local data) is read only as far as needed:
     ``max_batches`` batches of ``batch_size`` windows of ``seq_len``, or without ``max_batches`` the run's own
-    validation set (what training evaluated); its training split needs ``max_batches`` (ValueError otherwise).
+    validation set (what training evaluated: ``eval_batches`` global batches of the run's ``batch_size`` times
+    ``processes``, the processes that trained it, the checkpoint's ``world_size``); its training split needs
+    ``max_batches`` (ValueError otherwise).
     Any other split is tokenised whole (:func:`s2hc.data.shards.prepare_tokens`)."""
     spec = spec_for(data, train_config.data, train_config.source_spec())
     split_source = (spec.val_source or data) if split == "val" else data
@@ -129,7 +132,8 @@ def run_tokens(data: str, tokenizer, train_config, split: str, *, cache_dir, seq
         return first_tokens(data, tokenizer, cache_dir, split, max_batches * batch_size * seq_len + 1, spec=spec)
     if split == "val":
         return validation_tokens(data, tokenizer, cache_dir, spec=spec, seq_len=train_config.seq_len,
-                                 batch_size=train_config.batch_size, eval_batches=train_config.eval_batches)
+                                 batch_size=train_config.batch_size * processes,
+                                 eval_batches=train_config.eval_batches)
     raise ValueError(f"data {data!r} streams (streaming={train_config.streaming!r}): its {split!r} split is read "
                      "only in part; give max_batches (--max-batches) to say how much")
 
@@ -158,7 +162,7 @@ def checkpoint_perplexity(
     seq_len = train_config.seq_len if seq_len is None else seq_len
     cache = stored_cache_dir(train_config.cache_dir) if cache_dir is None else cache_dir
     tokens = run_tokens(data, tokenizer, train_config, split, cache_dir=cache, seq_len=seq_len, batch_size=batch_size,
-                        max_batches=max_batches, progress=progress)
+                        max_batches=max_batches, progress=progress, processes=peek_checkpoint(checkpoint).world_size)
     return perplexity(
         model, tokens, seq_len, batch_size=batch_size, max_batches=max_batches, progress=progress,
         source=str(data), split=split,
