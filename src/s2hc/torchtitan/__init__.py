@@ -7,6 +7,8 @@ s2hc.torchtitan --config s2hc_debugmodel``, torchtitan's own trainer, parallelis
   :class:`s2hc.Connections` and initialised to s2hc's own starting values; :func:`s2hc_model_spec`.
 - :mod:`~s2hc.torchtitan.config_registry`: the ``--config`` functions (a debug size, the paper's Qwen3-0.6B), with
   s2hc's embedded corpus and tokenizer as the default data.
+- :mod:`~s2hc.torchtitan.convert`: a torchtitan run's weights (its model's state dict or its DCP checkpoint) as an
+  :class:`s2hc.models.Transformer` with the same logits, or as an s2hc run directory that ``s2hc export`` reads.
 
 Importing this package without torchtitan raises :class:`s2hc.extras.MissingExtra` naming the extra.
 """
@@ -18,6 +20,8 @@ from ..extras import require
 require("torchtitan", "s2hc.torchtitan")
 require("torchtitan.trainer", "s2hc.torchtitan")  # torchtitan 0.3.0 imports triton without declaring it
 
+from .convert import convert, load_checkpoint, to_model_config, to_s2hc_state  # noqa: E402
 from .model import S2HCBlock, S2HCDecoder, s2hc_model_config, s2hc_model_spec  # noqa: E402
 
-__all__ = ["S2HCBlock", "S2HCDecoder", "s2hc_model_config", "s2hc_model_spec"]
+__all__ = ["S2HCBlock", "S2HCDecoder", "convert", "load_checkpoint", "s2hc_model_config", "s2hc_model_spec",
+           "to_model_config", "to_s2hc_state"]
