@@ -302,3 +302,18 @@ def test_two_gloo_processes_with_fsdp_checkpoint_and_an_exact_resume(tmp_path):
     resumed = _train("s2hc_tiny", tmp_path / "resumed", 2, *fsdp)
     assert sorted(resumed) == [3, 4]
     assert resumed == {step: whole[step] for step in (3, 4)}
+
+    # the two ranks' shards, assembled in one process, as s2hc's Transformer: torchtitan's logits
+    import torch.distributed.checkpoint as dcp
+
+    from s2hc.torchtitan.convert import load_checkpoint
+
+    trainer = config("s2hc", "tiny")
+    titan = _randomised(trainer.model_spec.model)
+    state = {name: torch.empty_like(value) for name, value in titan.state_dict().items()}
+    dcp.load(state, checkpoint_id=str(tmp_path / "whole" / "checkpoint" / "step-4"))
+    titan.load_state_dict(state)
+    ids, expected = _logits(titan, trainer.model_spec.model.vocab_size)
+    model = load_checkpoint(tmp_path / "whole" / "checkpoint" / "step-4", trainer.model_spec.model).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), expected, rtol=1e-5, atol=1e-5)
