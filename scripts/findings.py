@@ -184,7 +184,8 @@ class Comparison:
         (confirmatory); for an exploratory comparison, that it is one."""
         alpha = f"{self.alpha:.2f}"
         if self.kind == "pre-registered":
-            sides = "one-sided" if self.alternative in ("less", "greater") else "two-sided"
+            sides = {"less": "one-sided", "greater": "one-sided", "equivalence": "equivalence (TOST)"}.get(
+                self.alternative, "two-sided")
             if self.clears:
                 return f"confirmed by its pre-registered {sides} test (p {_p(self.p)} < α {alpha})"
             return f"not supported: its pre-registered {sides} test does not reject H0 (p {_p(self.p)} ≥ α {alpha})"
@@ -507,6 +508,9 @@ class Study:
         test = evaluate_registered(self.results)
         if test is None:
             raise KeyError(f"study {self.name!r} has no pre-registered test")
+        if contrast == "primary" and test["each"]:
+            raise KeyError(f"study {self.name!r} registered each contrast as its own test: name the contrast's first "
+                           "configuration")
         if contrast == "primary":
             entry, against = test["primary"], "0"
             if entry is None:
@@ -694,7 +698,8 @@ def tests_that_clear(studies: Iterable[Study]) -> list[Cleared]:
                                            c.cite(), c.kind))
         if evaluate_registered(study.results) is not None:
             test = evaluate_registered(study.results)
-            for contrast in ["primary", *(entry["contrast"][0] for entry in test["secondary"])]:
+            each = test["each"]
+            for contrast in [*([] if each else ["primary"]), *(entry["contrast"][0] for entry in test["secondary"])]:
                 c = study.registered(contrast)
                 if c.clears:
                     what = "the registered primary test" if contrast == "primary" else f"registered, {c.label}"

@@ -46,7 +46,8 @@ def _config(tmp_path: Path, study: dict, name: str = "study.yaml") -> Path:
     ("measure", ["validation loss"], "measure must be one of ['validation loss', 'smallest deviation σ (interior)'] "
                                      "(a string), got a list ['validation loss']"),
     ("measure", {"validation loss": 1}, "measure must be one of"),
-    ("alternative", ["less"], "alternative must be one of ['less', 'greater', 'two-sided'] (a string), got a list"),
+    ("alternative", ["less"],
+     "alternative must be one of ['less', 'greater', 'two-sided', 'equivalence'] (a string), got a list"),
     ("secondary", {"holm": True}, "secondary must be one of ['holm', 'none'] (a string), got a mapping"),
     ("hypothesis", {"a": 1}, "hypothesis must be a string"),
     ("registered", [2026], "registered must be a date (2026-12-04) or a string, got a list"),
@@ -390,3 +391,81 @@ def test_a_one_sided_registered_test_gives_one_sided_bounds_and_no_holm_p_for_th
     header = next(line for line in lines if line.startswith("| test |"))
     assert "| simultaneous (Bonferroni over 3) | p (one-sided, unadjusted) | Holm p (over the 3 contrasts) |" in header
     assert "| – (one test) |" in next(line for line in lines if line.startswith("| primary"))
+
+
+def _registered_results(losses: dict[str, list[float]], **registration) -> dict:
+    """Results of finished runs with these validation losses per seed, and a registration (parsed as a config's)."""
+    rows = [{"label": label, "seed": seed, "status": "finished", "val_loss": value}
+            for label, values in losses.items() for seed, value in enumerate(values)]
+    block = {"registered": "2026-12-05", "hypothesis": "h", "alpha": 0.05, **registration}
+    configurations = tuple(parse_spec({"train": {"preset": "tiny"}, "seeds": 2, "families": [
+        "residual", "mhc", "s2hc", "identity"]}).configurations)
+    from s2hc.study.preregistered import parse_preregistered
+    from s2hc.study.spec import _entry
+
+    parsed = parse_preregistered(block, configurations, lambda entry, where: _entry(entry, [4], where), "test")
+    return {"study": {"preregistered": parsed}, "rows": rows}
+
+
+def test_an_equivalence_test_is_two_one_sided_tests_against_the_margin():
+    s2hc, mhc = [3.001, 3.004, 2.999, 3.002, 3.000], [3.000, 3.002, 3.001, 3.001, 2.998]
+    results = _registered_results({"s2hc n=4": s2hc, "mhc n=4": mhc}, contrasts=[["s2hc", "mhc"]],
+                                  alternative="equivalence", margin=0.01, secondary="none")
+    test = evaluate(results)
+    d = [a - b for a, b in zip(s2hc, mhc)]
+    # TOST written out: t against each bound, one-sided each way, the larger p decides
+    k, mean, sd = len(d), statistics.fmean(d), statistics.stdev(d)
+    p_low = scipy_stats.t.sf((mean + 0.01) / (sd / math.sqrt(k)), k - 1)
+    p_high = scipy_stats.t.cdf((mean - 0.01) / (sd / math.sqrt(k)), k - 1)
+    assert test["primary"]["p"] == pytest.approx(max(p_low, p_high), rel=1e-9)
+    half = scipy_stats.t.ppf(0.95, k - 1) * sd / math.sqrt(k)  # the 90 % interval: within ±margin iff p < α
+    assert test["primary"]["bound"] == pytest.approx([mean - half, mean + half])
+    assert test["primary"]["rejected"] and mean - half > -0.01 and mean + half < 0.01
+    lines = report_lines(results)
+    assert "equivalence, H1: within ±0.01, two one-sided tests" in lines[4]
+    assert "| TOST 90 % interval |" in next(line for line in lines if line.startswith("| test |"))
+    wide = _registered_results({"s2hc n=4": [3.0, 3.05, 2.95], "mhc n=4": [3.0, 3.0, 3.0]},
+                               contrasts=[["s2hc", "mhc"]], alternative="equivalence", margin=0.01)
+    assert not evaluate(wide)["primary"]["rejected"]  # seeds that spread past the margin show no equivalence
+
+
+def test_an_interaction_is_the_difference_of_two_differences_and_each_contrast_can_be_its_own_test():
+    losses = {"s2hc n=4": [3.0, 3.1, 3.2], "mhc n=4": [3.2, 3.3, 3.5], "identity n=4": [3.1, 3.0, 3.3],
+              "residual": [3.4, 3.5, 3.4]}
+    results = _registered_results(losses, contrasts=[["s2hc", "mhc", "identity", "residual"], ["mhc", "residual"]],
+                                  alternative="less", primary="each")
+    test = evaluate(results)
+    assert test["primary"] is None and test["each"] and len(test["secondary"]) == 2
+    interaction = test["secondary"][0]
+    assert interaction["name"] == "(s2hc n=4 − mhc n=4) − (identity n=4 − residual)"
+    expected = [(a - b) - (c - d) for a, b, c, d in zip(*losses.values())]
+    assert list(interaction["per_seed"].values()) == pytest.approx(expected)
+    raw = [scipy_stats.ttest_1samp(v, 0, alternative="less").pvalue
+           for v in (expected, [b - d for b, d in zip(losses["mhc n=4"], losses["residual"])])]
+    assert [t["p_holm"] for t in test["secondary"]] == pytest.approx(stats_holm(raw))
+    lines = report_lines(results)
+    assert "every one of the 2 contrasts is a primary test of its own" in lines[4]
+    assert all(line.startswith("| primary") for line in lines if line.startswith("| primary") or
+               line.startswith("| secondary"))
+
+
+def stats_holm(p: list[float]) -> list[float]:
+    """Holm's step-down adjustment written out for two tests."""
+    small, large = sorted(range(2), key=lambda i: p[i])
+    out = [0.0, 0.0]
+    out[small] = min(1.0, 2 * p[small])
+    out[large] = min(1.0, max(out[small], p[large]))
+    return out
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"alternative": "equivalence"}, "margin must be a positive number"),
+    ({"alternative": "less", "margin": 0.01}, "margin is the bound of an equivalence test"),
+    ({"alternative": "less", "primary": "each", "secondary": "holm"}, "secondary must be none"),
+    ({"alternative": "less", "contrasts": [["s2hc", "mhc", "identity"]]}, r"must be a \[first, second\] pair"),
+    ({"alternative": "less", "contrasts": [["s2hc", "mhc", "s2hc", "mhc"]]},
+     "interaction of one difference with itself"),
+])
+def test_bad_equivalence_and_interaction_registrations_are_one_line(change, message):
+    with pytest.raises(ValueError, match=message):
+        _registered_results({}, **{"contrasts": [["s2hc", "mhc"]], **change})

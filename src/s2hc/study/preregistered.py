@@ -10,12 +10,21 @@ A study config may fix, before anything runs, the one question it is built to an
         - [identity:gate_init=residual, identity]
         - [mhc:gate_init=residual, mhc]
       primary: mean                 # the one test: the contrasts' mean per seed (one contrast: that contrast)
-      alternative: less             # less (the first lowers the measure), greater, or two-sided
+      alternative: less             # less (the first lowers the measure), greater, two-sided, or equivalence
       alpha: 0.05
       secondary: holm               # each contrast alone, Holm's correction over them at alpha; or none
 
-The contrasts name configurations as ``families:`` does (``FAMILY:KEY=VALUE`` or a mapping); each must be one
-configuration of the grid. Everything is checked when the study config is read, so a test cannot be changed
+A contrast of four configurations ``[a, b, c, d]`` is an interaction, ``(a − b) − (c − d)`` per seed (how much
+the difference of ``a`` and ``b`` changes from the setting of ``c`` and ``d``). ``primary: each`` registers every
+contrast as a test of its own, Holm-adjusted over them (several hypotheses registered together, one decision
+each; ``secondary`` is then ``none``). ``alternative: equivalence`` with ``margin: 0.01`` registers an equivalence
+test (two one-sided tests, TOST): its p is the larger of the two one-sided p against ``−margin`` and ``+margin``,
+so H0 (a difference at least ``margin`` in size) is rejected exactly when the ``1 − 2α`` interval lies within
+``±margin``.
+
+The contrasts name configurations as ``families:`` does (``FAMILY:KEY=VALUE`` or a mapping), or by their label
+(``"hc n=4 [lr=0.004, n_layers=32]"``: how one setting's configuration is named); each must be one configuration
+of the grid. Everything is checked when the study config is read, so a test cannot be changed
 once runs exist without the study's grid saying so (the config is committed with the runs).
 
 The **primary** test is one one-sample t-test on the per-seed values ``d_s`` (the mean over the contrasts of
@@ -38,9 +47,9 @@ from ..reports import DASH, p_value, table
 from . import stats
 from .rows import MEASURES, by_configuration, per_seed
 
-KEYS = ("registered", "hypothesis", "measure", "contrasts", "primary", "alternative", "alpha", "secondary")
-ALTERNATIVES = ("less", "greater", "two-sided")
-PRIMARY = ("mean",)
+KEYS = ("registered", "hypothesis", "measure", "contrasts", "primary", "alternative", "alpha", "secondary", "margin")
+ALTERNATIVES = ("less", "greater", "two-sided", "equivalence")
+PRIMARY = ("mean", "each")
 SECONDARY = ("holm", "none")
 DEFAULT_MEASURE = "validation loss"
 
@@ -81,21 +90,39 @@ def parse_preregistered(value: Any, configurations: tuple, resolve: Callable[[An
     alpha = value.get("alpha")
     if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 0.5:
         raise ValueError(f"{where}: alpha must be a number in (0, 0.5), e.g. 0.05, got {alpha!r}")
+    margin = value.get("margin")
+    if chosen["alternative"] == "equivalence":
+        if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < math.inf:
+            raise ValueError(f"{where}: margin must be a positive number (the equivalence bound, e.g. 0.01) with "
+                             f"alternative equivalence, got {margin!r}")
+    elif margin is not None:
+        raise ValueError(f"{where}: margin is the bound of an equivalence test; it needs alternative: equivalence, "
+                         f"got alternative {chosen['alternative']!r}")
+    if chosen["primary"] == "each" and "secondary" in value and value["secondary"] != "none":
+        raise ValueError(f"{where}: primary each makes every contrast a test of its own, Holm-adjusted over them; "
+                         f"secondary must be none (or left out), got {value['secondary']!r}")
+    if chosen["primary"] == "each":
+        chosen["secondary"] = "none"
     contrasts = value["contrasts"]
     if not isinstance(contrasts, list):
         raise ValueError(f"{where}: contrasts must be a list of [first, second] pairs, got {contrasts!r}")
     labels = []
     for index, pair in enumerate(contrasts):
         at = f"{where}: contrasts[{index}]"
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise ValueError(f"{at} must be a [first, second] pair of configurations, got {pair!r}")
+        if not isinstance(pair, list) or len(pair) not in (2, 4):
+            raise ValueError(f"{at} must be a [first, second] pair of configurations (or four, [a, b, c, d]: the "
+                             f"interaction (a − b) − (c − d)), got {pair!r}")
         labels.append([_label(entry, configurations, resolve, at) for entry in pair])
-        if labels[-1][0] == labels[-1][1]:
-            raise ValueError(f"{at} compares {labels[-1][0]!r} with itself")
+        for first, second in zip(labels[-1][::2], labels[-1][1::2]):
+            if first == second:
+                raise ValueError(f"{at} compares {first!r} with itself")
+        if len(pair) == 4 and labels[-1][:2] == labels[-1][2:]:
+            raise ValueError(f"{at} is the interaction of one difference with itself: {labels[-1]}")
     if len({tuple(pair) for pair in labels}) != len(labels):
         raise ValueError(f"{where}: a contrast is listed twice: {labels}")
     return {"registered": str(value["registered"]), "hypothesis": " ".join(str(value["hypothesis"]).split()),
-            "measure": measure, "contrasts": labels, **chosen, "alpha": float(alpha)}
+            "measure": measure, "contrasts": labels, **chosen, "alpha": float(alpha),
+            **({"margin": float(margin)} if chosen["alternative"] == "equivalence" else {})}
 
 
 def changed_fields(old: dict[str, Any] | None, new: dict[str, Any] | None) -> list[str]:
@@ -117,6 +144,10 @@ def _kind(value: Any) -> str:
 
 
 def _label(entry: Any, configurations: tuple, resolve: Callable[[Any, str], list], where: str) -> str:
+    """The label of the one configuration ``entry`` names: its label itself (``"hc n=4 [n_layers=32]"``, the way
+    to name one setting's configuration), or a ``families:`` entry that matches one configuration."""
+    if isinstance(entry, str) and entry in {c.label for c in configurations}:
+        return entry
     wanted = [(c.family, c.options, c.n_streams) for c in resolve(entry, where)]
     found = [c.label for c in configurations if (c.family, c.options, c.n_streams) in wanted]
     if len(found) != 1:
@@ -127,8 +158,19 @@ def _label(entry: Any, configurations: tuple, resolve: Callable[[Any, str], list
     return found[0]
 
 
-def _ttest(values: list[float], alternative: str) -> float:
-    """The one-sample t-test's p of ``values`` against 0 (SciPy); 1.0 or 0.0 when every value is the same."""
+def contrast_name(labels: list[str]) -> str:
+    """``a − b``, or ``(a − b) − (c − d)`` for an interaction."""
+    if len(labels) == 2:
+        return f"{labels[0]} − {labels[1]}"
+    return f"({labels[0]} − {labels[1]}) − ({labels[2]} − {labels[3]})"
+
+
+def _ttest(values: list[float], alternative: str, margin: float | None = None) -> float:
+    """The one-sample t-test's p of ``values`` against 0 (SciPy); 1.0 or 0.0 when every value is the same. With
+    ``alternative="equivalence"``: the two one-sided tests' larger p, against ``−margin`` (greater) and
+    ``+margin`` (less)."""
+    if alternative == "equivalence":
+        return max(_ttest([v + margin for v in values], "greater"), _ttest([v - margin for v in values], "less"))
     if statistics.pstdev(values) == 0:
         mean = statistics.fmean(values)
         toward = {"less": mean < 0, "greater": mean > 0, "two-sided": mean != 0}[alternative]
@@ -140,50 +182,67 @@ def evaluate(results: dict[str, Any]) -> dict[str, Any] | None:
     """The registered test on a study's results: ``primary`` and ``secondary`` entries, each with ``seeds``,
     ``per_seed``, ``mean``, ``ci95`` (two-sided Student-t), ``p`` (as registered: one- or two-sided), ``p_holm``
     (secondary) and ``rejected`` (``p < alpha``, Holm-adjusted for the secondary); None without a registration, and
-    ``primary`` None when fewer than two seeds have every configuration (or SciPy is missing)."""
+    ``primary`` None when fewer than two seeds have every configuration (or SciPy is missing) or when every contrast
+    is its own test (``each``: then the ``secondary`` entries are those tests, Holm-adjusted over them)."""
     registered = results["study"].get("preregistered")
     if not registered:
         return None
     groups = by_configuration(results["rows"])
     measure, alpha, alternative = registered["measure"], registered["alpha"], registered["alternative"]
+    margin = registered.get("margin")
     differences = []
-    for first, second in registered["contrasts"]:
-        a, b = per_seed(groups.get(first, []), measure), per_seed(groups.get(second, []), measure)
-        differences.append({s: a[s] - b[s] for s in sorted(set(a) & set(b))})
-    out: dict[str, Any] = {**registered, "primary": None, "secondary": []}
+    for labels in registered["contrasts"]:
+        values = [per_seed(groups.get(label, []), measure) for label in labels]
+        seeds = sorted(set.intersection(*(set(v) for v in values)))
+        signs = (1, -1, -1, 1)  # (a − b) − (c − d)
+        differences.append({s: sum(sign * v[s] for sign, v in zip(signs, values)) for s in seeds})
+    each = registered["primary"] == "each"
+    # "primary" becomes the primary test's entry; "each" keeps whether every contrast is a primary test
+    out: dict[str, Any] = {**registered, "primary": None, "secondary": [], "each": each}
     if not stats.available():
         return out
     common = sorted(set.intersection(*(set(d) for d in differences)))
-    if len(common) >= 2:
+    if len(common) >= 2 and not each:
         pooled = {s: statistics.fmean(d[s] for d in differences) for s in common}
-        out["primary"] = _entry("mean of the contrasts", pooled, alternative, alpha)
-    if registered["secondary"] == "holm":
+        out["primary"] = _entry("mean of the contrasts", pooled, alternative, alpha, margin)
+    if registered["secondary"] == "holm" or each:
         # Holm's family: every registered contrast, whatever the runs gave (one with fewer than two seeds stays in
-        # it, counted as p = 1, and is listed under "untested")
-        names = [f"{first} − {second}" for first, second in registered["contrasts"]]
-        tests = [{**_entry(name, d, alternative, alpha), "contrast": [first, second]}
-                 for name, (first, second), d in zip(names, registered["contrasts"], differences) if len(d) >= 2]
+        # it, counted as p = 1, and is listed under "untested"); with primary each, these are the primary tests
+        names = [contrast_name(labels) for labels in registered["contrasts"]]
+        tests = [{**_entry(name, d, alternative, alpha, margin), "contrast": labels}
+                 for name, labels, d in zip(names, registered["contrasts"], differences) if len(d) >= 2]
         adjusted = stats.holm_family(names, {t["name"]: t["p"] for t in tests})
         m = len(names)
         for test in tests:
             test.update(p_holm=adjusted[test["name"]], rejected=adjusted[test["name"]] < alpha, holm_m=m)
             if m > 1:  # the bound that holds over the family together (Bonferroni), beside the Holm decision
-                test["bound_simultaneous"] = stats.interval(list(test["per_seed"].values()),
-                                                            stats.simultaneous_level(m, 1 - alpha), alternative)
+                test["bound_simultaneous"] = _bound(list(test["per_seed"].values()),
+                                                    stats.simultaneous_level(m, 1 - alpha), alternative)
         out["secondary"] = tests
         tested = {t["name"] for t in tests}
         out["untested"] = [name for name in names if name not in tested]
     return out
 
 
-def _entry(name: str, per_seed_values: dict[int, float], alternative: str, alpha: float) -> dict[str, Any]:
+def _bound(values: list[float], level: float, alternative: str) -> list[float] | None:
+    """The interval a decision at ``level`` reads: one-sided for ``less`` / ``greater``, and for ``equivalence``
+    the two-sided interval at ``1 − 2(1 − level)`` (TOST: within ``±margin`` exactly when both one-sided tests
+    reject)."""
+    if alternative == "equivalence":
+        return stats.interval(values, 1 - 2 * (1 - level), "two-sided")
+    return stats.interval(values, level, alternative)
+
+
+def _entry(name: str, per_seed_values: dict[int, float], alternative: str, alpha: float,
+           margin: float | None = None) -> dict[str, Any]:
     """One test: ``ci95`` the two-sided 95 % interval; ``bound`` the interval at level 1 − alpha with the registered
-    sides (one-sided: ``[-inf, high]`` for ``less``, ``[low, inf]`` for ``greater``), the one its decision reads."""
+    sides (one-sided: ``[-inf, high]`` for ``less``, ``[low, inf]`` for ``greater``; the 1 − 2α interval for an
+    equivalence test), the one its decision reads."""
     values = list(per_seed_values.values())
     summary = stats.describe(values)
-    p = _ttest(values, alternative)
+    p = _ttest(values, alternative, margin)
     return {"name": name, "seeds": list(per_seed_values), "per_seed": per_seed_values, "mean": summary["mean"],
-            "ci95": summary["ci95"], "bound": stats.interval(values, 1 - alpha, alternative), "p": p,
+            "ci95": summary["ci95"], "bound": _bound(values, 1 - alpha, alternative), "p": p,
             "rejected": p < alpha}
 
 
@@ -220,39 +279,53 @@ def report_lines(results: dict[str, Any]) -> list[str]:
     test = evaluate(results)
     if test is None:
         return []
-    sided = {"less": "one-sided, H1: below 0", "greater": "one-sided, H1: above 0", "two-sided": "two-sided"}
+    alternative, alpha, margin = test["alternative"], test["alpha"], test.get("margin")
+    sided = {"less": "one-sided, H1: below 0", "greater": "one-sided, H1: above 0", "two-sided": "two-sided",
+             "equivalence": f"equivalence, H1: within ±{margin or 0:g}, two one-sided tests"}
     heading, when = _when(results, test["registered"])
-    level = f"{100 * (1 - test['alpha']):g} %"
-    kind = "one-sided" if test["alternative"] != "two-sided" else "two-sided"
+    equivalence = alternative == "equivalence"
+    kind = {"two-sided": "two-sided", "equivalence": "TOST"}.get(alternative, "one-sided")
+    level = f"{100 * (1 - 2 * alpha if equivalence else 1 - alpha):g} %"
+    bound_name = "interval" if kind != "one-sided" else "bound"
     m = len(test["contrasts"])
+    each = test["each"]
+    contrast_words = ("per seed, the first configuration minus the second (an interaction of four, (a − b) − "
+                      "(c − d))" if any(len(c) == 4 for c in test["contrasts"]) else
+                      "per seed, the first configuration minus the second")
+    design = (f"every one of the {m} contrasts is a primary test of its own ({sided[alternative]}, α = {alpha}), "
+              f"Holm-adjusted over the {m}" if each else
+              f"the primary test is one t-test on the mean of the {m} contrasts per seed ({sided[alternative]}, "
+              f"α = {alpha}), decided by its own p; the secondary tests take each contrast alone, Holm-adjusted "
+              f"over the {m} registered contrasts (all of them, whatever the runs gave)")
+    reading = (f"Each Δ has its {level} interval (level 1 − 2α: it lies within ±{margin:g} exactly when p < α)"
+               if equivalence else
+               f"Each Δ has its {kind} {level} {bound_name} (level 1 − α: for "
+               f"{'each test before its adjustment' if each else 'the primary test'} it excludes 0 exactly when "
+               "p < α)")
     lines = [heading, "", f"{when}: *{test['hypothesis']}*", "",
-             f"Measure: {test['measure']}; per seed, the first configuration minus the second; the primary test is "
-             f"one t-test on the mean of the {m} contrasts per seed ({sided[test['alternative']]}, α = "
-             f"{test['alpha']}), decided by its own p; the secondary tests take each contrast alone, Holm-adjusted "
-             f"over the {m} registered contrasts (all of them, whatever the runs gave). Each Δ has its {kind} {level} "
-             f"{'bound' if kind == 'one-sided' else 'interval'} (level 1 − α: for the primary test it excludes 0 "
-             "exactly when p < α)" + (f"; the secondary tests also the simultaneous one at level 1 − α/{m} "
-                                      "(Bonferroni), which holds over the contrasts together: the one to read beside "
-                                      "their Holm decision" if m > 1 else "")
+             f"Measure: {test['measure']}; {contrast_words}; {design}. {reading}"
+             + (f"; {'each' if each else 'the secondary tests'} also the simultaneous one at level 1 − α/{m} "
+                "(Bonferroni), which holds over the contrasts together: the one to read beside "
+                "their Holm decision" if m > 1 and (each or test["secondary"]) else "")
              + ". Everything else in this report is exploratory.", ""]
     if not stats.available():
         return lines + [stats.NO_STATISTICS, ""]
     entries = [("primary", test["primary"])] if test["primary"] else []
-    entries += [("secondary", entry) for entry in test["secondary"]]
+    entries += [("primary" if each else "secondary", entry) for entry in test["secondary"]]
     if not entries:
         return lines + ["Not enough seeds with every configuration finished to test (two are needed).", ""]
-    holm = test["secondary"] and m > 1
+    holm = bool(test["secondary"]) and m > 1
     rows = []
     for which, entry in entries:
-        secondary = which == "secondary"
-        family = [_bound_text(entry.get("bound_simultaneous")) if secondary else DASH] if holm else []
-        adjusted = [p_value(entry["p_holm"]) if secondary else "– (one test)"] if holm else []
+        adjusted_test = "p_holm" in entry
+        family = [_bound_text(entry.get("bound_simultaneous")) if adjusted_test else DASH] if holm else []
+        adjusted = [p_value(entry["p_holm"]) if adjusted_test else "– (one test)"] if holm else []
         rows.append([which, entry["name"], f"{entry['mean']:+.4f}", _bound_text(entry["bound"]), *family,
                      p_value(entry["p"]), *adjusted, "H0 rejected" if entry["rejected"] else "not rejected",
                      str(len(entry["seeds"]))])
-    rows += [["secondary", name, DASH, "fewer than two seeds", *([DASH] if holm else []), DASH,
-              *(["1 (counted)"] if holm else []), "not tested", "0–1"] for name in test.get("untested", [])]
-    header = ["test", "contrast", "Δ (mean)", f"{kind} {level} {'bound' if kind == 'one-sided' else 'interval'}",
+    rows += [["primary" if each else "secondary", name, DASH, "fewer than two seeds", *([DASH] if holm else []),
+              DASH, *(["1 (counted)"] if holm else []), "not tested", "0–1"] for name in test.get("untested", [])]
+    header = ["test", "contrast", "Δ (mean)", f"{kind} {level} {bound_name}",
               *([f"simultaneous (Bonferroni over {m})"] if holm else []), f"p ({kind}, unadjusted)" if holm else
               f"p ({kind})", *([f"Holm p (over the {m} contrasts)"] if holm else []), "decision", "seeds"]
     return lines + table(header, rows, align="llrr" + "r" * holm + "r" + "r" * holm + "ll") + [""]
