@@ -196,6 +196,138 @@ def test_a_missing_misshapen_or_foreign_tensor_is_named():
         to_s2hc_state({**state, "layers.0.moe.router": torch.zeros(1)}, model_config)
 
 
+def _connection_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    from s2hc.connection import ConnectionModule
+
+    return {name: module for name, module in model.named_modules() if isinstance(module, ConnectionModule)}
+
+
+@torch.no_grad()
+def _bf16_reference(model_config):
+    """torchtitan's model whose every branch parameter is a bfloat16 value (so FSDP's cast of it is exact) and whose
+    connection parameters are not (so that a cast of them would show), in float32."""
+    model = _randomised(model_config).train()
+    connection = {id(p) for module in _connection_modules(model).values() for p in module.parameters()}
+    generator = torch.Generator().manual_seed(2)
+    for parameter in model.parameters():
+        if id(parameter) in connection:
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+        else:
+            parameter.copy_(parameter.to(torch.bfloat16))
+    return model
+
+
+def _record(model: torch.nn.Module) -> dict[str, list]:
+    """Hooks on every connection module: the state it receives, its parameters' dtypes during its forward, and the
+    dtypes of the coefficients it computes."""
+    seen: dict[str, list] = {"streams": [], "parameters": [], "coefficients": []}
+    for name, module in _connection_modules(model).items():
+        def pre_hook(module, args, name=name):
+            state = args[0][-1] if isinstance(args[0], tuple) else args[0]
+            seen["streams"].append((name, state.detach().clone()))
+            seen["parameters"].append((name, {p.dtype for p in module.parameters()}))
+
+        module.register_forward_pre_hook(pre_hook)
+        if hasattr(module, "_coefficients_on"):
+            def coefficients(x, path, name=name, method=module._coefficients_on):
+                out = method(x, path)
+                seen["coefficients"].append((name, {t.dtype for t in out}))
+                return out
+
+            module._coefficients_on = coefficients
+    return seen
+
+
+def _bf16_step(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    logits = model(ids)
+    logits.float().logsumexp(-1).mean().backward()
+    return logits.detach()
+
+
+@pytest.fixture()
+def gloo(monkeypatch):
+    """A one-process Gloo group and torchtitan's device type the CPU (it falls back to "cuda" without one)."""
+    import torch.distributed as dist
+    import torchtitan.distributed.parallel_dims as parallel_dims
+
+    monkeypatch.setattr(parallel_dims, "device_type", "cpu")
+    made = not dist.is_initialized()
+    if made:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if made:
+        dist.destroy_process_group()
+
+
+def test_torchtitans_bf16_fsdp_keeps_the_connections_and_the_streams_float32(gloo, tmp_path):
+    """torchtitan's parallelize (s2hc's, then parallelize_llama's FSDP2 with MixedPrecisionPolicy(param_dtype=
+    bfloat16), as the trainer applies it, on one Gloo process) against the unsharded float32 model whose branches
+    (embedding, attention, MLP, their norms, final norm, LM head) are bfloat16 modules: every connection sees
+    float32 parameters and makes float32 coefficients, the streams it receives are float32 and bit for bit the
+    reference's, and so are the logits and the connections' float32 gradients. The same comparison with the
+    connections' parameters rounded to bfloat16 differs from the first block on."""
+    import copy
+
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.distributed import ParallelDims
+
+    from s2hc.connection.precision import connection_modules
+
+    trainer = config("s2hc", "tiny", lss_init=0.6, stream_reduce="head")
+    model_config = trainer.model_spec.model
+    reference = _bf16_reference(model_config)
+    model = copy.deepcopy(reference)
+    parallel_dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1,
+                                 spmd_backend="partial_dtensor")
+    parallel_dims.build_mesh()
+    training = TrainingConfig()
+    assert training.mixed_precision_param == "bfloat16"  # torchtitan's default, what its runs here used
+    trainer.model_spec.parallelize_fn(model, parallel_dims=parallel_dims, training=training,
+                                      parallelism=ParallelismConfig(spmd_backend="partial_dtensor"),
+                                      compile_config=CompileConfig(), ac_config=None, dump_folder=str(tmp_path))
+    # the reference: the branches' parameters bfloat16 by hand (not RoPE's complex table), the connections float32,
+    # no FSDP
+    branches = [reference.tok_embeddings, reference.norm, reference.lm_head]
+    for layer in reference.layers.values():
+        branches += [layer.attention, layer.feed_forward, layer.attention_norm, layer.ffn_norm]
+        layer.compute_dtype = torch.bfloat16
+    for parameter in (p for module in branches for p in module.parameters()):
+        parameter.data = parameter.data.to(torch.bfloat16)
+    reference.stream_dtype, reference.compute_dtype = torch.float32, torch.bfloat16
+    rounded = copy.deepcopy(reference)
+    with torch.no_grad():
+        for module in _connection_modules(rounded).values():
+            for parameter in module.parameters():
+                parameter.copy_(parameter.to(torch.bfloat16))
+
+    ids = torch.randint(0, model_config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+    got, expected, off = _record(model), _record(reference), _record(rounded)
+    got_logits, expected_logits = _bf16_step(model, ids), _bf16_step(reference, ids)
+    _bf16_step(rounded, ids)
+
+    assert len(connection_modules(model)) == 2 * len(model_config.layers) + 2  # two per block, the scaling, the head
+    assert {dtype for _, dtypes in got["parameters"] for dtype in dtypes} == {torch.float32}
+    assert got["coefficients"] and {d for _, dtypes in got["coefficients"] for d in dtypes} == {torch.float32}
+    assert model.layers["0"].attention.wo.weight.dtype == torch.float32  # sharded: stored float32, computed bf16
+    assert [name for name, _ in got["streams"]] == [name for name, _ in expected["streams"]]
+    assert len(got["streams"]) == 2 * len(model_config.layers) + 2  # the scaling, every connection, the head
+    for (name, x), (_, y) in zip(got["streams"], expected["streams"]):
+        assert x.dtype == torch.float32, name
+        assert torch.equal(x, y), name
+    assert got_logits.dtype == torch.bfloat16 and torch.equal(got_logits, expected_logits)
+    expected_parameters = dict(reference.named_parameters())
+    for prefix, module in _connection_modules(model).items():  # their gradients too, reduced in float32
+        for name, parameter in module.named_parameters():
+            assert parameter.grad.dtype == torch.float32
+            assert torch.equal(_full(parameter.grad), expected_parameters[f"{prefix}.{name}"].grad), (prefix, name)
+    differs = [name for (name, x), (_, y) in zip(off["streams"], expected["streams"]) if not torch.equal(x, y)]
+    assert "layers.0.feed_forward_connection" in differs and len(differs) >= 2 * len(model_config.layers)
+
+
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 ROOT = TESTS.parent
 HF_PYTHON = ROOT / ".venv" / "bin" / "python"  # make test's environment, with the hf extra torchtitan's cannot hold
 EXPORT = """
