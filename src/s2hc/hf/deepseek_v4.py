@@ -40,6 +40,7 @@ from torch import nn
 from ..checks import check_float, check_int, check_streams
 from ..connection import Connection, HyperConnection, HyperHead, StreamHead
 from ..mixers.mhc import MAX_ITERATIONS
+from .settings import required
 
 # the converter's interface, the same names as s2hc.hf.qwen4_exp's
 __all__ = [
@@ -51,10 +52,7 @@ VARIANT = "deepseek-v4"
 
 
 def _get(hf_config: Any, name: str) -> Any:
-    value = hf_config.get(name) if isinstance(hf_config, Mapping) else getattr(hf_config, name, None)
-    if value is None:
-        raise ValueError(f"the DeepSeek-V4 config has no {name!r}")
-    return value
+    return required(hf_config, name, "DeepSeek-V4")
 
 
 def connection_options(hf_config: Any) -> dict[str, Any]:
