@@ -149,3 +149,26 @@ def test_it_compiles_and_checkpoints_as_the_one_query_read_does():
         for name in grads:
             torch.testing.assert_close(got[name], grads[name], msg=name)
     assert all(block.ran_compiled for block in compiled.blocks)
+
+
+def test_it_exports_through_transformers_and_its_queries_stay_with_adamw(tmp_path):
+    """The three-query model reloads through transformers with its logits; the (3, C) queries are neither decayed
+    nor given to Muon (a matrix by shape, but not a branch's weight), the extra norms likewise."""
+    pytest.importorskip("transformers")
+    from transformers import AutoModelForCausalLM
+
+    from s2hc.hf.export import from_s2hc
+    from s2hc.train.optim import decayed_parameter_names, optimizer_of_parameters
+
+    model = tiny(True).float().eval()
+    randomise_(model)
+    from_s2hc(model).save_pretrained(tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    ids = torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, model(ids))
+    routes, decayed = optimizer_of_parameters(model, "muon"), set(decayed_parameter_names(model))
+    extra = [name for name in routes if name.endswith("attn_hc.query") or "attn_k_norm" in name
+             or "attn_v_norm" in name]
+    assert extra and all(routes[name] == "adamw" and name not in decayed for name in extra)
+    assert routes["blocks.1.attn.q_proj.weight"] == "muon"
