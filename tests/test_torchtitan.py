@@ -366,6 +366,46 @@ def test_a_converted_torchtitan_model_exports_to_transformers_with_the_same_logi
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=1e-5, atol=1e-5)
 
 
+PAPER_SHAPES = {"qwen3_0_6b": "qwen3-0.6b", "qwen2_5_1_5b": "qwen2.5-1.5b", "gemma3_1b": "gemma3-1b"}
+SHAPE = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "qk_norm", "norm_eps",
+         "rope_theta")
+
+
+@pytest.mark.parametrize("size", PAPER_SHAPES)
+def test_the_paper_shapes_build_on_meta_for_every_family_by_name(size):
+    """``--config FAMILY_SIZE`` for every family, built on meta: the shapes of s2hc's own preset of that model (the
+    converter reads them back), Qwen2.5's q/k/v biases, and a parameter count that moves with the family."""
+    from s2hc.models import get_preset
+    from s2hc.torchtitan import config_registry
+    from s2hc.torchtitan.convert import to_model_config
+
+    preset = get_preset(PAPER_SHAPES[size])
+    counts = {}
+    for family in s2hc.families():
+        trainer = getattr(config_registry, f"{family.replace('-', '_')}_{size}")()
+        model_config = trainer.model_spec.model
+        assert model_config.family == family and trainer.dataloader.dataset == "c4"
+        with torch.device("meta"):
+            model = model_config.build()
+        model.verify_module_protocol()
+        counts[family] = sum(p.numel() for p in model.parameters())
+        if family in ("residual", "s2hc"):
+            converted = to_model_config(model_config)
+            assert {k: getattr(converted, k) for k in SHAPE} == {k: getattr(preset, k) for k in SHAPE}
+            assert converted.qkv_bias == preset.qkv_bias and converted.tie_embeddings
+    with torch.device("meta"):
+        residual = torch.nn.Module()
+        residual.model = _transformer(to_model_config(getattr(config_registry, f"residual_{size}")().model_spec.model))
+    assert counts["residual"] == sum(p.numel() for p in residual.parameters())
+    assert counts["s2hc"] > counts["residual"]
+
+
+def _transformer(model_config):
+    from s2hc.models import Transformer
+
+    return Transformer(model_config, init_rng="sequential")
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

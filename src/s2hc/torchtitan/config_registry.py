@@ -5,7 +5,8 @@ returns a ``Trainer.Config`` whose model is an :class:`~s2hc.torchtitan.model.S2
 ``mhc``, ``attn_res``, ``gated_residual``, ...), optionally its stream count, and a size of :data:`SIZES`:
 ``s2hc_debugmodel``, ``mhc_n8_tiny``, ``residual_qwen3_0_6b``. ``tiny`` and ``debugmodel`` train on s2hc's
 embedded corpus (dataset ``s2hc_corpus``, registered here) with its 4096-token tokenizer (``hf_assets_path`` is the
-package's data directory), nothing downloaded; ``qwen3_0_6b`` is the paper's Qwen3-0.6B on C4 (:func:`config`).
+package's data directory), nothing downloaded; ``qwen3_0_6b`` is the paper's Qwen3-0.6B on C4, ``qwen2_5_1_5b`` and
+``gemma3_1b`` the shapes of s2hc's other paper models (:func:`config`).
 The trainer's fields change on the command line (``--training.steps``, ``--parallelism.data_parallel_shard_degree``,
 ...); the model's do not (torchtitan keeps ``model_spec`` off its command line): a family's options, learned
 stream scaling or another read are a config function of one's own, :func:`config` with them.
@@ -110,8 +111,76 @@ def _qwen3_0_6b() -> tuple[Decoder.Config, str]:
     return qwen3_configs["0.6B"](attn_backend="flex"), "qwen3"
 
 
+def _qwen3_style(*, vocab: int, dim: int, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                 hidden_dim: int, max_seq_len: int, qk_norm: bool, qkv_bias: bool) -> Decoder.Config:
+    """A dense decoder of qwen3's blocks and initialisations (RMSNorm eps 1e-6, CosSinRoPE base 1e6, SwiGLU, fused
+    QKV, tied embeddings) at other shapes, with or without QK-norm and q/k/v biases."""
+    from torchtitan.models import qwen3 as titan_qwen3
+    from torchtitan.models.common import CosSinRoPE, Embedding, Linear
+    from torchtitan.models.common.config_utils import get_attention_config, make_ffn_config, make_gqa_config
+    from torchtitan.models.common.nn_modules import RMSNorm
+    from torchtitan.models.qwen3 import Qwen3Model
+    from torchtitan.models.qwen3.model import Qwen3TransformerBlock
+
+    linear = titan_qwen3._LINEAR_INIT
+
+    def norm(width: int) -> RMSNorm.Config:
+        return RMSNorm.Config(normalized_shape=width, eps=1e-6, param_init=titan_qwen3._NORM_INIT)
+
+    rope = CosSinRoPE.Config(dim=head_dim, max_seq_len=max_seq_len, theta=1_000_000.0)
+    layers = []
+    for _ in range(n_layers):
+        attention = make_gqa_config(dim=dim, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                                    wqkv_param_init=linear, wo_param_init=linear,
+                                    inner_attention=get_attention_config("flex"), fuse_qkv=True, rope=rope,
+                                    qk_norm=norm(head_dim) if qk_norm else None)
+        attention.qkv_linear.wqkv = dataclasses.replace(attention.qkv_linear.wqkv, bias=qkv_bias)
+        layers.append(Qwen3TransformerBlock.Config(
+            attention_norm=norm(dim), ffn_norm=norm(dim), attention=attention,
+            feed_forward=make_ffn_config(dim=dim, hidden_dim=hidden_dim, w1_param_init=linear,
+                                         w2w3_param_init=linear)))
+    return Qwen3Model.Config(
+        vocab_size=vocab, dim=dim, norm=norm(dim), enable_weight_tying=True, layers=layers,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim,
+                                        param_init=titan_qwen3._EMBEDDING_SKIP_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=linear))
+
+
+def _qwen2_5_1_5b() -> tuple[Decoder.Config, str]:
+    """Qwen/Qwen2.5-1.5B's shapes (s2hc's ``qwen2.5-1.5b`` preset): width 1536, 28 layers, 12 query and 2 key/value
+    heads of 128, MLP 8960, q/k/v biases, no QK-norm, tied, vocabulary 151936. The RoPE table is 32768 positions
+    (the model's 131072 would cost torchtitan a 128 MiB table in every layer, for runs of 2048)."""
+    return _qwen3_style(vocab=151936, dim=1536, n_layers=28, n_heads=12, n_kv_heads=2, head_dim=128,
+                        hidden_dim=8960, max_seq_len=32768, qk_norm=False, qkv_bias=True), "qwen3"
+
+
+def _gemma3_1b() -> tuple[Decoder.Config, str]:
+    """google/gemma-3-1b-pt's shapes (s2hc's ``gemma3-1b`` preset): width 1152, 26 layers, 4 query heads and 1
+    key/value head of 256 (attention scale 256^-0.5, as Gemma3's query_pre_attn_scalar), MLP 6912, QK-norm, RMSNorm
+    eps 1e-6, tied, vocabulary 262144, in qwen3's blocks. What torchtitan's decoder has not, and this model lacks:
+    the five-local-to-one-global sliding-window pattern (window 512, local RoPE base 1e4; every layer here is global
+    with base 1e6), the sandwich post-norms, GeGLU (tanh GELU; here SwiGLU), the embedding scaled by sqrt(1152); and
+    Gemma's RMSNorm stores ``w`` started at zero and scales by ``1 + w``, these the scale itself started at one (the
+    same functions, another parametrisation). The RoPE table is 32768 positions, Gemma3-1B's context."""
+    return _qwen3_style(vocab=262144, dim=1152, n_layers=26, n_heads=4, n_kv_heads=1, head_dim=256,
+                        hidden_dim=6912, max_seq_len=32768, qk_norm=True, qkv_bias=False), "qwen3"
+
+
 #: The sizes: the torchtitan base config (its blocks, inits and RoPE) and its architecture.
-SIZES = {"tiny": _tiny, "debugmodel": _debugmodel, "qwen3_0_6b": _qwen3_0_6b}
+SIZES = {"tiny": _tiny, "debugmodel": _debugmodel, "qwen3_0_6b": _qwen3_0_6b, "qwen2_5_1_5b": _qwen2_5_1_5b,
+         "gemma3_1b": _gemma3_1b}
+
+#: The paper-shape sizes' training (s2hc's configs/*.yaml for the same model, or the s²HC paper's Qwen3-0.6B run):
+#: where the tokenizer is (``--hf_assets_path``; torchtitan's download script's directory), per-process batch, steps,
+#: peak learning rate and warmup; C4, sequence 2048, cosine decay to a tenth, a checkpoint every 500 steps.
+PAPER_SIZES = {
+    "qwen3_0_6b": dict(hf_assets_path="./assets/hf/Qwen3-0.6B", local_batch_size=8, steps=10000, lr=3e-4,
+                       warmup_steps=600),
+    "qwen2_5_1_5b": dict(hf_assets_path="./assets/hf/Qwen2.5-1.5B", local_batch_size=4, steps=14305, lr=4e-4,
+                         warmup_steps=1000),
+    "gemma3_1b": dict(hf_assets_path="./assets/hf/gemma-3-1b-pt", local_batch_size=8, steps=19073, lr=4e-4,
+                      warmup_steps=1000),
+}
 
 
 def config(family: str = "s2hc", size: str = "debugmodel", n_streams: int | None = None, **model: Any
@@ -125,6 +194,9 @@ def config(family: str = "s2hc", size: str = "debugmodel", n_streams: int | None
     - ``qwen3_0_6b``: the paper's Qwen3-0.6B (torchtitan's qwen3 ``0.6B``: width 1024, 28 layers, tied embeddings,
       vocabulary 151936) on C4 with Qwen3's tokenizer (``--hf_assets_path``; torchtitan's download script puts it
       in ``./assets/hf/Qwen3-0.6B``), sequence 2048, AdamW 3e-4 with cosine decay.
+    - ``qwen2_5_1_5b``, ``gemma3_1b``: Qwen2.5-1.5B's and Gemma3-1B's shapes (:func:`_qwen2_5_1_5b`,
+      :func:`_gemma3_1b`: what of Gemma3 torchtitan's decoder lacks) on C4 with their tokenizers, as
+      ``configs/qwen2.5-1.5b.yaml`` and ``configs/gemma3-1b.yaml`` train them (:data:`PAPER_SIZES`).
     """
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
@@ -132,11 +204,12 @@ def config(family: str = "s2hc", size: str = "debugmodel", n_streams: int | None
     if not torch.cuda.is_available():
         base = causal_sdpa(base)  # torchtitan's builders take flex or varlen only: SDPA is swapped in
     model_config = s2hc_model_config(base, family, architecture=architecture, n_streams=n_streams, **model)
-    if size == "qwen3_0_6b":
-        trainer = trainer_config(model_config, size, hf_assets_path="./assets/hf/Qwen3-0.6B", dataset="c4",
-                                 seq_len=2048, local_batch_size=8, steps=10000, lr=3e-4)
-        trainer.lr_scheduler = LRSchedulersContainer.Config(warmup_steps=600, decay_ratio=0.8, decay_type="cosine",
-                                                            min_lr_factor=0.1)
+    if size in PAPER_SIZES:
+        paper = dict(PAPER_SIZES[size])
+        warmup_steps = paper.pop("warmup_steps")
+        trainer = trainer_config(model_config, size, dataset="c4", seq_len=2048, **paper)
+        trainer.lr_scheduler = LRSchedulersContainer.Config(warmup_steps=warmup_steps, decay_ratio=0.8,
+                                                            decay_type="cosine", min_lr_factor=0.1)
         trainer.checkpoint = CheckpointManager.Config(interval=500, last_save_model_only=False)
         return trainer
     if size == "tiny":
