@@ -393,9 +393,9 @@ def test_the_paper_shapes_build_on_meta_for_every_family_by_name(size):
             converted = to_model_config(model_config)
             assert {k: getattr(converted, k) for k in SHAPE} == {k: getattr(preset, k) for k in SHAPE}
             assert converted.qkv_bias == preset.qkv_bias and converted.tie_embeddings
+    residual_config = to_model_config(getattr(config_registry, f"residual_{size}")().model_spec.model)
     with torch.device("meta"):
-        residual = torch.nn.Module()
-        residual.model = _transformer(to_model_config(getattr(config_registry, f"residual_{size}")().model_spec.model))
+        residual = _transformer(residual_config)
     assert counts["residual"] == sum(p.numel() for p in residual.parameters())
     assert counts["s2hc"] > counts["residual"]
 
