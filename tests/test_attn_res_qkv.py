@@ -172,3 +172,15 @@ def test_it_exports_through_transformers_and_its_queries_stay_with_adamw(tmp_pat
              or "attn_v_norm" in name]
     assert extra and all(routes[name] == "adamw" and name not in decayed for name in extra)
     assert routes["blocks.1.attn.q_proj.weight"] == "muon"
+
+
+def test_s2hc_params_counts_what_the_model_holds():
+    """``s2hc params`` (its counts) builds the three-query reads where the model does: the same parameters, and
+    the FLOP count of the model's connections."""
+    from s2hc.params import param_table
+
+    model = tiny(True)
+    (row,) = param_table([("attn-res", model.config.family_options)], layers=model.config.n_layers,
+                         dim=model.config.dim, n_streams=1)
+    assert row["with_head"] == model.num_connection_params()
+    assert row["flops_per_token"] == sum(model_flops(model.config, 16)["parts"]["connections"].values())

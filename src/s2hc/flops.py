@@ -106,9 +106,10 @@ def model_flops(config, seq_len: int) -> dict[str, Any]:
     final_norm = 0 if form.replaces_final_norm(config.stream_reduce) else _norm(config, C)
     extra_norms = form.pre_norms * sum(k - 1 for k in inputs)
     norms = count(0, (L * norms_per_layer + extra_norms) * _norm(config, C) + final_norm)
-    queries = [{"num_queries": inputs[j // 2]} if j % 2 == 0 and inputs[j // 2] > 1 else {} for j in range(2 * L)]
     connection = add(*(connection_flops(family, C, n, sublayer=j, n_sublayers=2 * L, **config.family_options,
-                                        **queries[j]) for j in range(2 * L)))
+                                        **form.sublayer_options(config.family_options, j,
+                                                                local=config.is_local_layer(j // 2)))
+                       for j in range(2 * L)))
     options = _counted_options(config.family_options)
     state = form.state_size(n, 2 * L, options)  # tensors the last block hands on: n streams, or AttnRes's sources
     if config.stream_reduce == "head":  # the form's learned read

@@ -97,7 +97,8 @@ def _count(
     with torch.device("meta"):
         connections = [
             build_connection(dim, n_streams, family=family, layer_index=index // sublayers_per_layer, sublayer=index,
-                             n_sublayers=sublayers, **options)
+                             n_sublayers=sublayers, **options,
+                             **form.sublayer_options(family_options, index, sublayers_per_layer))
             for index in range(sublayers)
         ]
         head = (form.build_head(dim, n_streams, norm_eps=1e-6, options=options)
@@ -124,13 +125,16 @@ def _count(
         "sublayers_per_layer": sublayers_per_layer,
         "sublayers": sublayers,
         # forward FLOPs per token of all the connections together (s2hc.flops: products and the rest)
-        "flops_per_token": _flops(family, dim, n_streams, sublayers, **options),
+        "flops_per_token": _flops(family, dim, n_streams, sublayers, sublayers_per_layer, **options),
     }
 
 
-def _flops(family: str, dim: int, n_streams: int, sublayers: int, **family_options: Any) -> int:
+def _flops(family: str, dim: int, n_streams: int, sublayers: int, sublayers_per_layer: int,
+           **family_options: Any) -> int:
     """Forward FLOPs per token of ``sublayers`` connections of ``family`` (:func:`s2hc.flops.connection_flops`)."""
-    counts = [connection_flops(family, dim, n_streams, sublayer=j, n_sublayers=sublayers, **family_options)
+    form = forms.get(family)
+    counts = [connection_flops(family, dim, n_streams, sublayer=j, n_sublayers=sublayers, **family_options,
+                               **form.sublayer_options(family_options, j, sublayers_per_layer))
               for j in range(sublayers)]
     return sum(c["matmul"] + c["elementwise"] for c in counts)
 

@@ -65,12 +65,10 @@ class Connections(nn.Module):
         form.check_model(dim=dim, n_streams=self.n_streams, n_sublayers=n_sublayers,
                          stream_reduce=self.stream_reduce, lss_init=lss_init, options=options)
         options = form.check_option_values(options, self.n_streams)
-        # The first branch of each layer is its attention, which a form may hand several inputs (attention_inputs).
-        inputs = form.attention_inputs(options)
         self.connections = nn.ModuleList(
             form.build(dim, self.n_streams, sublayer // sublayers_per_layer, sublayer=sublayer,
                        n_sublayers=n_sublayers, **options,
-                       **({"num_queries": inputs} if inputs > 1 and sublayer % sublayers_per_layer == 0 else {}))
+                       **form.sublayer_options(options, sublayer, sublayers_per_layer))
             for sublayer in range(n_sublayers))
         self.scale = None if lss_init is None else StreamScaling(dim, self.n_streams, init=lss_init)
         self.head = None

@@ -437,7 +437,8 @@ class Block(nn.Module):
         self.mlp_post_norm = make_norm(config) if config.post_norms else None
         sublayers = {"n_sublayers": 2 * config.n_layers}  # attention 2·layer, MLP 2·layer + 1 (AttnRes counts them)
         self.attn_hc = build_connection(config.dim, config.n_streams, layer_index=layer, sublayer=2 * layer,
-                                        **sublayers, **options, **({"num_queries": inputs} if inputs > 1 else {}))
+                                        **sublayers, **options,
+                                        **form.sublayer_options(config.family_options, 2 * layer, local=self.local))
         self.mlp_hc = build_connection(config.dim, config.n_streams, layer_index=layer, sublayer=2 * layer + 1,
                                        **sublayers, **options)
         self.ran_compiled: bool | None = None

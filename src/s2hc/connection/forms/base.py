@@ -174,6 +174,14 @@ class ConnectionForm:
         pre-norm."""
         return 1
 
+    def sublayer_options(self, options: Mapping[str, Any], sublayer: int, sublayers_per_layer: int = 2,
+                         local: bool = False) -> dict[str, Any]:
+        """The keywords :meth:`build` and :meth:`flops` take for sublayer ``sublayer`` beyond the family's options:
+        ``num_queries`` for a layer's attention (its first sublayer) where :meth:`attention_inputs` gives it several
+        inputs, else none. What the model, :class:`s2hc.Connections`, the FLOP and the parameter counts all ask."""
+        inputs = self.attention_inputs(options, local)
+        return {"num_queries": inputs} if inputs > 1 and sublayer % sublayers_per_layer == 0 else {}
+
     def build_head(self, dim: int, n_streams: int, *, norm_eps: float, options: Mapping[str, Any]) -> nn.Module:
         """The learned final read of ``stream_reduce="head"``: DeepSeek-V4's :class:`~s2hc.HyperHead` unless the
         form has its own."""
