@@ -17,9 +17,15 @@ then builds the same :class:`s2hc.Connections` on the CPU, draws its random para
 (the families' constant tables too) into the model, into each rank's shard when FSDP has made it a DTensor: the
 connections start at exactly s2hc's values, on every rank and whatever the parallelism.
 
+Tensor parallelism (``--parallelism.tensor_parallel_degree``, with ``--parallelism.spmd_backend partial_dtensor``):
+the branches take torchtitan's llama3 / qwen3 plan (colwise q/k/v and w1/w3, rowwise wo and w2, sequence parallelism
+around the norms by default); :func:`replicate_connections` replicates the connections' parameters on the TP mesh and
+has every rank compute them on local tensors, for all tokens or for its sequence shard (they mix streams per token),
+the streams handed to and taken from the branches as DTensors of the plan's activation placement.
+
 Not supported (refused in ``update_from_config``): pipeline parallelism (the state between stages would be a
 family's own structure, AttnRes's growing tuple of sources, and the stream ends sit on the first and last stage),
-and tensor / context parallelism (the connections declare no sharding). See docs/distributed.md, "torchtitan".
+and context parallelism (not tried). See docs/distributed.md, "torchtitan".
 """
 
 from __future__ import annotations
@@ -43,7 +49,8 @@ from ..connection.stack import Connections
 from ..init_rng import redraw
 from ..yaml_safety import load_yaml
 
-__all__ = ["ARCHITECTURES", "S2HCBlock", "S2HCDecoder", "causal_sdpa", "s2hc_model_config", "s2hc_model_spec"]
+__all__ = ["ARCHITECTURES", "S2HCBlock", "S2HCDecoder", "causal_sdpa", "replicate_connections", "s2hc_model_config",
+           "s2hc_model_spec"]
 
 #: The torchtitan models whose dense blocks, config hooks and parallelize function an S2HCDecoder reuses.
 ARCHITECTURES: dict[str, tuple[type, Callable]] = {
@@ -92,11 +99,17 @@ class S2HCBlock(TransformerBlock):
     #: FSDP2 policy, whose float32 streams would otherwise meet the branch's bfloat16 parameters.
     compute_dtype: torch.dtype | None = None
 
+    #: Under tensor parallelism, the mesh and placements of the activations torchtitan's branches take (replicated,
+    #: or a sequence shard) that the local streams are handed over as (:func:`replicate_connections`); None without.
+    tp_activation: tuple[Any, list] | None = None
+
     def _attention(self, h: torch.Tensor, attention_masks: Any, positions: torch.Tensor | None) -> torch.Tensor:
-        return self.attention(self.attention_norm(_cast(h, self.compute_dtype)), attention_masks, positions)
+        h = _distributed(_cast(h, self.compute_dtype), self.tp_activation)
+        return _local(self.attention(self.attention_norm(h), attention_masks, positions))
 
     def _feed_forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.feed_forward(self.ffn_norm(_cast(h, self.compute_dtype)))
+        h = _distributed(_cast(h, self.compute_dtype), self.tp_activation)
+        return _local(self.feed_forward(self.ffn_norm(h)))
 
     def forward(self, x: Any, attention_masks: Any, positions: torch.Tensor | None = None) -> Any:
         x = self.attention_connection(x, self._attention, attention_masks, positions)
@@ -144,13 +157,20 @@ class S2HCDecoder(Decoder):
             base = ARCHITECTURES[self.architecture][0]
             base.Config.update_from_config(self, config=config, **kwargs)
             parallelism = config.parallelism
-            refused = {"pipeline": parallelism.pipeline_parallel_degree, "tensor": parallelism.tensor_parallel_degree,
+            refused = {"pipeline": parallelism.pipeline_parallel_degree,
                        "context": parallelism.context_parallel_degree}
             for name, degree in refused.items():
                 if degree > 1:
                     raise NotImplementedError(
-                        f"s2hc.torchtitan supports data parallelism (FSDP2, HSDP, DDP) only, not {name} parallelism "
-                        f"(degree {degree}): docs/distributed.md, 'torchtitan'")
+                        f"s2hc.torchtitan supports data and tensor parallelism (FSDP2, HSDP, DDP, TP with or without "
+                        f"sequence parallelism), not {name} parallelism (degree {degree}): docs/distributed.md, "
+                        f"'torchtitan'")
+            if parallelism.tensor_parallel_degree > 1 and parallelism.spmd_backend != "partial_dtensor":
+                raise NotImplementedError(
+                    f"s2hc.torchtitan's tensor parallelism runs with --parallelism.spmd_backend partial_dtensor, not "
+                    f"{parallelism.spmd_backend!r}: its connections compute on local tensors between DTensor "
+                    f"branches, tested with that backend only (the default, spmd_types, refuses torchtitan's own "
+                    f"llama3 FSDP under torch 2.13): docs/distributed.md, 'torchtitan'")
 
         def get_nparams_and_flops(self, model: nn.Module, seq_len: int) -> tuple[int, int]:
             return ARCHITECTURES[self.architecture][0].Config.get_nparams_and_flops(self, model, seq_len)
@@ -169,7 +189,8 @@ class S2HCDecoder(Decoder):
         for i, layer_config in enumerate(config.layers):
             layer_config = dataclasses.replace(layer_config, pre_norms=streams.pre_norms)
             self.layers[str(i)] = layer_config.build(connections=(sublayers[2 * i], sublayers[2 * i + 1]))
-        self.norm = config.norm.build() if streams.final_norm else _Identity.Config().build()
+        self.norm = config.norm.build() if streams.final_norm else _Identity.Config(
+            sharding_config=_gathering(config.norm.sharding_config)).build()
         self.lm_head = config.lm_head.build()
         self.enable_weight_tying = config.enable_weight_tying
         if self.enable_weight_tying:
@@ -180,13 +201,15 @@ class S2HCDecoder(Decoder):
     #: comes out in bfloat16 (docs/distributed.md, "Mixed precision").
     stream_dtype: torch.dtype | None = None
     compute_dtype: torch.dtype | None = None
+    #: As :attr:`S2HCBlock.tp_activation`, for the final norm.
+    tp_activation: tuple[Any, list] | None = None
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None, attention_masks: Any = None):
-        h = self.tok_embeddings(tokens)
+        h = _local(self.tok_embeddings(tokens))
         x = self.streams.expand(_cast(h, self.stream_dtype))
         for layer in self.layers.values():
             x = layer(x, attention_masks, positions)
-        h = self.norm(_cast(self.streams.reduce(x), self.compute_dtype))
+        h = self.norm(_distributed(_cast(self.streams.reduce(x), self.compute_dtype), self.tp_activation))
         if self._skip_lm_head:
             return h
         return self.lm_head(h)
@@ -227,6 +250,80 @@ class S2HCDecoder(Decoder):
             copy_states(sources[name], module)
 
 
+def _local(h: torch.Tensor) -> torch.Tensor:
+    """``h`` as a plain tensor: under tensor parallelism torchtitan's branches and embedding return DTensors
+    (replicated, or a sequence shard under sequence parallelism), and the streams between them are the local tensors
+    every rank holds (each rank computes the connections of its tokens, :func:`replicate_connections`). The
+    gradient goes back with the DTensor's own placements. Without tensor parallelism ``h`` is returned as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return h.to_local() if isinstance(h, DTensor) else h
+
+
+def _distributed(h: torch.Tensor, activation: tuple[Any, list] | None) -> torch.Tensor:
+    """The local ``h`` as the DTensor torchtitan's modules take (``activation``: mesh and placements), whose
+    gradient comes back whole (replicated) or as the sequence shard; ``h`` itself without tensor parallelism."""
+    if activation is None:
+        return h
+    from torch.distributed.tensor import DTensor
+
+    mesh, placements = activation
+    return DTensor.from_local(h, mesh, placements, run_check=False)
+
+
+def _gathering(norm_sharding: Any) -> Any:
+    """The final norm's activation sharding without its weight, for the identity that replaces it (a family whose
+    learned read is normalised): under sequence parallelism it gathers the sequence before the LM head, as
+    torchtitan's final norm does."""
+    if norm_sharding is None:
+        return None
+    from torchtitan.protocols.sharding import ShardingConfig
+
+    return ShardingConfig(in_src_shardings={"x": norm_sharding.in_src_shardings["input"]},
+                          out_src_shardings=norm_sharding.out_src_shardings,
+                          out_dst_shardings=norm_sharding.out_dst_shardings)
+
+
+def replicate_connections(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool) -> list[nn.Module]:
+    """Tensor parallelism for the connections: their parameters replicated on ``tp_mesh`` (DTensors ``Replicate()``,
+    so that FSDP2 shards them on the data-parallel mesh beside the branches' and the gradient norm sees one mesh),
+    each connection module computing on local tensors: its parameters handed to its forward as ``to_local()``
+    views, its streams local (:func:`_local`). They are small and mix the streams per token, so every TP rank
+    computes them whole for its tokens: all of them (their gradients then equal on every rank: ``Replicate``), or
+    under sequence parallelism its sequence shard (their gradients partial sums: ``Partial``, summed across the
+    mesh by FSDP2's reduction as for torchtitan's norm weights). Returns the connection modules."""
+    from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+    grad_placements = [Partial()] if sequence_parallel else [Replicate()]
+    model.tp_activation = (tp_mesh, [Shard(1)] if sequence_parallel else [Replicate()])
+    for layer in model.layers.values():
+        _unwrap(layer).tp_activation = model.tp_activation
+    modules = connection_modules(model)
+    for module in modules:
+        for owner in module.modules():
+            for name, parameter in list(owner.named_parameters(recurse=False)):
+                replicated = distribute_tensor(parameter.data, tp_mesh, [Replicate()], src_data_rank=None)
+                owner.register_parameter(name, nn.Parameter(replicated, requires_grad=parameter.requires_grad))
+        module.forward = _on_local_parameters(module, module.forward, grad_placements)
+    return modules
+
+
+def _on_local_parameters(module: nn.Module, forward: Callable, grad_placements: list) -> Callable:
+    """``forward`` run with every DTensor parameter of ``module`` swapped for its local view (in the forward itself,
+    after FSDP2's hooks have made the parameters whole), so that the connection's arithmetic, its constant tables
+    and the tensors it makes stay plain tensors, which DTensor would refuse to mix."""
+    from torch.distributed.tensor import DTensor
+    from torch.nn.utils.stateless import _reparametrize_module  # what torch.func.functional_call swaps with
+
+    def forward_on_local_parameters(*args: Any, **kwargs: Any) -> Any:
+        local = {name: parameter.to_local(grad_placements=grad_placements)
+                 for name, parameter in module.named_parameters() if isinstance(parameter, DTensor)}
+        with _reparametrize_module(module, local):
+            return forward(*args, **kwargs)
+
+    return forward_on_local_parameters
+
+
 def _cast(h: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     """``h`` in ``dtype`` (None: as it is): what FSDP2's ``cast_forward_inputs``, which torchtitan turns off, would
     do for a branch, or for the final norm and LM head, under a bfloat16 policy."""
@@ -247,6 +344,9 @@ def parallelize(parallelize_fn: Callable) -> Callable:
         from torchtitan.config import TORCH_DTYPE_MAP
         from torchtitan.distributed.fsdp import get_fsdp_reshard_after_forward_policy
 
+        if parallel_dims.tp_enabled:
+            replicate_connections(model, parallel_dims.get_mesh("tp"),
+                                  sequence_parallel=parallelism.enable_sequence_parallel)
         param_dtype = TORCH_DTYPE_MAP[training.mixed_precision_param]
         if lowers_precision(param_dtype) and not kwargs.get("skip_dp"):
             options: dict[str, Any] = {}
