@@ -373,6 +373,44 @@ def test_a_converted_torchtitan_model_exports_to_transformers_with_the_same_logi
     torch.testing.assert_close(torch.load(tmp_path / "logits.pt"), expected, rtol=1e-5, atol=1e-5)
 
 
+MUON_MATRICES = re.compile(r"layers\.\d+\.(attention\.(qkv_linear\.wqkv|wo)|feed_forward\.w[123])\.weight")
+
+
+@pytest.mark.parametrize(("family", "size"), [("s2hc", "tiny"), ("attn-res", "tiny"), ("gated-residual", "tiny"),
+                                              ("mhc", "qwen2_5_1_5b")])
+def test_muon_takes_the_branches_matrices_and_adamw_the_rest_by_s2hcs_rule(family, size, tmp_path):
+    """torchtitan's param groups of muon_optimizer, on the model as the trainer wraps it (activation checkpointing's
+    wrapper in its names): DistMuon exactly the attention's and feed-forward's weight matrices, AdamW every other
+    parameter (embedding, LM head, norms, Qwen2.5's q/k/v bias, every connection parameter); weight decay on the
+    matrices, the embedding, the LM head and the connections' declared token-driven projections only."""
+    from torchtitan.components.checkpointer.utils import canonical_fqn
+    from torchtitan.components.optimizer import OptimizersContainer
+
+    from s2hc.connection import ConnectionModule
+
+    trainer = config(family, size, optimizer="muon")
+    model_config, optimizer = trainer.model_spec.model, trainer.optimizer
+    assert {group.optimizer_kwargs["lr"] for group in optimizer.param_groups} == {
+        config(family, size).optimizer.param_groups[0].optimizer_kwargs["lr"]}
+    with torch.device("meta"):
+        model = model_config.build()
+    trainer.activation_checkpoint.build(dump_folder=str(tmp_path)).apply(model)
+    assert any("_checkpoint_wrapped_module" in name for name, _ in model.named_parameters())
+    groups, _ = OptimizersContainer._build_param_groups(model, optimizer.param_groups, {})
+    got = {name: (optimizer_name, group["weight_decay"] > 0) for optimizer_name, kinds in groups.items()
+           for group in kinds for name in group["param_names"]}
+    names = {canonical_fqn(name) for name, _ in model.named_parameters()}
+    assert set(got) == names and sum(len(g["params"]) for kinds in groups.values() for g in kinds) == len(names)
+    projections = {canonical_fqn(f"{prefix}.{attribute}") for prefix, module in model.named_modules()
+                   if isinstance(module, ConnectionModule) for attribute in module.projections}
+    for name in names:
+        muon = MUON_MATRICES.fullmatch(name) is not None
+        decays = muon or name in ("tok_embeddings.weight", "lm_head.weight") or name in projections
+        assert got[name] == ("DistMuon" if muon else "AdamW", decays), name
+    assert {route for route, _ in got.values()} == {"DistMuon", "AdamW"}
+    assert bool(projections) == (family != "attn-res")  # AttnRes's queries are no token-driven projection
+
+
 PAPER_SHAPES = {"qwen3_0_6b": "qwen3-0.6b", "qwen2_5_1_5b": "qwen2.5-1.5b", "gemma3_1b": "gemma3-1b"}
 SHAPE = ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "qk_norm", "norm_eps",
          "rope_theta")

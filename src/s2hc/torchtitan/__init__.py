@@ -7,6 +7,8 @@ s2hc.torchtitan --config s2hc_debugmodel``, torchtitan's own trainer, parallelis
   :class:`s2hc.Connections` and initialised to s2hc's own starting values; :func:`s2hc_model_spec`.
 - :mod:`~s2hc.torchtitan.config_registry`: the ``--config`` functions (a debug size, the paper's Qwen3-0.6B), with
   s2hc's embedded corpus and tokenizer as the default data.
+- :mod:`~s2hc.torchtitan.optim`: torchtitan's DistMuon over the branches' matrices and AdamW over the rest, routed as
+  s2hc's harness routes them (``config(..., optimizer="muon")``).
 - :mod:`~s2hc.torchtitan.convert`: a torchtitan run's weights (its model's state dict or its DCP checkpoint) as an
   :class:`s2hc.models.Transformer` with the same logits, or as an s2hc run directory that ``s2hc export`` reads.
 

@@ -183,11 +183,14 @@ PAPER_SIZES = {
 }
 
 
-def config(family: str = "s2hc", size: str = "debugmodel", n_streams: int | None = None, **model: Any
-           ) -> Trainer.Config:
+def config(family: str = "s2hc", size: str = "debugmodel", n_streams: int | None = None, *, optimizer: str = "adamw",
+           **model: Any) -> Trainer.Config:
     """The ``Trainer.Config`` of ``family`` at ``size`` (a key of :data:`SIZES`); ``n_streams`` and ``model`` (the
     other fields of :class:`~s2hc.torchtitan.model.S2HCDecoder.Config`: ``stream_reduce``, ``lss_init``,
     ``family_options``, ``init_seed``) as :func:`~s2hc.torchtitan.model.s2hc_model_config` takes them.
+    ``optimizer``: ``"adamw"`` (torchtitan's ``default_adamw``: one group, every parameter decaying) or ``"muon"``
+    (:func:`s2hc.torchtitan.optim.muon_optimizer`: torchtitan's DistMuon over the branches' matrices, AdamW over the
+    rest, as s2hc's harness routes them; DistMuon needs CUDA), at the size's learning rate.
 
     - ``tiny`` (width 64, 2 layers, 4 heads: the tests' size), ``debugmodel`` (torchtitan's llama3 ``debugmodel``:
       width 256, 6 layers, 16 heads): s2hc's embedded corpus and 4096-token tokenizer, sequence 64 / 256.
@@ -200,6 +203,18 @@ def config(family: str = "s2hc", size: str = "debugmodel", n_streams: int | None
     """
     if size not in SIZES:
         raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    if optimizer not in ("adamw", "muon"):
+        raise ValueError(f"optimizer must be one of ['adamw', 'muon'], got {optimizer!r}")
+    trainer = _trainer(family, size, n_streams, **model)
+    if optimizer == "muon":
+        from .optim import muon_optimizer
+
+        lr = trainer.optimizer.param_groups[0].optimizer_kwargs["lr"]
+        trainer.optimizer = muon_optimizer(trainer.model_spec.model, lr=lr)
+    return trainer
+
+
+def _trainer(family: str, size: str, n_streams: int | None, **model: Any) -> Trainer.Config:
     base, architecture = SIZES[size]()
     if not torch.cuda.is_available():
         base = causal_sdpa(base)  # torchtitan's builders take flex or varlen only: SDPA is swapped in
