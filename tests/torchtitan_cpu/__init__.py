@@ -8,8 +8,10 @@ trainer starts (imported by this package's ``config_registry``, the ``--module``
 3. torchtitan sets a gradient divide factor of 1.0 on every FSDP module, which FSDP2 turns into a PREMUL_SUM
    reduce-scatter that gloo lacks: force plain SUM reductions as well (the same arithmetic).
 
-Tied to torchtitan 0.3.0 and torch 2.13 (both pinned in constraints.txt); revise on an upgrade. Attention is plain
-causal SDPA on a CPU, chosen by s2hc.torchtitan's config registry itself (FlexAttention has no CPU backward).
+On CUDA only fix 2 applies (``benchmarks/torchtitan_check.py``, the GPU check's torchtitan step, runs through this
+package on the device image's torch 2.11). Tied to torchtitan 0.3.0 and torch 2.13 (both pinned in constraints.txt);
+revise on an upgrade. Attention is plain causal SDPA on a CPU, chosen by s2hc.torchtitan's config registry itself
+(FlexAttention has no CPU backward).
 """
 
 from __future__ import annotations
@@ -43,8 +45,18 @@ def _cpu_device_module() -> types.ModuleType:
 def apply() -> None:
     import torchtitan.tools.utils as utils
 
-    if torch.cuda.is_available() or getattr(utils, "_s2hc_cpu_fixes", False):
+    if getattr(utils, "_s2hc_cpu_fixes", False):
         return
+    utils._s2hc_cpu_fixes = True
+    if not hasattr(dist, "set_timeout"):  # fix 2, on a GPU too (the GPU check's torchtitan step, torch 2.11)
+        def set_timeout(timeout: timedelta, group=None) -> None:
+            group = group or dist.distributed_c10d._get_default_group()
+            group.set_timeout(timeout)  # the process group's own setter, what newer torch calls
+
+        dist.set_timeout = set_timeout
+    if torch.cuda.is_available():  # fixes 1 and 3 are the CPU's and gloo's
+        return
+
     device_module = _cpu_device_module()
     for name, module in list(sys.modules.items()):
         if name.startswith("torchtitan") and module is not None:
@@ -52,14 +64,6 @@ def apply() -> None:
                 module.device_type = "cpu"
             if getattr(module, "device_module", None) is torch.cuda:
                 module.device_module = device_module
-    utils._s2hc_cpu_fixes = True
-
-    if not hasattr(dist, "set_timeout"):
-        def set_timeout(timeout: timedelta, group=None) -> None:
-            group = group or dist.distributed_c10d._get_default_group()
-            group.set_timeout(timeout)  # the process group's own setter, what newer torch calls
-
-        dist.set_timeout = set_timeout
 
     from torch.distributed.fsdp import FSDPModule
 
