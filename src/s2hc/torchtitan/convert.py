@@ -270,11 +270,17 @@ def convert(source: str | Path | Mapping[str, torch.Tensor], trainer: Any, out: 
     from ..config import TrainConfig, family_fields
     from ..rundir import CHECKPOINT, Checkpoint, write_config
     from ..rundir.checkpoint import save_checkpoint
-    from ..rundir.guard import notice
+    from ..rundir.guard import notice, run_files
     from ..rundir.layout import is_run_entry
     from ..rundir.schema import new_run_id
-    from ..rundir.staging import replace_directory
-    from ..upcycle import check_run_out
+    from ..rundir.staging import check_replaceable, replace_directory
+
+    def check_run_out() -> None:  # as s2hc upcycle checks its --out: no run there unless overwrite, nothing else
+        found = run_files(out)
+        if found and not overwrite:
+            raise ValueError(f"--out {str(out)!r} already holds a run ({', '.join(found)}); pass --overwrite to "
+                             f"replace it, or choose another --out")
+        check_replaceable(out, "--out", "an s2hc run", is_run_entry)
 
     config = trainer.model_spec.model
     model = load_checkpoint(source, config)
@@ -289,9 +295,9 @@ def convert(source: str | Path | Mapping[str, torch.Tensor], trainer: Any, out: 
         raise ValueError(f"the converted model does not round-trip through its run configuration: "
                          f"{run.model_config()} != {model.config}")
     step = re.fullmatch(r"step-(\d+)", Path(source).name) if isinstance(source, (str, Path)) else None
-    check_run_out(out, overwrite)
+    check_run_out()
     with replace_directory(out, argument="--out", kind="an s2hc run", allowed=is_run_entry, lock_inside=True,
-                           check=lambda: check_run_out(out, overwrite), log=notice) as run_dir:
+                           check=check_run_out, log=notice) as run_dir:
         write_config(run_dir, run.to_dict())
         save_checkpoint(run_dir / CHECKPOINT, Checkpoint(
             config=run.to_dict(), model_config=settings, step=int(step[1]) if step else 0,
