@@ -2,17 +2,18 @@
 (sm_100, where the installed triton's ptxas has it), with no GPU, and check what the compiler made of each.
 
 A stub triton driver reports a CUDA target (compute capability 9.0 or 10.0, warp size 32) and no device. The
-project's own launch wrappers (``norm_project``, ``read_mix``, ``write``, forward and backward through autograd)
-run on ``meta`` tensors of the shapes a training step gives them (8 192 tokens, width C = 768 by default, n = 2..64,
-K from each family's real projection, streams in bf16 / fp32 / fp64 with the coefficient dtypes the connection
-passes): each kernel launch of a wrapper becomes the kernel's ``warmup`` with the very arguments, grid, constexprs
-and launch options the wrapper passes, which compiles the specialisation a launch would (triton's own binder and
-cache key) and launches nothing. Each distinct build compiles once (triton's in-memory cache dedupes the rest).
+project's own launch wrappers (``norm_project``, ``read``, ``write``, alone and joined by a ``Link`` as a connection
+call joins them, forward and backward through autograd) run on ``meta`` tensors of the shapes a training step gives
+them (8 192 tokens, width C = 768 by default, n = 2..64, K from each family's real projection, streams in bf16 /
+fp32 / fp64 with the coefficient dtypes the connection passes): each kernel launch of a wrapper becomes the kernel's
+``warmup`` with the very arguments, grid, constexprs and launch options the wrapper passes, which compiles the
+specialisation a launch would (triton's own binder and cache key) and launches nothing. Each distinct build compiles
+once (triton's in-memory cache dedupes the rest).
 
 For each build it reads the ptxas log (``ptxas -v``, captured at compile time) and the cubin (``cuobjdump
 -res-usage``): registers per thread, spill stores (bytes per thread), the stack frame, shared memory (the launch's
 dynamic request from the metadata plus the cubin's static), warps; and it scans the SASS (``nvdisasm``, bundled with
-triton) and the PTX for tensor-core instructions. All six kernels are documented as exact: float32 products
+triton) and the PTX for tensor-core instructions. All the kernels are documented as exact: float32 products
 accumulated in float32 (float64 for float64 streams), so any tensor-core instruction other than fp64 ``DMMA``
 (``HMMA ... TF32``, ``mma.sync ... tf32``, ``HGMMA``/``wgmma``, ``tcgen05.mma``) fails. Exit status 1 on a
 compile error, on spills above the bound (:func:`spill_bound`), on shared memory over the target's per-block
@@ -54,8 +55,10 @@ DTYPES = {"bf16": ("bfloat16", "float32"), "fp32": ("float32", "float32"), "fp64
 # --coverage, which drives the wrappers over the full grid without compiling): for each padded BLOCK_N of the
 # mixing kernels (2, 4, 8, 16, 32, 64) an n that is a multiple of 16 where the block holds one (16, 32, 64) and one
 # that is not (12, 24, 40); the families' K at n = 2, 4, 8 give the projection every BLOCK_K (16, 32, 64) with K a
-# multiple of 16 and not. The full grid adds sm_100 and repeats these builds at other n.
-CI_STREAMS = (2, 4, 8, 12, 16, 24, 32, 40, 64)
+# multiple of 16 and not; the streams' backward pass adds n = 6 (8 padded streams with a fused dW over 64 columns,
+# K = 37 and 48, and mhc-lite's K beyond one tile) and n = 11 (16 padded streams, n not a multiple of 16 where a
+# family's K is). The full grid adds sm_100 and repeats these builds at other n.
+CI_STREAMS = (2, 4, 6, 8, 11, 12, 16, 24, 32, 40, 64)
 SMEM_LIMIT = {90: 227 * 1024, 100: 227 * 1024}  # per block, the opt-in maximum (228 KiB per SM less 1 KiB)
 # Tensor-core instructions in SASS (HMMA: warp-level, TF32 included; HGMMA/IGMMA/QGMMA: Hopper warpgroup;
 # UTC*MMA: Blackwell tcgen05) and in PTX; DMMA / .f64 (exact fp64 products) is allowed in fp64 builds.
@@ -200,7 +203,8 @@ class Compiler:
         self.workdir = Path(tempfile.mkdtemp(prefix="s2hc-aot-"))
 
     def run(self, arch: int, dtype: str, op: str, streams, tokens: int, width: int, families=None):
-        """``op`` "mix": read_mix and write; "project": norm_project for every family's K; at each n."""
+        """``op`` "mix": read and write alone; "project": norm_project alone and a connection call (the three
+        joined by a Link) for every family's K; at each n."""
         torch, kern = self.torch, self.kernels
         stream_dtype, coeff_dtype = (getattr(torch, name) for name in DTYPES[dtype])
         self.stub.set_current_device(arch)
@@ -213,17 +217,26 @@ class Compiler:
             outputs = outputs if isinstance(outputs, tuple) else (outputs,)
             torch.autograd.grad(outputs, inputs, [torch.empty_like(o) for o in outputs])
 
+        def linked_call(x, weight, f):  # one connection call, its three kernels joined (the training step's builds)
+            link, n = kern.Link(), x.shape[1]
+            d = kern.norm_project(x.flatten(-2), weight, 1e-6, link)
+            pre, post, res = d[:, :n].sigmoid(), d[:, n:2 * n].sigmoid(), d[:, :n, None] * d[:, None, n:2 * n]
+            return kern.write(x, res, post, kern.read(x, pre, link) * f, link)
+
         for n in streams:
-            if op == "mix":
+            if op == "mix":  # read and write alone: each backward gives its own part of dX
                 self.config = [n, "-", width, dtype]
                 x, coefficients = meta(tokens, n, width, dt=stream_dtype), meta(tokens, n, dt=coeff_dtype)
-                forward_backward(kern.read_mix, x, coefficients, meta(tokens, n, n, dt=coeff_dtype))
-                forward_backward(kern.write, x, coefficients, meta(tokens, width, dt=stream_dtype))
+                forward_backward(kern.read, x, coefficients)
+                forward_backward(kern.write, x, meta(tokens, n, n, dt=coeff_dtype), coefficients,
+                                 meta(tokens, width, dt=stream_dtype))
                 continue
             for family, k in family_ks(n, families).items():
                 self.config = [n, family, k, dtype]
                 forward_backward(lambda x, w: kern.norm_project(x, w, 1e-6), meta(tokens, n * width, dt=stream_dtype),
                                  meta(n * width, k, dt=coeff_dtype))
+                forward_backward(linked_call, meta(tokens, n, width, dt=stream_dtype),
+                                 meta(n * width, k, dt=coeff_dtype), meta(tokens, width, dt=stream_dtype))
 
     def compile(self, kernel, grid, args, kwargs):
         arch = self.stub.capability

@@ -7,10 +7,13 @@ achieved bandwidth against a device-to-device copy and the PyTorch fast path of 
 The pieces, each forward and backward, for streams ``X`` ``(T, n, C)`` in ``dtype`` (float32 coefficients,
 as the connection gives them):
 
-- ``read_mix``: ``(H_pre X (T, C), H_res X (T, n, C))``;
-- ``write``: ``M + H_postᵀ F`` ``(T, n, C)``;
+- ``read``: ``H_pre X`` ``(T, C)``;
+- ``write``: ``H_res X + H_postᵀ F`` ``(T, n, C)``;
 - ``norm_project``: ``RMSNorm(vec X) W`` ``(T, K)`` with ``W`` ``(nC, K)``, K of each family at n (s2hc:
-  17, 65, 257 at n = 4, 8, 16; mhc: 24, 80, 288).
+  17, 65, 257 at n = 4, 8, 16; mhc: 24, 80, 288);
+- ``call``: the three as a connection call runs them, joined by a ``Link`` (one dX, dW from the same pass):
+  ``d = RMSNorm(vec X) W``, the matrices from ``d`` by a fixed small map, ``X' = H_res X + H_postᵀ (H_pre X · F)``,
+  with K of each family; its bytes are those of ``benchmarks/kernel_bytes.py``'s model.
 
 **Correctness** (every case): the outputs and the gradients of ``Σ outputs · G`` (random ``G``) of the Triton
 kernels and of the PyTorch fast path (:class:`s2hc.connection.fused.EagerPath`, what ``kernels="torch"``
@@ -26,7 +29,8 @@ difference). Fresh random inputs for every case; never zeros.
 **Time** (CUDA only): the median of ``triton.testing.do_bench`` (CUDA events, L2 flushed between calls) of
 each forward (no autograd graph) and each backward (``torch.autograd.grad`` over a kept graph) of both
 implementations, the bytes each must move at the least (each n-wide input read once and each output written
-once, the small coefficient tensors included), and achieved GB/s = bytes / time, against a measured
+once, the small coefficient tensors included; for ``call`` the two-pass floor of ``kernel_bytes.py`` and, as
+``model_*_bytes``, what its model says the kernels move), and achieved GB/s = bytes / time, against a measured
 device-to-device copy (``Tensor.copy_`` of 1 GiB, bytes read + written) and a copy of ``X`` itself. Launch
 overhead is included (``T = 8192`` tokens keeps each call well above it on an H200).
 
@@ -58,11 +62,17 @@ if not torch.cuda.is_available():  # before triton is imported: its decorators r
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT / "src") not in sys.path:  # s2hc from this tree, as gpu_check.sh runs it
     sys.path.insert(0, str(ROOT / "src"))
+if str(ROOT / "benchmarks") not in sys.path:  # kernel_bytes, beside this script
+    sys.path.insert(0, str(ROOT / "benchmarks"))
 
 TOLERANCE = {"float32": 5e-5, "bfloat16": 1e-2}
 # The PyTorch fast path is the comparison, not what is checked: in bf16 it rounds the coefficients to bf16 too
 # (EagerPath casts them to the streams' dtype), about doubling its error, so it is held to 4 x the tolerance.
 TORCH_SLACK = 4
+# A call's branch (F = h · f) is a PyTorch multiply in the streams' dtype: in bf16 its output F and its gradients dh
+# and df are rounded once more each, in both implementations (df lands near 1e-2 in both), so a bf16 call is held to
+# twice the tolerance.
+CALL_SLACK = 2
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 EPS = 1e-6
 COPY_BYTES = 1 << 30
@@ -81,11 +91,22 @@ def make_inputs(piece: str, n: int, c: int, k: int | None, tokens: int, dtype: t
     def rand(*shape, scale=1.0):
         return torch.rand(*shape, generator=g, device=device) * scale
 
-    if piece == "read_mix":
-        return [randn(tokens, n, c, to=dtype), rand(tokens, n, scale=2.0 / n), randn(tokens, n, n, scale=n**-0.5)]
+    if piece == "read":
+        return [randn(tokens, n, c, to=dtype), rand(tokens, n, scale=2.0 / n)]
     if piece == "write":
-        return [randn(tokens, n, c, to=dtype), rand(tokens, n, scale=2.0), randn(tokens, c, to=dtype)]
+        return [randn(tokens, n, c, to=dtype), randn(tokens, n, n, scale=n**-0.5), rand(tokens, n, scale=2.0),
+                randn(tokens, c, to=dtype)]
+    if piece == "call":
+        return [randn(tokens, n, c, to=dtype), randn(n * c, k, scale=(n * c) ** -0.5), randn(tokens, c, to=dtype)]
     return [randn(tokens, n * c, to=dtype), randn(n * c, k, scale=(n * c) ** -0.5)]
+
+
+def coefficients(d: torch.Tensor, n: int):
+    """``(H_pre, H_post, H_res)`` from ``d`` ``(T, K)``: a fixed small map standing in for a family's (the kernels
+    do not depend on which)."""
+    pre, post = torch.sigmoid(d[:, :n]) / n, 2 * torch.sigmoid(d[:, n:2 * n])
+    res = torch.tanh(d[:, :n, None] * d[:, None, n:2 * n]) / n + torch.eye(n, dtype=d.dtype, device=d.device)
+    return pre, post, res
 
 
 def implementations(piece: str, kernels) -> dict[str, Callable]:
@@ -94,14 +115,36 @@ def implementations(piece: str, kernels) -> dict[str, Callable]:
     from s2hc.connection.fused import EagerPath
 
     fast = EagerPath()
-    if piece == "read_mix":
+
+    def mix(x, res):
+        return torch.einsum("tij,tjc->tic", res.to(x.dtype), x)
+
+    if piece == "read":
         return {
-            "triton": kernels.read_mix, "torch": fast.read_mix,
-            "reference": lambda x, pre, res: ((pre.unsqueeze(-1) * x).sum(-2), torch.einsum("tij,tjc->tic", res, x)),
+            "triton": kernels.read, "torch": lambda x, pre: (pre.to(x.dtype).unsqueeze(-2) @ x).squeeze(-2),
+            "reference": lambda x, pre: (pre.unsqueeze(-1) * x).sum(-2),
         }  # fmt: skip
     if piece == "write":
-        return {"triton": kernels.write, "torch": fast.write,
-                "reference": lambda m, post, f: m + post.unsqueeze(-1) * f.unsqueeze(-2)}  # fmt: skip
+        return {"triton": kernels.write, "torch": lambda x, res, post, f: fast.write(mix(x, res), post, f),
+                "reference": lambda x, res, post, f: mix(x, res) + post.unsqueeze(-1) * f.unsqueeze(-2)}  # fmt: skip
+    if piece == "call":
+
+        def triton_call(x, w, f):
+            link, n = kernels.Link(), x.shape[1]
+            pre, post, res = coefficients(kernels.norm_project(x.flatten(-2), w, EPS, link), n)
+            return kernels.write(x, res, post, kernels.read(x, pre, link) * f, link)
+
+        def torch_call(x, w, f):
+            pre, post, res = coefficients(fast.norm_project(x.flatten(-2), None, w, EPS), x.shape[1])
+            h, mixed = fast.read_mix(x, pre, res)
+            return fast.write(mixed, post, h * f)
+
+        def reference_call(x, w, f):
+            d = torch.nn.functional.rms_norm(x.flatten(-2), (x.shape[-2] * x.shape[-1],), eps=EPS) @ w
+            pre, post, res = coefficients(d, x.shape[1])
+            return mix(x, res) + post.unsqueeze(-1) * ((pre.unsqueeze(-1) * x).sum(-2) * f).unsqueeze(-2)
+
+        return {"triton": triton_call, "torch": torch_call, "reference": reference_call}
     return {
         "triton": lambda x, w: kernels.norm_project(x, w, EPS),
         "torch": lambda x, w: fast.norm_project(x, None, w, EPS),
@@ -109,8 +152,9 @@ def implementations(piece: str, kernels) -> dict[str, Callable]:
     }  # fmt: skip
 
 
-OUTPUTS = {"read_mix": ("h", "mixed"), "write": ("out",), "norm_project": ("d",)}
-INPUTS = {"read_mix": ("x", "pre", "res"), "write": ("mixed", "post", "f"), "norm_project": ("x", "weight")}
+OUTPUTS = {"read": ("h",), "write": ("out",), "norm_project": ("d",), "call": ("out",)}
+INPUTS = {"read": ("x", "pre"), "write": ("x", "res", "post", "f"), "norm_project": ("x", "weight"),
+          "call": ("x", "weight", "f")}
 
 
 def as_tuple(value) -> tuple:
@@ -154,16 +198,29 @@ def errors(actual: list[torch.Tensor], expected: list[torch.Tensor], names: list
 
 def min_bytes(piece: str, n: int, c: int, k: int | None, tokens: int, size: int) -> tuple[int, int]:
     """The fewest bytes (forward, backward) ``piece`` must move: every input read once, every output written
-    once; ``size`` bytes per stream element, 4 per coefficient (float32)."""
+    once; ``size`` bytes per stream element, 4 per coefficient (float32). For ``call``, the two-pass floor of
+    ``kernel_bytes.py`` (the streams do not stay in cache across the branch), with W and dW."""
     t, wide, narrow = tokens, tokens * n * c * size, tokens * c * size
-    if piece == "read_mix":
-        small = t * n * 4 + t * n * n * 4  # pre, res (their gradients the same again backward)
-        return wide + narrow + wide + small, wide + wide + narrow + wide + 2 * small  # bwd: X, dM, dh -> dX
+    if piece == "read":
+        small = t * n * 4  # pre (its gradient the same again backward)
+        return wide + small + narrow, wide + narrow + wide + small  # bwd: X, dh -> dX, dpre
     if piece == "write":
-        small = t * n * 4
-        return wide + narrow + wide + small, wide + narrow + narrow + 2 * small  # bwd: dX', F -> dF, dpost
+        small = t * n * 4 + t * n * n * 4  # post, res
+        return wide + narrow + wide + small, wide + wide + narrow + narrow + wide + small  # bwd: dX', X, F -> dF, dX
     w = n * c * k * 4
+    if piece == "call":
+        return (3 * wide + 2 * narrow + w + t * k * 4,  # X, h | X, F, X'
+                5 * wide + 3 * narrow + 2 * w + t * k * 4)  # dX', X, F, dF | dX', dh, X, dX; W, dW
     return wide + w + t * k * 4, wide + t * k * 4 + w + wide + w  # bwd: X, dd, W -> dX, dW
+
+
+def model_bytes(n: int, c: int, k: int, tokens: int, dtype_name: str) -> tuple[int, int]:
+    """(forward, backward) bytes a ``call`` moves by ``kernel_bytes.py``'s model of the kernels (distinct bytes
+    of every access: the streams, the coefficients, W and dW)."""
+    import kernel_bytes
+
+    accesses = kernel_bytes.model(n, c, k, tokens, dtype_name)
+    return tuple(sum(a.unique for a in accesses if a.phase == phase) for phase in ("forward", "backward"))
 
 
 # ------------------------------------------------------------------------------------------ timing
@@ -217,12 +274,12 @@ def check_case(piece, family, n, c, k, tokens, dtype_name, device, kernels, meas
     with torch.no_grad():
         shapes = [o.shape for o in as_tuple(fns["reference"](*[t.double() for t in inputs]))]
     # the output gradients, rounded to each output's dtype, so that every implementation gets the same values
-    out_dtypes = [torch.float32] if piece == "norm_project" else [dtype] * len(shapes)
+    out_dtypes = [torch.float32] if piece == "norm_project" else [dtype] * len(shapes)  # (call: X' only)
     grads_out = [torch.randn(s, generator=g, device=device).to(d).double() for s, d in zip(shapes, out_dtypes)]
     names = [*OUTPUTS[piece], *(f"d{name}" for name in INPUTS[piece])]
     ref_out, ref_grads = run(fns["reference"], [t.double() for t in inputs], grads_out)
     reference = ref_out + ref_grads
-    tol = TOLERANCE[dtype_name]
+    tol = TOLERANCE[dtype_name] * (CALL_SLACK if piece == "call" and dtype_name == "bfloat16" else 1)
     case: dict[str, Any] = {
         "kind": "case", "piece": piece, "family": family, "n": n, "dim": c, "K": k, "tokens": tokens,
         "dtype": dtype_name, "tolerance": tol, "device": device.type,
@@ -256,6 +313,8 @@ def check_case(piece, family, n, c, k, tokens, dtype_name, device, kernels, meas
         torch_f, torch_b = time_piece(fns["torch"], inputs, grads_out, measure)
         case["timing"] = {
             "meaningful": device.type == "cuda", "fwd_bytes": fwd_bytes, "bwd_bytes": bwd_bytes,
+            **(dict(zip(("model_fwd_bytes", "model_bwd_bytes"), model_bytes(n, c, k, tokens, dtype_name)))
+               if piece == "call" else {}),
             "triton_fwd_ms": tri_f, "triton_bwd_ms": tri_b, "torch_fwd_ms": torch_f, "torch_bwd_ms": torch_b,
             "triton_fwd_gbs": gbs(fwd_bytes, tri_f), "triton_bwd_gbs": gbs(bwd_bytes, tri_b),
             "torch_fwd_gbs": gbs(fwd_bytes, torch_f), "torch_bwd_gbs": gbs(bwd_bytes, torch_b),
@@ -365,8 +424,9 @@ def main(argv: list[str] | None = None) -> int:
                 x_copy = {"kind": "copy", "what": f"X (T, n, C) {dtype_name}", "n": n, "dtype": dtype_name,
                           "bytes": 2 * x_bytes, "ms": ms, "gbs": gbs(2 * x_bytes, ms), "meaningful": gpu}  # fmt: skip
                 emit(x_copy)
-            cases = [("read_mix", None, None), ("write", None, None)]
+            cases = [("read", None, None), ("write", None, None)]
             cases += [("norm_project", family, k) for family, k in widths.items()]
+            cases += [("call", family, k) for family, k in widths.items()]
             for piece, family, k in cases:
                 seed += 2
                 total += 1

@@ -162,12 +162,19 @@ class ComputePath:
 
     Shapes: streams ``x`` ``(B, T, n, C)``; ``pre``, ``post`` ``(B, T, n)`` and ``res`` ``(B, T, n, n)`` in
     the coefficient dtype (at least float32); the branch's output ``(B, T, C)``. ``read_mix`` and
-    ``write`` return results in the streams' dtype, ``norm_project`` in the coefficient dtype.
+    ``write`` return results in the streams' dtype, ``norm_project`` in the coefficient dtype. One call of a
+    connection runs ``norm_project``, ``read_mix`` and ``write`` on the instance :meth:`for_call` gives.
     """
 
     name: str = ""
     #: whether the constraint map runs the family's broadcast form (``Mixer(d_res, fused=True)``)
     fused_mixer: bool = False
+
+    def for_call(self) -> ComputePath:
+        """The instance one call of a connection runs its three operations on (forward, and their backward): the
+        path itself; a path whose backward joins the three's gradients (the Triton path's one ``dX``) gives a
+        fresh one that ties them together."""
+        return self
 
     def norm_project(
         self, flat: torch.Tensor, norm_weight: torch.Tensor, projection: torch.Tensor, eps: float
@@ -177,12 +184,13 @@ class ComputePath:
         coefficient dtype."""
         raise NotImplementedError
 
-    def read_mix(self, x: torch.Tensor, pre: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The branch input ``H_pre X`` ``(B, T, C)`` and the mixed streams ``H_res X`` ``(B, T, n, C)``."""
+    def read_mix(self, x: torch.Tensor, pre: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The branch input ``H_pre X`` ``(B, T, C)`` and what :meth:`write` needs for ``H_res X``: the mixed
+        streams ``(B, T, n, C)``, or (a path that mixes in its write, reading X again) the streams and ``res``."""
         raise NotImplementedError
 
-    def write(self, mixed: torch.Tensor, post: torch.Tensor, branch_out: torch.Tensor) -> torch.Tensor:
-        """The new streams ``H_res X + H_postᵀ F`` ``(B, T, n, C)`` from ``mixed`` = ``H_res X``."""
+    def write(self, mixed: Any, post: torch.Tensor, branch_out: torch.Tensor) -> torch.Tensor:
+        """The new streams ``H_res X + H_postᵀ F`` ``(B, T, n, C)`` from :meth:`read_mix`'s ``mixed``."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

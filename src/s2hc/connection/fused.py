@@ -5,6 +5,8 @@ does not import triton)."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from ..mixers.base import coefficient_dtype
@@ -125,24 +127,36 @@ class CompiledPath(EagerPath):
         return h, mixed
 
 
+class _Mixing(NamedTuple):
+    """What the Triton path's write needs for ``H_res X``: it mixes there, reading the streams again."""
+
+    x: torch.Tensor
+    res: torch.Tensor
+
+
 class TritonPath(ComputePath):
     """``fused=True, kernels="triton"`` outside ``torch.compile``: :mod:`s2hc.connection.kernels`, one pass
     over ``X`` per operation, forward and backward. The kernels read the streams in any dtype and accumulate
-    in float32, so nothing is cast first. The constraint map (tens of floats per token) stays in PyTorch."""
+    in float32, so nothing is cast first. The read writes only ``H_pre X``: the write mixes (``H_res X`` is never
+    stored). The instance of one call (:meth:`for_call`) holds a :class:`~s2hc.connection.kernels.Link`, so that
+    the call's backward writes one ``dX`` (and ``dW`` in the same pass). The constraint map (tens of floats per
+    token) stays in PyTorch."""
 
     name = "triton"
     fused_mixer = False
 
-    def __init__(self, kernels):
-        self.kernels = kernels
+    def __init__(self, kernels, link=None):
+        self.kernels, self.link = kernels, link
+
+    def for_call(self) -> TritonPath:
+        return TritonPath(self.kernels, self.kernels.Link())
 
     def norm_project(self, flat, norm_weight, projection, eps):
         weight = _folded_weight(norm_weight, projection, coefficient_dtype(flat.dtype))
-        return self.kernels.norm_project(flat, weight, eps)
+        return self.kernels.norm_project(flat, weight, eps, self.link)
 
     def read_mix(self, x, pre, res):
-        return self.kernels.read_mix(x, pre, res)
+        return self.kernels.read(x, pre, self.link), _Mixing(x, res)
 
     def write(self, mixed, post, branch_out):
-        return self.kernels.write(mixed, post, branch_out.to(mixed.dtype))
-
+        return self.kernels.write(mixed.x, mixed.res, post, branch_out, self.link)

@@ -272,7 +272,7 @@ class HyperConnection(Connection):
                 return call_branch(branch, h.reshape(*lead, self.dim), a, k).reshape(h.shape)
 
             return self.forward(as_batch_time(x), flat_branch, *args, **kwargs).reshape(x.shape)
-        path = self.compute_path(x)
+        path = self.compute_path(x).for_call()
         with _stream_precision(x):
             pre, post, res = self._step_coefficients(x, path)
             branch_in, mixed = path.read_mix(x, pre, res)

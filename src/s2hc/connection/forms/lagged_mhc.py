@@ -121,7 +121,7 @@ class LaggedHyperConnection(HyperConnection):
             x4, pre4 = self.forward((x.reshape(1, -1, *x.shape[-2:]), carried.reshape(1, -1, x.shape[-2])),
                                     flat_branch, *args, **kwargs)
             return x4.reshape(x.shape), pre4.reshape(carried.shape)
-        path = self.compute_path(x)
+        path = self.compute_path(x).for_call()
         with _stream_precision(x):
             pre, post, res = self._step_coefficients(x, path)
             branch_in, mixed = path.read_mix(x, carried, res)  # the previous site's read weights
