@@ -4,23 +4,30 @@
     python benchmarks/gpu_check.py archive OUT_DIR      # OUT_DIR/current/* appended to OUT_DIR/raw.tar, removed
     python benchmarks/gpu_check.py summarize OUT_DIR    # OUT_DIR/summary.md and OUT_DIR/summary.json
     python benchmarks/gpu_check.py finish-step OUT_DIR  # archive, then summarize (after every step)
+    python benchmarks/gpu_check.py verdict OUT_DIR      # summarize, print the verdict; exit 0 (passed) or 1 (failed)
 
 The device returns at most 8 files from its output folder, so OUT_DIR holds only these (:data:`TOP_FILES`):
 ``summary.md`` and ``summary.json`` (rebuilt after every step, so a run cut short still has one),
-``steps.jsonl`` (one line per finished step: ``name``, ``kind`` ``setup``/``kernels``/``tests``/``bench``/
-``tool``, ``status`` ``ok``/``failed``/``timeout``/``skipped``, ``rc``, ``seconds``, ``limit_s``, ``args``,
-``note``), ``console.log`` (everything the script printed), ``raw.tar`` (an uncompressed tar, appended after
+``steps.jsonl`` (one line per finished step: ``name``, ``kind`` ``setup``/``connection``/``kernels``/``tests``/
+``bench``/``tool``, ``tier`` ``core``/``extra``, ``status`` ``ok``/``failed``/``cut``/``skipped``, ``rc``,
+``seconds``, ``limit_s``, ``args``, ``note``; ``cut`` is a step stopped at its time limit, which older files call
+``timeout``), ``console.log`` (everything the script printed), ``raw.tar`` (an uncompressed tar, appended after
 every step: every raw file of every finished step), and ``current/`` with the files of the step in progress,
 at most three (what a run killed mid-step still returns). A step ``NAME`` writes ``NAME.log`` (its output),
 and as its kind has them ``NAME.json`` (``s2hc bench --json``), ``NAME.jsonl`` (events as they happen:
-``s2hc bench --jsonl``, ``kernel_check.py --jsonl``), ``NAME.xml`` (pytest's JUnit XML); ``env`` writes
-``env.txt`` and ``env.json``.
+``s2hc bench --jsonl``, ``kernel_check.py --jsonl``, ``connection_time.py --jsonl``), ``NAME.xml`` (pytest's JUnit
+XML); ``env`` writes ``env.txt`` and ``env.json``.
 
 ``summarize`` reads all of it (the tar's members, the step in progress, and loose files of the older layout
 with one file per result in OUT_DIR) and never fails on a missing or broken file: what is missing is said in
 the summary. A bench without its JSON (cut by its time limit) is summarised from its events: its rows when
-they were written, else the median ratios of the repetitions it finished. Standard library only, so it runs
-wherever the script runs; ``tar -xf raw.tar`` unpacks the raw files anywhere.
+they were written, else the median ratios of the repetitions it finished.
+
+**The verdict** (:func:`verdict`): failed when a step failed (a non-zero exit that is not the time limit's), or when
+a test, kernel case or connection case that finished reports a failure, also inside a step cut for time; passed
+otherwise, whatever was cut for time or skipped with its reason: how fast or busy the machine is decides how much
+is measured, never whether the check passes. Standard library only, so it runs wherever the script runs;
+``tar -xf raw.tar`` unpacks the raw files anywhere.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from typing import Any
 # check's steps of one model on one GPU: a reference point, not a like-for-like comparison.
 MHC_PUBLISHED_OVERHEAD_PCT = 6.7
 PEER = "hyper-connections:mhc"
-STATUSES = ("ok", "failed", "timeout", "skipped", "cut")
+STATUSES = ("ok", "failed", "cut", "skipped")  # cut: stopped at its time limit (for time), never a failure
 ARCHIVE, CURRENT = "raw.tar", "current"
 TOP_FILES = ("summary.md", "summary.json", "steps.jsonl", "console.log", ARCHIVE)
 MAX_FILES, MAX_FILE_BYTES, MAX_TOTAL_BYTES = 8, 16 << 20, 64 << 20  # what the device returns
@@ -191,7 +198,8 @@ def returned_files(out: Path) -> dict[str, Any]:
 
 
 def read_steps(out: Path) -> list[dict[str, Any]]:
-    """The records of ``steps.jsonl``; a line that is not JSON becomes a ``failed`` step saying so."""
+    """The records of ``steps.jsonl`` (``timeout``, the older name, read as ``cut``); a line that is not JSON becomes
+    a ``failed`` step saying so."""
     path = out / "steps.jsonl"
     if not path.is_file():
         return []
@@ -200,9 +208,13 @@ def read_steps(out: Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            steps.append(json.loads(line))
+            step = json.loads(line)
         except json.JSONDecodeError:
             steps.append({"name": f"line {i}", "kind": "?", "status": "failed", "note": f"unreadable: {line!r}"})
+            continue
+        if step.get("status") == "timeout":  # the older files' name for a step stopped at its time limit
+            step["status"] = "cut"
+        steps.append(step)
     return steps
 
 
@@ -400,6 +412,52 @@ def read_kernels(raw: RawFiles, step: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def read_connection(raw: RawFiles, step: dict[str, Any]) -> dict[str, Any]:
+    """The connection timing's results (``NAME.jsonl`` of ``connection_time.py``): environment, copy bandwidth, the
+    floors, and the cases, each with its time over the residual add's on the same path and dtype."""
+    records = read_jsonl(raw.text(f"{step['name']}.jsonl"))
+    env = next((r for r in records if r.get("kind") == "environment"), None)
+    copy = next((r for r in records if r.get("kind") == "copy"), None)
+    floors = [r for r in records if r.get("kind") == "floor"]
+    cases = [r for r in records if r.get("kind") == "case"]
+    timed = {(c.get("family"), c.get("dtype"), c.get("path")): c for c in cases if c.get("ms")}
+    for case in cases:
+        residual = timed.get(("residual", case.get("dtype"), case.get("path")))
+        case["vs_residual"] = case["ms"] / residual["ms"] if case.get("ms") and residual else None
+    return {
+        "name": step["name"], "status": step.get("status"), "environment": env,
+        "copy_gbs": copy.get("gbs") if copy else None, "floors": floors, "cases": cases,
+        "done": next((r for r in records if r.get("kind") == "done"), None),
+        "failed": [c for c in cases if not c.get("ok", True)], "timed": len(timed),
+    }  # fmt: skip
+
+
+def verdict(summary: dict[str, Any]) -> dict[str, Any]:
+    """Whether the check passed: failed when a step failed, or when a test, kernel case or connection case that
+    finished failed (inside a step cut for time too); a step cut for time or skipped with its reason is no failure."""
+    failures = [f"step `{s.get('name')}` failed (exit {s.get('rc')})" for s in summary["steps"]
+                if s.get("status") == "failed"]  # fmt: skip
+    for run in summary["tests"]:
+        counts = run["counts"] or {}
+        bad = (counts.get("failed") or 0) + (counts.get("errors") or 0)
+        if bad:
+            failures.append(f"{bad} tests failed in `{run['name']}` ({run['status']}): "
+                            + ", ".join(counts.get("failures", [])[:5]))  # fmt: skip
+    for check in summary["kernels"]:
+        if check["failed"]:
+            failures.append(f"{len(check['failed'])} kernel cases failed in `{check['name']}` ({check['status']})")
+    for check in summary["connections"]:
+        if check["failed"]:
+            failures.append(f"{len(check['failed'])} connection cases failed in `{check['name']}` "
+                            f"({check['status']})")
+    counts = summary["step_counts"]
+    return {"passed": not failures, "failures": failures,
+            "text": ("passed: every step ok, skipped with its reason or cut for time" if not failures
+                     else "failed: " + "; ".join(failures))
+            + f" ({counts['ok']} ok, {counts['cut']} cut for time, {counts['skipped']} skipped, "
+            f"{counts['failed']} failed)"}  # fmt: skip
+
+
 def overheads(benches: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """s2hc's step-time overhead over residual at n = 4 in every bench run, against mHC's published 6.7 %,
     with mhc's and the peer's overhead in the same run for context."""
@@ -430,17 +488,18 @@ def tail(raw: RawFiles, step: dict[str, Any], lines: int = TAIL_LINES) -> list[s
 def _step_kind(name: str) -> str:
     if name.startswith("bench-"):
         return "bench"
-    if name == "kernels":
-        return "kernels"
+    if name in ("kernels", "connection"):
+        return name
     return "tests" if name.endswith("tests") else "tool"
 
 
 def in_progress_steps(raw: RawFiles, steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pseudo-records of the step whose files are still in ``current/`` (a run killed during it), status ``cut``."""
+    """Pseudo-records of the step whose files are still in ``current/`` (a run killed during it: cut for time),
+    status ``cut``."""
     known = {s.get("name") for s in steps}
     names = dict.fromkeys(Path(name).stem for name in raw.in_progress)
     return [{"name": name, "kind": _step_kind(name), "status": "cut", "rc": None, "seconds": None, "limit_s": None,
-             "args": "", "note": "in progress when the run ended: its files are in current/"}
+             "args": "", "note": "in progress when the run ended (cut for time): its files are in current/"}
             for name in names if name not in known and name != "env"]  # fmt: skip
 
 
@@ -455,21 +514,24 @@ def summarize(out: Path) -> dict[str, Any]:
         except json.JSONDecodeError:
             env = None
     mode = next((s.get("mode") for s in steps if s.get("mode")), None)
-    by_kind = {kind: [s for s in steps if s.get("kind") == kind] for kind in ("bench", "tests", "kernels")}
+    kinds = ("bench", "tests", "kernels", "connection")
+    by_kind = {kind: [s for s in steps if s.get("kind") == kind] for kind in kinds}
     benches = [read_bench(raw, s) for s in by_kind["bench"]]
     tests = [read_tests(raw, s) for s in by_kind["tests"]]
     counts = {status: sum(1 for s in steps if s.get("status") == status) for status in STATUSES}
-    tails = {s["name"]: tail(raw, s) for s in steps if s.get("status") in ("failed", "timeout", "cut")
+    tails = {s["name"]: tail(raw, s) for s in steps if s.get("status") in ("failed", "cut")
              or (s.get("kind") == "tool" and s.get("status") != "skipped")}  # fmt: skip
     summary = {
         "out_dir": str(out), "mode": mode, "generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "environment": env, "steps": steps, "step_counts": counts,
         "seconds": sum(s.get("seconds") or 0 for s in steps),
+        "connections": [read_connection(raw, s) for s in by_kind["connection"]],
         "kernels": [read_kernels(raw, s) for s in by_kind["kernels"]],
         "tests": tests, "benches": benches, "s2hc_vs_mhc_published": overheads(benches), "tails": tails,
         "in_progress": raw.in_progress,
         "archive": {"members": raw.archived, "error": raw.archive_error},
     }  # fmt: skip
+    summary["verdict"] = verdict(summary)
     returned = summary["returned"] = returned_files(out)  # the summaries, when not written yet, are added here
     for name in ("summary.md", "summary.json"):
         if not (out / name).exists():
@@ -557,6 +619,56 @@ def _kernel_lines(check: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _connection_lines(check: dict[str, Any]) -> list[str]:
+    env = check["environment"] or {}
+    lines = [f"### `{check['name']}` ({check['status']})", ""]
+    if not check["cases"] and not check["floors"]:
+        return lines + ["No result was written (see the step's log in `raw.tar`)."]
+    meaningful = bool(env.get("meaningful"))
+    copy = check["copy_gbs"]
+    n = env.get("streams")
+    lines.append(
+        f"{env.get('gpu') or env.get('device')}; B·T = {env.get('tokens')}, C = {env.get('dim')}, n = {n}; "
+        + (f"device copy {copy:,.0f} GB/s (read + written, measured in the step; the H200's datasheet: 4,800). "
+           if copy and meaningful else "times on the CPU are not measurements. ")
+        + "Floor: the fewest bytes the connection must move (`benchmarks/kernel_bytes.py`): two passes, "
+        "8n + 5 vectors of C per token (the streams not staying in cache across the branch), one pass 5n + 3; the "
+        "residual add 6. x floor: the time over the two-pass floor's at the copy bandwidth (1.0: only the floor's "
+        "bytes, at copy speed). x residual: over the residual add's, same path and dtype. First call: compilation "
+        "included. Error: the worst n-wide result against the eager path, ‖a − ref‖/‖ref‖."
+    )  # fmt: skip
+    if check["floors"]:
+        lines += ["", "| family | dtype | two-pass floor | one-pass floor | Triton kernels (model) |",
+                  "|---|---|---:|---:|---:|"]  # fmt: skip
+        for floor in check["floors"]:
+            model = "-"
+            if floor.get("model_bytes") is not None:
+                vectors = floor.get("model_vectors")
+                model = (f"{floor['model_ms']:.3f} ms ({floor['model_bytes'] / 1e9:.2f} GB"
+                         + (f", {vectors:.0f} vectors" if vectors else "") + ")")  # fmt: skip
+            lines.append(f"| {floor['family']} | {floor['dtype']} | {floor['two_pass_ms']:.3f} ms "
+                         f"({floor['vectors_two_pass']} vectors, {floor['two_pass_bytes'] / 1e9:.2f} GB) | "
+                         f"{floor['one_pass_ms']:.3f} ms | {model} |")  # fmt: skip
+    lines += ["", "| family | dtype | path | fwd+bwd | fwd | bwd | x floor | x residual | first call | error |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    for case in check["cases"]:
+        head = f"| {case.get('family')} | {case.get('dtype')} | {case.get('path')} |"
+        if case.get("skipped"):
+            lines.append(f"{head} skipped: {case['skipped']} | | | | | | |")
+        elif case.get("ms") is None:
+            lines.append(f"{head} **failed**: {'; '.join(case.get('problems', []))} | | | | | | |")
+        else:
+            flag = "" if case.get("ok", True) else " **no**"
+            lines.append(
+                f"{head} {case['ms']:.3f} ms{flag} | {case['fwd_ms']:.3f} | {case['bwd_ms']:.3f} | "
+                f"{_num(case.get('x_floor'), '.2f', 'x')} | {_num(case.get('vs_residual'), '.2f', 'x')} | "
+                f"{_num(case.get('first_call_s'), '.1f', ' s')} | {_num(case.get('worst_error'), '.1e')} |")
+    for case in check["failed"]:
+        lines.append(f"- failed: {case.get('family')} {case.get('dtype')} {case.get('path')}: "
+                     f"{'; '.join(case.get('problems', []))}")  # fmt: skip
+    return lines
+
+
 def markdown(summary: dict[str, Any]) -> str:
     lines = [f"# GPU check: summary ({summary['mode'] or 'unknown mode'})", ""]
     env = summary.get("environment") or {}
@@ -568,16 +680,25 @@ def markdown(summary: dict[str, Any]) -> str:
             "",
         ]
     counts = summary["step_counts"]
+    judged = summary["verdict"]
+    lines += [f"**Verdict: {judged['text']}.**", ""]
     lines += [f"Generated {summary['generated']}; {summary['seconds']:.0f} s of steps. Steps: "
-              + ", ".join(f"{counts[s]} {s}" for s in STATUSES) + ".", ""]  # fmt: skip
+              + ", ".join(f"{counts[s]} {s}" for s in STATUSES) + " (cut: stopped at its time limit, what it wrote "
+              "kept; no failure).", ""]  # fmt: skip
     if summary["in_progress"]:
         lines += [f"**Cut during a step**: its files are in `current/`: {', '.join(summary['in_progress'])}.", ""]
-    lines += ["## Steps", "", "| step | kind | status | rc | seconds | limit |", "|---|---|---|---:|---:|---:|"]
+    lines += ["## Steps", "", "| step | kind | tier | status | rc | seconds | limit |",
+              "|---|---|---|---|---:|---:|---:|"]  # fmt: skip
     for step in summary["steps"]:
         note = f" ({step['note']})" if step.get("note") else ""
-        lines.append(f"| {step.get('name')} | {step.get('kind')} | {step.get('status')}{note} | "
-                     f"{_num(step.get('rc'), 'd')} | {_num(step.get('seconds'), '.0f')} | "
+        lines.append(f"| {step.get('name')} | {step.get('kind')} | {step.get('tier') or '-'} | {step.get('status')}"
+                     f"{note} | {_num(step.get('rc'), 'd')} | {_num(step.get('seconds'), '.0f')} | "
                      f"{_num(step.get('limit_s'), '.0f')} |")  # fmt: skip
+    lines += ["", "## Connection: one call, forward + backward, against the memory-traffic floor", ""]
+    if not summary["connections"]:
+        lines.append("The connection timing did not run.")
+    for check in summary["connections"]:
+        lines += _connection_lines(check) + [""]
     lines += ["", "## Kernels: correctness against float64, time and bandwidth", ""]
     if not summary["kernels"]:
         lines.append("The kernel check did not run.")
@@ -689,7 +810,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("env", help="print the environment, write DIR/env.json").add_argument("out", type=Path)
     for name, text in (("archive", "append OUT_DIR/current/* to OUT_DIR/raw.tar"),
                        ("summarize", "write OUT_DIR/summary.md and summary.json"),
-                       ("finish-step", "archive, then summarize")):  # fmt: skip
+                       ("finish-step", "archive, then summarize"),
+                       ("verdict", "summarize, print the verdict; exit 0 when passed, 1 when failed")):  # fmt: skip
         sub.add_parser(name, help=text).add_argument("out", type=Path)
     args = parser.parse_args(argv)
     if args.command == "env":
@@ -703,6 +825,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "archive":
             return 0
     summary = summarize(args.out)
+    if args.command == "verdict":
+        print(f"verdict: {summary['verdict']['text']}")
+        return 0 if summary["verdict"]["passed"] else 1
     counts = summary["step_counts"]
     tested = [t["counts"] for t in summary["tests"] if t["counts"] and "error" not in t["counts"]]
     passed, total = sum(t["passed"] for t in tested), sum(t["total"] for t in tested)
