@@ -37,7 +37,8 @@
 # GPU_CHECK_MIN_STEP (the fewest seconds a step is started with: 15 on a GPU, 20 dry), GPU_CHECK_WORKERS
 # (pytest-xdist workers: 8 on a GPU, 2 dry), GPU_CHECK_AOT_ARGS (arguments of benchmarks/aot_compile.py).
 # Exit status 0 when every step passed, was skipped with its reason or was cut for time; 1 when a step failed (an
-# error, a failed test or case, also one that finished inside a step cut for time); 2 on bad usage. The device call: benchmarks/README.md, "GPU check".
+# error, a failed test or case, also one that finished inside a step cut for time); 2 on bad usage. The device
+# call: benchmarks/README.md, "GPU check".
 set -u -o pipefail
 
 usage() {
@@ -269,6 +270,9 @@ for pair in ${GPU_CHECK_LIMITS:+${GPU_CHECK_LIMITS//,/ }}; do
         fi
     done
     [[ -n $found ]] || { echo "$0: GPU_CHECK_LIMITS: $pair is not NAME=SECONDS for a step of the plan" >&2; exit 2; }
+done
+for only in ${GPU_CHECK_ONLY:+${GPU_CHECK_ONLY//,/ }}; do # a misspelt name would skip every step
+    [[ " ${P_NAME[*]} " == *" $only "* ]] || { echo "$0: GPU_CHECK_ONLY: $only is no step of the plan" >&2; exit 2; }
 done
 MIN_STEP=${GPU_CHECK_MIN_STEP:-$MIN_STEP}
 
