@@ -51,14 +51,12 @@ WIDTH = 768
 STREAMS = tuple(range(2, 65))
 # stream dtype -> (stream dtype, coefficient dtype) as the connection passes them (coefficient_dtype)
 DTYPES = {"bf16": ("bfloat16", "float32"), "fp32": ("float32", "float32"), "fp64": ("float64", "float64")}
-# The CI subset: the fewest n that give every distinct build of the full grid n = 2..64 on one target (checked by
-# --coverage, which drives the wrappers over the full grid without compiling): for each padded BLOCK_N of the
-# mixing kernels (2, 4, 8, 16, 32, 64) an n that is a multiple of 16 where the block holds one (16, 32, 64) and one
-# that is not (12, 24, 40); the families' K at n = 2, 4, 8 give the projection every BLOCK_K (16, 32, 64) with K a
-# multiple of 16 and not; the streams' backward pass adds n = 6 (8 padded streams with a fused dW over 64 columns,
-# K = 37 and 48, and mhc-lite's K beyond one tile) and n = 11 (16 padded streams, n not a multiple of 16 where a
-# family's K is). The full grid adds sm_100 and repeats these builds at other n.
-CI_STREAMS = (2, 4, 6, 8, 11, 12, 16, 24, 32, 40, 64)
+# The CI subset: n values whose builds together are every distinct build of the full grid n = 2..64 on one target
+# (checked by --coverage, which drives the wrappers over the full grid without compiling), picked greedily from the
+# dry run's block configurations: each padded BLOCK_N (2 to 64) with n a multiple of 16 and not, and the families'
+# K at these n giving every K block of the projection and of the streams' backward pass (fused dW or not), K a
+# multiple of 16 and not. The full grid adds sm_100 and repeats these builds at other n.
+CI_STREAMS = (2, 4, 6, 8, 11, 16, 24, 32, 38, 48)
 SMEM_LIMIT = {90: 227 * 1024, 100: 227 * 1024}  # per block, the opt-in maximum (228 KiB per SM less 1 KiB)
 # Tensor-core instructions in SASS (HMMA: warp-level, TF32 included; HGMMA/IGMMA/QGMMA: Hopper warpgroup;
 # UTC*MMA: Blackwell tcgen05) and in PTX; DMMA / .f64 (exact fp64 products) is allowed in fp64 builds.
@@ -243,7 +241,7 @@ class Compiler:
         if arch in self.unsupported:
             return
         name = kernel.fn.__name__
-        self.block_configs.add(block_config(name, args, kwargs))
+        self.block_configs.add(block_config(name, args, kwargs, unspecialised(kernel)))
         if self.dry:
             return
         log = io.StringIO()
@@ -257,7 +255,8 @@ class Compiler:
             if arch >= 100 and re.search(r"sm_1\d\da?\b.*(not|unsupported|Unknown)|gpu-name|[Uu]nsupported gpu", text):
                 self.unsupported[arch] = text.strip().splitlines()[-1][:300]
                 return
-            failed = f"sm_{arch} {block_config(name, args, kwargs)}"  # one error per configuration, its n listed
+            # one error per configuration, its n listed
+            failed = f"sm_{arch} {block_config(name, args, kwargs, unspecialised(kernel))}"
             known = next((e for e in self.errors if e["key"] == failed), None)
             if known:
                 known["streams"].append(self.config[0])
@@ -322,14 +321,20 @@ class Compiler:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
-def block_config(name: str, args, kwargs) -> str:
+def block_config(name: str, args, kwargs, unspecialised=()) -> str:
     """A launch's configuration, what makes one build differ from another on one target: the kernel, its pointer
     dtypes, its integer arguments' divisibility by 16 (triton specialises on it: K = 65 against K = 80 is 190
-    registers against 86), its constexprs and launch options."""
-    kinds = [str(a.dtype).replace("torch.", "") if hasattr(a, "dtype") else
+    registers against 86; not for the positions in ``unspecialised``, the kernel's ``do_not_specialize``), its
+    constexprs and launch options."""
+    kinds = [str(a.dtype).replace("torch.", "") if hasattr(a, "dtype") else "int" if i in unspecialised else
              ("1" if a == 1 else "16k" if a % 16 == 0 else "int") if isinstance(a, int) else type(a).__name__
-             for a in args]
+             for i, a in enumerate(args)]
     return f"{name}({','.join(kinds)}) " + " ".join(f"{k}={v}" for k, v in sorted(kwargs.items()))
+
+
+def unspecialised(kernel) -> set[int]:
+    """The argument positions a ``@triton.jit`` kernel does not specialise on (its ``do_not_specialize``)."""
+    return {p.num for p in getattr(kernel, "params", ()) if getattr(p, "do_not_specialize", False)}
 
 
 def _output(command) -> str:

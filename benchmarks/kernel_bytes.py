@@ -15,7 +15,8 @@ per call: the folded projection W (nC, K), dW). Besides the Triton kernels the m
 of the autograd functions that move wide tensors (a GEMM, a cast, autograd's sum of two gradients); PyTorch's
 per-token coefficient operations (the gates, the constraint map, K-wide products: tens of floats per token each)
 and the per-call fold of the norm's weight into W are left out. :func:`vectors_of_c` sums the wide accesses in
-units of one vector of C in the stream dtype per token.
+units of one vector of C in the stream dtype per token (:func:`dram_bytes`: a wide tensor's re-reads count, a small
+one is read once).
 
 Two layouts: ``"after"`` is today's kernels; ``"before"`` the kernels up to commit cd35c27 (read + mix writing
 ``M = H_res X``, a write reading M back, the dX of the read/mix and of the projection written separately and
@@ -52,6 +53,7 @@ from pathlib import Path
 SIZES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 LAYOUTS = ("before", "after")
 H200_BANDWIDTH = 4.8e12  # bytes per second, HBM3e (the datasheet's figure)
+H200_FP32 = 67e12  # FLOP per second, float32 on the CUDA cores (no tensor cores: the kernels' products are IEEE)
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,10 @@ def _before(n: int, c: int, k: int, tokens: int, stream: str) -> list[Access]:
 def streams_grid(n: int, c: int, k: int, tokens: int, fuse_dw: bool = True, wide_acc: bool = False) -> dict[str, int]:
     """The launch of the streams' backward pass (``_streams_bwd``, as ``kernels._streams_backward`` sizes it): its
     C block, its number of C blocks and of token ranges, and whether dW is formed in it."""
-    fused = fuse_dw and _pow2(k) <= 64
-    block_n = max(2, _pow2(n))
-    block_c = max(1, (16 if wide_acc else 64) // block_n)
+    block_n, block_k = max(2, _pow2(n)), max(16, _pow2(k))
+    fused_c = max(1, (16 if wide_acc else 32 if block_k > 64 else 64) // block_n)
+    fused = fuse_dw and block_k <= 128 and block_n * fused_c * block_k <= 4096
+    block_c = fused_c if fused else max(1, (16 if wide_acc else 64) // block_n)
     c_blocks, token_blocks = math.ceil(c / block_c), math.ceil(tokens / 16)
     splits = min(token_blocks, math.ceil(512 / c_blocks)) if fused else token_blocks
     split = math.ceil(token_blocks / splits) * 16
@@ -180,7 +183,7 @@ def _after(n: int, c: int, k: int, tokens: int, stream: str) -> list[Access]:
     """Today's kernels, one connection call with its :class:`~s2hc.connection.kernels.Link`: every n-wide input is
     read once per kernel and every output written once; W and the coefficients are re-read from cache."""
     b, d = _Builder(tokens, stream), n * c
-    token_blocks, col_blocks = math.ceil(tokens / 16), math.ceil(k / min(max(16, _pow2(k)), 64))
+    token_blocks, col_blocks = math.ceil(tokens / 16), 1 if k <= 128 else math.ceil(k / 64)
     # forward: the projection, the read (h only), the write (mixes, reading X again)
     b.wide("_norm_project_fwd", "x_ptr", "read", d, issued_per_token=d * col_blocks)  # once per column block
     b.call("_norm_project_fwd", "w_ptr", "read", d * k, issued=token_blocks * d * k)
@@ -234,17 +237,31 @@ def _after(n: int, c: int, k: int, tokens: int, stream: str) -> list[Access]:
     return b.accesses
 
 
+def dram_bytes(access: Access) -> int:
+    """What DRAM moves for ``access``, as the model estimates it: a wide tensor's every issued byte (it does not stay
+    in cache: the projection forward's second 64-column block of K reads X again after the first has streamed all
+    of it), a small or per-call tensor's distinct bytes once (W and the coefficients are re-read from cache)."""
+    return access.issued if access.kind == "wide" else access.unique
+
+
 def vectors_of_c(accesses: list[Access], c: int, tokens: int, stream: str, phase: str | None = None,
                  kernel: str | None = None) -> float:
-    """The wide accesses' unique bytes per token in vectors of C in the stream dtype (optionally of one ``phase``
-    or one ``kernel``)."""
+    """The wide accesses' bytes (:func:`dram_bytes`) per token in vectors of C in the stream dtype (optionally of
+    one ``phase`` or one ``kernel``)."""
     chosen = [a for a in accesses if a.kind == "wide" and phase in (None, a.phase) and kernel in (None, a.kernel)]
-    return sum(a.unique for a in chosen) / (tokens * c * SIZES[stream])
+    return sum(dram_bytes(a) for a in chosen) / (tokens * c * SIZES[stream])
 
 
 def total_bytes(accesses: list[Access]) -> int:
-    """Every access's unique bytes: what DRAM moves at the least (W and the coefficients once each)."""
-    return sum(a.unique for a in accesses)
+    """Every access's :func:`dram_bytes`: the streams, the coefficients and W."""
+    return sum(dram_bytes(a) for a in accesses)
+
+
+def projection_flops(n: int, c: int, k: int) -> int:
+    """Floating-point operations per token of the projection, forward and backward: ``X W`` forward, ``r dd Wᵀ`` in
+    dX and ``Xᵀ (r dd)`` for dW, ``2·nC·K`` each (the rest of the connection is O(n²C) per token). In IEEE float32
+    they run on the CUDA cores, not tensor cores: with the bytes they say whether a connection is bound by memory."""
+    return 6 * n * c * k
 
 
 def floor(n: int) -> dict[str, int]:
@@ -392,7 +409,7 @@ def compare(accesses: list[Access], launches: list[Launch], issued: str = "all")
 
 
 def report_lines(n: int, c: int, k: int, tokens: int, stream: str, bandwidth: float) -> list[str]:
-    lines = [f"n = {n}, C = {c}, K = {k}, {tokens} tokens, {stream} streams (vectors of C per token, unique bytes)"]
+    lines = [f"n = {n}, C = {c}, K = {k}, {tokens} tokens, {stream} streams (vectors of C per token)"]
     size = SIZES[stream]
     for layout in LAYOUTS:
         try:
@@ -406,6 +423,9 @@ def report_lines(n: int, c: int, k: int, tokens: int, stream: str, bandwidth: fl
                      f"{total_bytes(accesses) / bandwidth * 1e3:.2f} ms at {bandwidth / 1e12:.1f} TB/s)")
         for kernel in kernels_of(accesses):
             lines.append(f"      {kernel:34s} {vectors_of_c(accesses, c, tokens, stream, kernel=kernel):6.2f}")
+    flops = projection_flops(n, c, k) * tokens
+    lines.append(f"  the projection's {flops / 1e9:.0f} GFLOP (forward and backward): {flops / H200_FP32 * 1e3:.2f} ms "
+                 f"at {H200_FP32 / 1e12:.0f} TFLOP/s (float32, CUDA cores)")
     for name, vectors in floor(n).items():
         nbytes = vectors * tokens * c * size
         lines.append(f"  floor, {name.replace('_', ' ')}: {vectors} ({nbytes / bandwidth * 1e3:.2f} ms)")

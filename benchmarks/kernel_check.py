@@ -424,9 +424,10 @@ def main(argv: list[str] | None = None) -> int:
                 x_copy = {"kind": "copy", "what": f"X (T, n, C) {dtype_name}", "n": n, "dtype": dtype_name,
                           "bytes": 2 * x_bytes, "ms": ms, "gbs": gbs(2 * x_bytes, ms), "meaningful": gpu}  # fmt: skip
                 emit(x_copy)
-            cases = [("read", None, None), ("write", None, None)]
+            # the joined call first: what a connection runs, and what a time limit should not cut
+            cases = [("call", family, k) for family, k in widths.items()]
+            cases += [("read", None, None), ("write", None, None)]
             cases += [("norm_project", family, k) for family, k in widths.items()]
-            cases += [("call", family, k) for family, k in widths.items()]
             for piece, family, k in cases:
                 seed += 2
                 total += 1

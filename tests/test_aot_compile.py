@@ -1,9 +1,9 @@
 """The Triton kernels compiled ahead of time for Hopper with no GPU (``benchmarks/aot_compile.py``).
 
 The tool's CI subset runs in a subprocess with ``TRITON_INTERPRET`` unset (the root conftest sets it for this
-process, and triton reads it at import): sm_90, streams in bf16 / fp32 / fp64, n = 2, 4, 6, 8, 11, 12, 16, 24, 32,
-40, 64 (``CI_STREAMS``: every distinct build of the full grid n = 2..64 on one target, which ``--coverage`` checks
-by driving the wrappers over the full grid without compiling), K from every family's projection, 8 192 tokens,
+process, and triton reads it at import): sm_90, streams in bf16 / fp32 / fp64, n = 2, 4, 6, 8, 11, 16, 24, 32, 38,
+48 (``CI_STREAMS``: every distinct build of the full grid n = 2..64 on one target, which ``--coverage`` checks by
+driving the wrappers over the full grid without compiling), K from every family's projection, 8 192 tokens,
 C = 768, in a fresh triton cache, two processes. It fails on a compile error, on spills above
 ``spill_bound``, on shared memory over 227 KiB, on a tensor-core instruction in these exact kernels, and on a
 block configuration of the full grid it did not compile. The full grid (sm_90 and sm_100, every n) is

@@ -283,8 +283,9 @@ def test_linked_backward_writes_one_dx_and_no_torch_op_moves_streams():
 
 @pytest.mark.parametrize("k", [65, 80, 257])
 def test_norm_project_at_the_families_k(k):
-    """K of s2hc at n = 8 (65) and 16 (257), of mhc at n = 8 (80): K not a multiple of 16 takes the backward's
-    narrower K blocks (register pressure), K = 80 two 64-wide blocks, the second partly masked."""
+    """K of s2hc at n = 8 (65) and 16 (257), of mhc at n = 8 (80): up to 128 the forward's one column block (and the
+    backward's fused dW), 257 five 64-wide column blocks, the last partly masked, and the backward's 16-wide K
+    blocks with dW a GEMM."""
     g = torch.Generator().manual_seed(k)
     x, weight = randn(g, 19, 8 * 12), randn(g, 8 * 12, k)
     assert_same(lambda x, w: triton_kernels.norm_project(x, w, 1e-6),
@@ -399,21 +400,48 @@ def test_connection_bfloat16_with_triton_kernels():
 
 
 def test_model_with_triton_kernels_trains_like_torch():
-    """A whole Transformer: one loss and its gradients, kernels set on every connection."""
+    """A whole Transformer: one loss and its gradients, kernels set on every connection; and with every block's
+    activations checkpointed (its forward recomputed in backward makes new links, while the original call's
+    kernels run their backward through the original ones)."""
     from helpers import random_model
 
     model = random_model("s2hc", 4).to(DEVICE)
     tokens = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
     tokens = tokens.to(DEVICE)
     results = []
-    for kernels in ("torch", "triton"):
+    for kernels, checkpointed in (("torch", False), ("triton", False), ("triton", True)):
         for module in model.modules():
             if isinstance(module, HyperConnection):
                 module.set_options(kernels=kernels)
+        model.set_activation_checkpointing(checkpointed)
         model.zero_grad(set_to_none=True)
         loss = torch.nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
         loss.backward()
         results.append([loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for other in results[1:]:
+        assert len(other) == len(results[0])
+        for a, b in zip(other, results[0]):
+            assert_close_to_scale(a, b)
+
+
+def test_lagged_connection_with_triton_kernels():
+    """DeepSeek-V4.1's single-pass mHC reads with the previous site's H_pre (carried in its state) while its own
+    projection gives this site's: the link still joins this site's read, write and projection into one dX."""
+    from s2hc.connection.forms.lagged_mhc import LaggedHyperConnection
+
+    torch.manual_seed(0)  # the branch's initialisation
+    g = torch.Generator().manual_seed(1)
+    hc = LaggedHyperConnection(16, 4, layer_index=1)
+    randomize_(hc, g, 0.3)
+    hc, branch = hc.to(DEVICE), Branch(16).to(DEVICE)
+    x0, pre0 = randn(g, 2, 3, 4, 16), torch.rand(2, 3, 4, generator=g).to(DEVICE)
+    results = []
+    for kernels in ("torch", "triton"):
+        module = copy.deepcopy(hc).set_options(kernels=kernels)
+        x, pre = x0.clone().requires_grad_(), pre0.clone().requires_grad_()
+        out, pre_next = module((x, pre), branch)
+        ((out * 1.3).sum() + pre_next.square().sum()).backward()
+        results.append([out.detach(), pre_next.detach(), x.grad, pre.grad, *(p.grad for p in module.parameters())])
     for a, b in zip(*results):
         assert_close_to_scale(a, b)
 

@@ -121,18 +121,21 @@ def _norm_project_fwd(
         tl.store(inv_ptr + rows, inv_rms, mask=row_ok)
 
 
-# tl.dot needs every tile dimension >= 16 on GPUs; 64 columns keep the weight tile at 16 KiB (float32)
-_PROJECT_BLOCKS = dict(BLOCK_T=16, BLOCK_D=64)
-
-
-def _column_block(k: int) -> int:
-    return min(max(16, triton.next_power_of_2(k)), 64)
+def _project_blocks(k: int) -> dict:
+    """Blocks of :func:`_norm_project_fwd`: 16 tokens (tl.dot needs every tile dimension >= 16 on GPUs) x 64
+    features x all of K up to 128 columns (a second column block would read X again: s2hc's and mhc's K at n = 8 are
+    65 and 80), the features halved at 128 columns to keep W's tile at 16 KiB (float32); beyond, 64-column blocks."""
+    if k > 128:
+        return dict(BLOCK_T=16, BLOCK_D=64, BLOCK_K=64)
+    block_k = max(16, triton.next_power_of_2(k))
+    return dict(BLOCK_T=16, BLOCK_D=32 if block_k == 128 else 64, BLOCK_K=block_k)
 
 
 # ------------------------------------------------------------------ the streams' gradient (and dW)
 
 
-@triton.jit
+# T and N only bound loops and scale offsets (C keeps their alignment): specialising on them would only multiply builds
+@triton.jit(do_not_specialize=["T", "N"])
 def _streams_bwd(
     x_ptr, grad_out_ptr, res_ptr, grad_h_ptr, pre_ptr, g_ptr, coeff_ptr, w_ptr, grad_x_ptr, grad_w_ptr,
     T, N, C, K, SPLIT,
@@ -205,32 +208,37 @@ _STREAMS_PROGRAMS = 512  # C blocks x token ranges wanted at the least with a fu
 
 def _streams_blocks(n: int, k: int | None, fuse_dw: bool, wide_acc: bool) -> dict:
     """Blocks of :func:`_streams_bwd`: 16 tokens x all n (padded) streams x BLOCK_C columns, the projection's
-    features of a program BLOCK_F = BLOCK_N·BLOCK_C = 64 (32 with float64 accumulation; at least 16 for tl.dot),
-    so that its three (16, BLOCK_F) tiles, W's (K, BLOCK_F) tile and dW's (BLOCK_F, K) accumulator fit in registers
-    without spilling (sm_90, ``benchmarks/aot_compile.py``); with a fused dW all of K in one block, else 16."""
+    features of a program BLOCK_F = BLOCK_N·BLOCK_C = 64 (32 with a 128-column K, 16 with float64 accumulation; at
+    least 16 for tl.dot), so that its three (16, BLOCK_F) tiles, W's (K, BLOCK_F) tile and dW's (BLOCK_F, K)
+    accumulator fit in registers without spilling (sm_90, ``benchmarks/aot_compile.py``); with a fused dW all of K
+    in one block, else 16."""
     block_n = _pow2(n)
     block_k = max(16, triton.next_power_of_2(k)) if k is not None and fuse_dw else 16
-    block_f = 16 if wide_acc else 64
+    block_f = 16 if wide_acc else 32 if block_k > 64 else 64
     return dict(BLOCK_T=_STREAMS_BLOCK_T, BLOCK_N=block_n, BLOCK_C=max(1, block_f // block_n), BLOCK_K=block_k)
 
 
-def _fuses_dw(k: int) -> bool:
-    """Whether dW is formed in the streams' backward pass: K fits one 64-column tile (s2hc and mhc up to n = 6),
-    which W's tile and dW's accumulator hold through the token loop; else dW is a GEMM over X (one more read)."""
-    return triton.next_power_of_2(k) <= 64
+def _fuses_dw(n: int, k: int, wide_acc: bool) -> bool:
+    """Whether dW is formed in the streams' backward pass: K fits one tile of at most 128 columns and W's tile, held
+    through the token loop beside dW's accumulator, has at most 4 096 entries (s2hc and mhc up to n = 8; at 64 padded
+    streams only K up to 64); else dW is a GEMM over X (one more read of X)."""
+    block_k = max(16, triton.next_power_of_2(k))
+    block_f = _pow2(n) * _streams_blocks(n, k, True, wide_acc)["BLOCK_C"]
+    return block_k <= 128 and block_f * block_k <= 4096
 
 
 def _streams_backward(x, grad_out=None, res=None, grad_h=None, pre=None, g=None, coeff=None, weight=None,
                       want_dw: bool = False):
     """``dX`` ``(T, n, C)`` from the parts given (the mixing's ``grad_out``, ``res``; the read's ``grad_h``,
     ``pre``; the projection's ``g`` ``(T, K)``, ``coeff`` ``(T,)``, ``weight`` ``(nC, K)``), and with
-    ``want_dw`` the projection's ``dW`` ``(nC, K)`` from the same pass (None when K does not fit it)."""
+    ``want_dw`` the projection's ``dW`` ``(nC, K)`` from the same pass: None when K does not fit it, or when the
+    projection is alone (``HyperConnection.coefficients``' backward, not a connection call: a GEMM then)."""
     tokens, n, c = x.shape
     norm = g is not None
     k = weight.shape[1] if norm else 1
-    fuse = norm and want_dw and _fuses_dw(k)
     coeff_dtype = weight.dtype if norm else (res if res is not None else pre).dtype
     wide_acc = torch.promote_types(x.dtype, coeff_dtype) == torch.float64
+    fuse = norm and want_dw and (grad_out is not None or grad_h is not None) and _fuses_dw(n, k, wide_acc)
     blocks = _streams_blocks(n, k if norm else None, fuse, wide_acc)
     c_blocks = triton.cdiv(c, blocks["BLOCK_C"])
     token_blocks = triton.cdiv(tokens, blocks["BLOCK_T"])
@@ -265,12 +273,9 @@ class _NormProject(torch.autograd.Function):
         k = weight.shape[1]
         d = torch.empty(tokens, k, dtype=weight.dtype, device=x.device)
         inv_rms = torch.empty(tokens, dtype=weight.dtype, device=x.device)
-        block_k = _column_block(k)
-        grid = (triton.cdiv(tokens, _PROJECT_BLOCKS["BLOCK_T"]), triton.cdiv(k, block_k))
-        _norm_project_fwd[grid](
-            x, weight, d, inv_rms, tokens, width, k, eps,
-            ACC=_acc_dtype(weight.dtype), BLOCK_K=block_k, **_PROJECT_BLOCKS,
-        )
+        blocks = _project_blocks(k)
+        grid = (triton.cdiv(tokens, blocks["BLOCK_T"]), triton.cdiv(k, blocks["BLOCK_K"]))
+        _norm_project_fwd[grid](x, weight, d, inv_rms, tokens, width, k, eps, ACC=_acc_dtype(weight.dtype), **blocks)
         ctx.save_for_backward(x, weight, inv_rms, d)
         ctx.link = link
         ctx.set_materialize_grads(False)
