@@ -196,6 +196,7 @@ class Compiler:
         self.errors: list[dict] = []
         self.unsupported: dict[int, str] = {}
         self.config: list = []
+        self.op = ""
         self.seconds_compiling = 0.0
         self.pending: list = []
         self.workdir = Path(tempfile.mkdtemp(prefix="s2hc-aot-"))
@@ -204,6 +205,7 @@ class Compiler:
         """``op`` "mix": read and write alone; "project": norm_project alone and a connection call (the three
         joined by a Link) for every family's K; at each n."""
         torch, kern = self.torch, self.kernels
+        self.op = op
         stream_dtype, coeff_dtype = (getattr(torch, name) for name in DTYPES[dtype])
         self.stub.set_current_device(arch)
 
@@ -241,6 +243,8 @@ class Compiler:
         if arch in self.unsupported:
             return
         name = kernel.fn.__name__
+        if not self.dry and not owns(self.op, name, kwargs):  # another piece compiles it (and records it)
+            return
         self.block_configs.add(block_config(name, args, kwargs, unspecialised(kernel)))
         if self.dry:
             return
@@ -419,6 +423,16 @@ def plain(rows: list[dict]) -> str:
 def work_units(archs, dtypes) -> list[tuple[int, str, str]]:
     """(arch, dtype, op) pieces, each compiling builds no other piece shares (so workers never duplicate one)."""
     return [(arch, dtype, op) for arch in archs for dtype in dtypes for op in ("mix", "project")]
+
+
+def owns(op: str, kernel: str, constexprs: dict) -> bool:
+    """Whether the piece ``op`` compiles a launch of ``kernel``: "project" the projection's kernels (its forward and
+    the streams' backward with its part, alone or in a connection call), "mix" the rest (the read's and the write's
+    kernels, and the streams' backward without the projection's part). A connection call, driven by "project", also
+    launches the read's and write's kernels: the same builds as "mix" compiles at that n, left to it, so that two
+    workers never compile one build (the second would find it in the shared cache, without a ptxas log)."""
+    projection = kernel == "_norm_project_fwd" or (kernel == "_streams_bwd" and bool(constexprs.get("NORM")))
+    return projection == (op == "project")
 
 
 _LOADED: dict = {}

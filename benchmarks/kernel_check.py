@@ -215,12 +215,13 @@ def min_bytes(piece: str, n: int, c: int, k: int | None, tokens: int, size: int)
 
 
 def model_bytes(n: int, c: int, k: int, tokens: int, dtype_name: str) -> tuple[int, int]:
-    """(forward, backward) bytes a ``call`` moves by ``kernel_bytes.py``'s model of the kernels (distinct bytes
-    of every access: the streams, the coefficients, W and dW)."""
+    """(forward, backward) bytes a ``call`` moves by ``kernel_bytes.py``'s model of the kernels (``dram_bytes`` of
+    every access: the streams, the coefficients, W and dW)."""
     import kernel_bytes
 
     accesses = kernel_bytes.model(n, c, k, tokens, dtype_name)
-    return tuple(sum(a.unique for a in accesses if a.phase == phase) for phase in ("forward", "backward"))
+    phases = ("forward", "backward")
+    return tuple(sum(kernel_bytes.dram_bytes(a) for a in accesses if a.phase == phase) for phase in phases)
 
 
 # ------------------------------------------------------------------------------------------ timing

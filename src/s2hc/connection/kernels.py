@@ -121,14 +121,15 @@ def _norm_project_fwd(
         tl.store(inv_ptr + rows, inv_rms, mask=row_ok)
 
 
-def _project_blocks(k: int) -> dict:
+def _project_blocks(k: int, wide_acc: bool) -> dict:
     """Blocks of :func:`_norm_project_fwd`: 16 tokens (tl.dot needs every tile dimension >= 16 on GPUs) x 64
     features x all of K up to 128 columns (a second column block would read X again: s2hc's and mhc's K at n = 8 are
-    65 and 80), the features halved at 128 columns to keep W's tile at 16 KiB (float32); beyond, 64-column blocks."""
+    65 and 80), the features halved at 128 columns to keep W's tile at 16 KiB (float32; quartered in float64, which
+    spilled 24 B with triton 3.6); beyond, 64-column blocks."""
     if k > 128:
         return dict(BLOCK_T=16, BLOCK_D=64, BLOCK_K=64)
     block_k = max(16, triton.next_power_of_2(k))
-    return dict(BLOCK_T=16, BLOCK_D=32 if block_k == 128 else 64, BLOCK_K=block_k)
+    return dict(BLOCK_T=16, BLOCK_D=(16 if wide_acc else 32) if block_k == 128 else 64, BLOCK_K=block_k)
 
 
 # ------------------------------------------------------------------ the streams' gradient (and dW)
@@ -273,7 +274,7 @@ class _NormProject(torch.autograd.Function):
         k = weight.shape[1]
         d = torch.empty(tokens, k, dtype=weight.dtype, device=x.device)
         inv_rms = torch.empty(tokens, dtype=weight.dtype, device=x.device)
-        blocks = _project_blocks(k)
+        blocks = _project_blocks(k, weight.dtype == torch.float64)
         grid = (triton.cdiv(tokens, blocks["BLOCK_T"]), triton.cdiv(k, blocks["BLOCK_K"]))
         _norm_project_fwd[grid](x, weight, d, inv_rms, tokens, width, k, eps, ACC=_acc_dtype(weight.dtype), **blocks)
         ctx.save_for_backward(x, weight, inv_rms, d)
