@@ -434,11 +434,9 @@ def test_diagnose_static_reads_a_checkpoint_in_its_released_names(tmp_path, caps
         params = {k[len(f"layers.{layer}.hc_{('attn', 'ffn')[site]}_"):]: v.double() for k, v in tensors.items()
                   if k.startswith(f"layers.{layer}.hc_{('attn', 'ffn')[site]}_")}
         pre, post, comb = transcribed_mix(params, zero, N, 7, 1e-4, 1e-5)
-        torch.testing.assert_close(torch.tensor(result["matrices"]["pre"][index], dtype=torch.float64), pre[0, 0], rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(torch.tensor(result["matrices"]["post"][index], dtype=torch.float64), post[0, 0], rtol=1e-10,
-                                   atol=1e-12)
-        torch.testing.assert_close(torch.tensor(result["matrices"]["res"][index], dtype=torch.float64), comb[0, 0].T, rtol=1e-10,
-                                   atol=1e-12)
+        for key, expected in (("pre", pre[0, 0]), ("post", post[0, 0]), ("res", comb[0, 0].T)):
+            got = torch.tensor(result["matrices"][key][index], dtype=torch.float64)
+            torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
     out = tmp_path / "report"
     assert main(["diagnose", "--static", str(tmp_path), "--out", str(out)]) == 0
     assert "each site's read weights (pre) are read by the next site" in (out / "report.md").read_text()
