@@ -440,6 +440,21 @@ def _deepseek_connections(source: str, tensors: dict[str, torch.Tensor], config:
     return "mhc", n, options, connections, hyper_head
 
 
+def _headless_layers(source: str, tensors: dict[str, torch.Tensor], layers: int, why: str
+                     ) -> dict[str, torch.Tensor]:
+    """The DeepSeek-V4-named connection tensors of the model's ``layers`` layers (later ones, the released
+    checkpoints' multi-token-prediction layer, left out) of a design without a hyper-head: a head tensor is refused,
+    saying ``why``."""
+    kept = {}
+    for name, tensor in tensors.items():
+        match = next((m for m in (p.match(name) for p in _DSV4_KEYS) if m), None)
+        if match is None:
+            raise ValueError(f"{source!r}: tensor {name} is a hyper-head's; {why}")
+        if int(match["layer"]) < layers:
+            kept[name] = tensor
+    return kept
+
+
 def _glm_connections(source: str, tensors: dict[str, torch.Tensor], config: dict[str, Any]):
     """GLM-5.3 (config.json's model_type ``glm5_next`` or ``glm5_next_text``): DeepSeek-V4's connections (its
     tensors, its names), the settings from the text model's config; layers from ``num_hidden_layers`` on (the
@@ -451,13 +466,7 @@ def _glm_connections(source: str, tensors: dict[str, torch.Tensor], config: dict
                            maximum=MAX_LAYERS)
     except (ValueError, AttributeError) as error:
         raise ValueError(f"{source!r}: config.json (GLM-5.3): {error}") from None
-    kept = {}
-    for name, tensor in tensors.items():
-        match = next((m for m in (p.match(name) for p in _DSV4_KEYS) if m), None)
-        if match is None:
-            raise ValueError(f"{source!r}: tensor {name} is a hyper-head's; GLM-5.3 reads its streams by their mean")
-        if int(match["layer"]) < layers:
-            kept[name] = tensor
+    kept = _headless_layers(source, tensors, layers, "GLM-5.3 reads its streams by their mean")
     family, n, options, connections, head = _deepseek_connections(source, kept, text)
     options["eps"] = check_float("rms_norm_eps", text.get("rms_norm_eps", 1e-5), positive=True)
     return family, n, options, connections, head
@@ -474,14 +483,8 @@ def _deepseek_v41_connections(source: str, tensors: dict[str, torch.Tensor], con
         layers = check_int("num_hidden_layers", text.get("num_hidden_layers"), maximum=MAX_LAYERS)
     except (ValueError, AttributeError) as error:
         raise ValueError(f"{source!r}: config.json (DeepSeek-V4.1): {error}") from None
-    kept = {}
-    for name, tensor in tensors.items():
-        match = next((m for m in (p.match(name) for p in _DSV4_KEYS) if m), None)
-        if match is None:
-            raise ValueError(f"{source!r}: tensor {name} is a hyper-head's; DeepSeek-V4.1 has none (the final norm "
-                             "reads the streams with the last FFN site's pre)")
-        if int(match["layer"]) < layers:
-            kept[name] = tensor
+    kept = _headless_layers(source, tensors, layers, "DeepSeek-V4.1 has none (the final norm reads the streams "
+                            "with the last FFN site's pre)")
     _, n, _, read, _ = _deepseek_connections(source, kept, text)
     if n != settings["n_streams"]:
         raise ValueError(f"{source!r}: config.json says hc_mult={settings['n_streams']}, but base has {n} streams")
