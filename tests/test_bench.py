@@ -13,6 +13,8 @@ import torch
 from s2hc.bench import BenchSettings, measure, run
 from s2hc.cli import main
 from s2hc.devices import resolve_device
+from s2hc.flops import model_flops
+from s2hc.models import Transformer, get_preset
 
 TINY = BenchSettings(preset="tiny", batch_size=1, seq_len=8, repeats=1, steps=1, warmup=1, overrides={"n_layers": 1})
 STEP_KEYS = {"family", "label", "n_streams", "compiled", "step_s", "step_ratio_vs_residual", "step_ratio_min",
@@ -35,10 +37,22 @@ def test_step_rows_have_the_keys_and_residual_first():
     assert "eager on cpu" in measure.format_step_table(rows)
 
 
+def test_the_flop_ratio_is_the_models_count_against_residuals():
+    rows = measure.benchmark_steps(replace(TINY, memory=False), [measure.parse_variant("mhc", 4)])
+    counted = {family: model_flops(get_preset("tiny", n_layers=1, family=family, n_streams=n), 8)["train_per_token"]
+               for family, n in (("residual", 1), ("mhc", 4))}
+    assert rows[0]["flops_ratio_vs_residual"] == 1.0
+    assert rows[1]["train_flops_per_token"] == counted["mhc"]
+    assert rows[1]["flops_ratio_vs_residual"] == pytest.approx(counted["mhc"] / counted["residual"], rel=1e-12)
+    assert rows[1]["flops_ratio_vs_residual"] > 1.0  # the connections add arithmetic: a wrong base would not
+    assert f"| {rows[1]['flops_ratio_vs_residual']:.2f}× |" in measure.format_step_table(rows)
+
+
 def test_peer_runs_in_the_same_model():
     pytest.importorskip("hyper_connections")
     rows = measure.benchmark_steps(replace(TINY, memory=False), [measure.Variant(measure.PEER, 4)])
     assert rows[1]["family"] == measure.PEER and rows[1]["peak_mem_ratio_vs_residual"] is None
+    assert rows[1]["flops_ratio_vs_residual"] is None  # s2hc does not count the peer's model
 
 
 def test_coefficient_rows():
@@ -125,6 +139,18 @@ def test_cli_json(capsys):
     assert out["device"] == "cpu" and out["machine"].endswith("benchmarks ran on cpu")
     assert {row["device"] for row in out["steps"] + out["coefficients"]} == {"cpu"}
     assert [row["family"] for row in out["params"]][:2] == ["residual", "s2hc"]
+
+
+def test_cli_dim_widens_the_model_and_its_mlp_alike(capsys):
+    argv = [*CLI_TINY, "--families", "s2hc", "--streams", "2", "--dim", "64", "--no-memory", "--no-coefficients",
+            "--json"]  # fmt: skip
+    assert main(argv) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    tiny = get_preset("tiny")
+    config = get_preset("tiny", n_layers=1, dim=64, ffn_dim=tiny.ffn_dim * 64 // tiny.dim)
+    assert steps[0]["params"] == sum(p.numel() for p in Transformer(config).parameters())
+    assert main([*CLI_TINY, "--dim", "100"]) == 2  # 100 / 4 heads: an odd head width, refused by the model config
+    assert "head_dim" in capsys.readouterr().err
 
 
 def test_cli_table_and_bad_mixer(capsys):

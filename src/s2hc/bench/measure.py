@@ -48,6 +48,7 @@ from ..connection import COMPUTE_OPTIONS, forms, set_connection_options
 from ..connection.forms import CoefficientProbe, check_family
 from ..devices import autocast_dtype, cpu_model
 from ..extras import is_available, require
+from ..flops import model_flops
 from ..mixers import REFERENCE_FAMILY
 from ..models import Transformer, get_preset
 from ..reports import DASH, count, mib, ratio, table
@@ -210,6 +211,14 @@ def build_model(preset: str, variant: Variant, overrides: dict | None = None) ->
 
 
 # ------------------------------------------------------------------------------------------ measuring
+
+
+def train_flops(model: nn.Module, seq_len: int) -> float | None:
+    """Training FLOPs per token of ``model`` on sequences of ``seq_len`` tokens (:func:`s2hc.flops.model_flops`):
+    what its step would cost if time followed arithmetic. None for the peer, whose model s2hc does not count."""
+    config = getattr(model, "config", None)
+    return None if isinstance(model, PeerTransformer) or config is None else model_flops(config, seq_len)[
+        "train_per_token"]
 
 
 def live_tensor_bytes(*objects: Any) -> int:
@@ -459,6 +468,7 @@ def benchmark_steps(
             peaks[i] = peak_step_bytes(runner.step, runner.model, runner.optimizer, device=device)
         log("peak memory: " + ", ".join(f"{r.variant.label} {peaks[i] / 2**20:,.1f} MiB"
                                         for i, r in enumerate(runners)))  # fmt: skip
+    flops = [train_flops(runner.model, settings.seq_len) for runner in runners]
     rows = []
     for i, runner in enumerate(runners):
         ratio, low, high = _spread([t / b for t, b in zip(times[i], times[base])])
@@ -479,6 +489,8 @@ def benchmark_steps(
             "step_ratio_vs_without_ac": vs_plain[0], "step_ratio_vs_without_ac_min": vs_plain[1],
             "step_ratio_vs_without_ac_max": vs_plain[2],
             "peak_mem_ratio_vs_without_ac": peaks[i] / peaks[plain] if memory and plain is not None else None,
+            "train_flops_per_token": flops[i],
+            "flops_ratio_vs_residual": None if flops[i] is None else flops[i] / flops[base],
             "params": sum(p.numel() for p in runner.model.parameters()), "device": device.type,
             "dtype": precision,
         })  # fmt: skip
@@ -581,14 +593,16 @@ def format_step_table(rows: list[dict[str, Any]], peer_note: str | None = None) 
         mode += ", bf16 autocast"
     lines = [
         f"Training step (forward, backward, AdamW), preset {first['preset']}, batch {first['batch_size']} x "
-        f"sequence {first['seq_len']}, {mode}; ratios to residual within each repetition: median [min, max]",
+        f"sequence {first['seq_len']}, {mode}; ratios to residual within each repetition: median [min, max]; FLOPs: "
+        "training FLOPs per token (s2hc.flops), the ratio the step would have if time followed arithmetic",
         "",
     ]
     cells = [[row["label"], count(row["n_streams"]), f"{count(row['step_s'] * 1e3)} ms",
               f"{ratio(row['step_ratio_vs_residual'])} [{row['step_ratio_min']:.2f}, {row['step_ratio_max']:.2f}]",
-              count(row["tokens_per_s"]), mib(row["peak_mem_bytes"]), ratio(row["peak_mem_ratio_vs_residual"])]
+              ratio(row.get("flops_ratio_vs_residual")), count(row["tokens_per_s"]), mib(row["peak_mem_bytes"]),
+              ratio(row["peak_mem_ratio_vs_residual"])]
              for row in rows]
-    headers = ["family", "n", "step", "vs residual", "tokens/s", "peak memory", "vs residual"]
+    headers = ["family", "n", "step", "vs residual", "FLOPs vs residual", "tokens/s", "peak memory", "vs residual"]
     if any(row.get("step_ratio_vs_without_ac") is not None for row in rows):  # checkpointed twins ran
         headers += ["step vs without AC", "memory vs without AC"]
         for cell, row in zip(cells, rows):

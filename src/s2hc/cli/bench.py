@@ -71,6 +71,9 @@ def register(subparsers) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=8, help="sequences per step (default 8)")
     parser.add_argument("--seq-len", type=positive_int, default=256, help="tokens per sequence (default 256)")
     parser.add_argument("--layers", type=positive_int, default=None, help="override the preset's layer count")
+    parser.add_argument("--dim", type=positive_int, default=None, metavar="C",
+                        help="override the preset's width C; its MLP width scales with it, its heads stay (how cost "
+                        "grows with C)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch threads (default: torch's choice; 1 gives stable ratios on a shared machine)")
     parser.add_argument("--no-peer", action="store_true", help=f"leave out {PEER}")
@@ -97,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         variants = [measure.parse_variant(t, args.streams) for t in args.families.split(",") if t.strip()]
         settings = BenchSettings(
-            preset=args.preset, overrides={} if args.layers is None else {"n_layers": args.layers},
+            preset=args.preset, overrides=_overrides(args),
             n_streams=args.streams, batch_size=args.batch_size, seq_len=args.seq_len, compile=args.compile,
             activation_checkpointing=args.activation_checkpointing, repeats=args.repeats, steps=args.steps,
             memory=not args.no_memory, coefficients=not args.no_coefficients, peer=not args.no_peer,
@@ -113,6 +116,17 @@ def run(args: argparse.Namespace) -> int:
         args.subparser.error(str(error))
     print(json.dumps(result, indent=2) if args.json else format_report(result))
     return 0
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    """The ModelConfig fields ``--layers`` and ``--dim`` change: ``--dim`` keeps the preset's MLP ratio."""
+    from ..models import get_preset
+
+    overrides = {} if args.layers is None else {"n_layers": args.layers}
+    if args.dim is not None:
+        preset = get_preset(args.preset)
+        overrides.update(dim=args.dim, ffn_dim=round(preset.ffn_dim * args.dim / preset.dim))
+    return overrides
 
 
 def log(text: str) -> None:
