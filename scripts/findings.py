@@ -142,6 +142,10 @@ class Comparison:
     rejected: bool | None = None
     alpha: float = 1 - stats.LEVEL
     alternative: str = "two-sided"
+    #: a pre-registered test's own interval (the one its decision reads: one-sided for a one-sided test, 1 − 2α for
+    #: an equivalence test) and the size of its Holm family (None: a single test, nothing adjusted)
+    bound: list[float] | None = None
+    family: int | None = None
 
     def d(self, digits: int) -> Comparison:
         """The same comparison printed with ``digits`` decimals."""
@@ -203,8 +207,22 @@ class Comparison:
 
     def cite(self) -> str:
         """The interval with its seeds, adjusted p and kind: ``+0.003 [−0.014, +0.020] (5 seeds, Holm p 1.000,
-        confirmatory)``."""
-        return f"{self} ({_seed_count(self.seeds)}, Holm p {self.p_holm}, {self.kind})"
+        confirmatory)``. A pre-registered test gives the interval and the p its decision reads: ``−0.015
+        [−∞, −0.002] (one-sided 95 % bound; 5 seeds, p 0.032 one-sided, pre-registered)``, with ``Holm p … over m``
+        where it is one of m registered tests."""
+        if self.kind != "pre-registered" or self.bound is None:
+            return f"{self} ({_seed_count(self.seeds)}, Holm p {self.p_holm}, {self.kind})"
+        k, (low, high) = self.digits, self.bound
+        ends = [("−∞" if v == -math.inf else "+∞") if math.isinf(v) else _minus(f"{v:+.{k}f}") for v in (low, high)]
+        if self.alternative == "equivalence":
+            what, sides = f"{100 * (1 - 2 * self.alpha):.0f} % interval of the equivalence test", "TOST"
+        else:
+            sided = "two-sided" if self.alternative == "two-sided" else "one-sided"
+            what, sides = f"{sided} {100 * (1 - self.alpha):.0f} % bound", sided
+        p = f"p {_p(self.p)} {sides}" if not self.family or self.family == 1 else (
+            f"Holm p {self.p_holm} over {self.family}, {sides}")
+        mean = _minus(f"{self.mean:+.{k}f}")
+        return f"{mean} [{ends[0]}, {ends[1]}] ({what}; {_seed_count(self.seeds)}, {p}, pre-registered)"
 
     def seed_values(self, digits: int = 3) -> str:
         """The per-seed differences: ``+0.074, +0.004, ...`` in seed order."""
@@ -526,7 +544,8 @@ class Study:
             holm = entry["p_holm"]
         return Comparison(self.name, entry["name"], against, entry["mean"], *entry["ci95"], entry["p"],
                           entry["seeds"], entry["per_seed"], "pre-registered", holm, rejected=entry["rejected"],
-                          alpha=test["alpha"], alternative=test.get("alternative") or "two-sided")
+                          alpha=test["alpha"], alternative=test.get("alternative") or "two-sided",
+                          bound=entry.get("bound"), family=entry.get("holm_m"))
 
     @property
     def registered_alpha(self) -> Number:
@@ -634,9 +653,11 @@ class Study:
             rows.append(row)
         return "\n".join(rows)
 
-    def verdict_table(self, against: str) -> str:
+    def verdict_table(self, against: str, labels: dict[str, str] | None = None) -> str:
         """Every configuration's verdict at equal cost against configuration ``against``, as a Markdown table:
-        Δ validation loss, step time, token speedup, wall-clock speedup (its device) and MFU (:meth:`verdict`)."""
+        Δ validation loss, step time, token speedup, wall-clock speedup (its device) and MFU (:meth:`verdict`);
+        ``labels`` renames configurations."""
+        labels = labels or {}
         rows = ["| configuration | Δ validation loss [95 % CI], Holm p | step time | token speedup [95 % CI], Holm p | "
                 "wall-clock speedup [95 % CI], Holm p | MFU [95 % CI] |", "|---|---:|---:|---:|---:|---:|"]
         devices: list[str] = []
@@ -647,7 +668,8 @@ class Study:
         for entry in baseline:
             verdict = Verdict(entry)
             step = entry.get("step_time_ratio")
-            rows.append(f"| {entry['configuration']} | {verdict.loss} | {'–' if step is None else f'{step:.2f}×'} | "
+            name = labels.get(entry["configuration"], entry["configuration"])
+            rows.append(f"| {name} | {verdict.loss} | {'–' if step is None else f'{step:.2f}×'} | "
                         f"{verdict.token_short} | {verdict.wall_short} | {verdict.mfu} |")
             if entry["wall_clock_speedup"].get("device") not in (None, *devices):
                 devices.append(entry["wall_clock_speedup"]["device"])

@@ -203,6 +203,38 @@ def test_an_interval_moved_across_zero_stops_the_sentence_it_guards(tmp_path):
         render_pages(root)
 
 
+def test_a_registered_test_is_cited_with_the_bound_and_the_p_its_decision_reads():
+    """The production study registered one-sided tests: the primary (one test) is cited with its one-sided bound and
+    its own p, each secondary with the Holm p over the registered contrasts, never a two-sided interval beside them."""
+    import json
+
+    production = Study("production", json.loads((ROOT / "docs" / "production" / "results.json").read_text()))
+    primary = production.registered()
+    assert primary.bound[0] == float("-inf") and primary.bound[1] < primary.high  # one-sided: tighter than two-sided
+    assert primary.cite().startswith(f"{Number(primary.mean).s(3)} [−∞, ")
+    assert f"p {Number(primary.p).f(3)} one-sided, pre-registered" in primary.cite() and "Holm" not in primary.cite()
+    paper = production.registered("attn-res (block_size=2)")
+    assert f"Holm p {paper.p_holm} over 7, one-sided" in paper.cite() and paper.family == 7
+    assert f"{paper.high:+.3f}".replace("-", "−") not in paper.cite()  # the two-sided end is not what it decides by
+
+
+def test_attention_residuals_no_longer_lowering_the_loss_stops_the_verdict(tmp_path):
+    """The Verdict and README say both AttnRes reads lower the loss alone: one seed of the paper's read raised by 0.1
+    takes its registered test below its adjustment, and the rendering refuses."""
+    import json
+
+    root = _copy_repository(tmp_path)
+    path = root / "docs" / "production" / "results.json"
+    results = json.loads(path.read_text())
+    for row in results["rows"]:
+        if row["label"] == "attn-res (block_size=2)" and row["seed"] == 0:
+            row["val_loss"] += 0.1
+    path.write_text(json.dumps(results))
+    assert not Study("production", results).registered("attn-res (block_size=2)").clears
+    with pytest.raises(ValueError, match="both AttnRes reads confirmed alone"):
+        render_pages(root)
+
+
 def test_a_damaged_results_json_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
     """A hand-damaged docs/*/results.json stops the render with one line naming the file, not a traceback."""
     import render_findings
