@@ -123,6 +123,12 @@ def _static(args: argparse.Namespace) -> int:
               f"{result['tensors_read']} tensors read; no residual matrix, their learned maps measured")
         print(f"Report: {out / REPORT_NAME}")
         return 0
+    if "depth_reads" in result:  # Attention Residuals: what its depth reads can do
+        from ..hf.static_attn_res import line
+
+        print(line(result))
+        print(f"Report: {out / REPORT_NAME}")
+        return 0
     head = result["headline"]
     print(
         f"{result['family']} (n = {result['n_streams']}, {result['layout']} layout), {result['depth']} connections, "
@@ -193,6 +199,12 @@ def _checkpoint(args: argparse.Namespace) -> int:
                                           f"(of {result['n_streams']}, interior connections)")
         print(f"{result['family']} (n = {result['n_streams']}), {result['depth']} connections, no residual matrix"
               f"{reads}")
+        print(f"Report: {out / REPORT_NAME}")
+        return 0
+    if "depth_reads" in result:  # Attention Residuals: what its depth reads can do
+        from ..hf.static_attn_res import line
+
+        print(line(result))
         print(f"Report: {out / REPORT_NAME}")
         return 0
     head = result["headline"]

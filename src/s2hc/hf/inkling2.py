@@ -67,7 +67,7 @@ from .one_stream import setting, text_config
 __all__ = [
     "DESIGN", "FAMILY_OPTIONS", "KEY_NORM_EPS", "MODEL_TYPE", "TEXT_MODEL_TYPE", "check_attn_res",
     "connection_from_hf", "connection_options", "connection_state_from_hf", "connection_state_to_hf",
-    "connection_to_hf", "family_options", "full_attention_layers", "head_from_hf", "head_to_hf",
+    "connection_to_hf", "family_options", "full_attention_layers", "head_from_hf", "head_to_hf", "is_connection_tensor",
     "model_connections_from_hf", "model_connections_to_hf",
 ]  # fmt: skip
 
@@ -216,21 +216,42 @@ def head_to_hf(head: AttnResHead, hf_config: Any | None = None) -> dict[str, tor
 
 _HF_KEY = re.compile(r"^(?P<prefix>(?:.*\.)?)(?:layers\.(?P<layer>\d+)\.(?P<module>attention_input|mlp_input)"
                      r"|final_input)\.query$")
-_SLOTS = {"attention_input": "attn_hc", "mlp_input": "mlp_hc"}
+#: The released checkpoints' names (transformers renames them on loading, ``conversion_mapping.py``): the queries of
+#: the attentions of layers 1, 2, ... as ``attn_queries.0``, 1, ... (layer 0's has none), the MLPs' by their layer.
+_RELEASED_KEY = re.compile(r"^(?P<prefix>(?:.*\.)?)attn_res\.(?:(?P<module>attn_queries|mlp_queries)\.(?P<index>\d+)"
+                           r"|output_query)$")
+_SLOTS = {"attention_input": "attn_hc", "mlp_input": "mlp_hc", "attn_queries": "attn_hc", "mlp_queries": "mlp_hc"}
+
+
+def is_connection_tensor(name: str) -> bool:
+    """Whether ``name`` is an attention residual's query, in transformers' names or the released checkpoints'."""
+    return bool(_HF_KEY.match(name) or _RELEASED_KEY.match(name))
+
+
+def _s2hc_name(key: str) -> str | None:
+    """The s2hc name of the query ``key`` (either naming), None for another tensor."""
+    if match := _HF_KEY.match(key):
+        return ("stream_head.query" if match["layer"] is None
+                else f"blocks.{match['layer']}.{_SLOTS[match['module']]}.query")
+    if match := _RELEASED_KEY.match(key):
+        if match["module"] is None:
+            return "stream_head.query"
+        layer = int(match["index"]) + (match["module"] == "attn_queries")
+        return f"blocks.{layer}.{_SLOTS[match['module']]}.query"
+    return None
 
 
 def model_connections_from_hf(state: Mapping[str, torch.Tensor], hf_config: Any) -> dict[str, torch.Tensor]:
     """Every attention-residual query of an Inkling-2 state dict (any prefix before ``layers`` and
-    ``final_input``) under s2hc's Transformer names (``blocks.{i}.attn_hc.query``, ``blocks.{i}.mlp_hc.query``,
+    ``final_input``; or the released checkpoints' ``attn_res.{attn,mlp}_queries.{i}`` and ``attn_res.output_query``)
+    under s2hc's Transformer names (``blocks.{i}.attn_hc.query``, ``blocks.{i}.mlp_hc.query``,
     ``stream_head.query``), copies, each checked against the config's shape (``(3, C)`` for a full-attention
     layer's attention); the other tensors are left out. ValueError naming a missing, unexpected or misshapen one."""
     found = {}
     for key, value in state.items():
-        match = _HF_KEY.match(key)
-        if match is None:
+        name = _s2hc_name(key)
+        if name is None:
             continue
-        name = ("stream_head.query" if match["layer"] is None
-                else f"blocks.{match['layer']}.{_SLOTS[match['module']]}.query")
         if name in found:
             raise ValueError(f"{DESIGN} state: two tensors map to {name} (one prefix per state dict)")
         found[name] = value

@@ -53,7 +53,7 @@ from .one_stream import setting, text_config
 __all__ = [
     "ATTN_RES_BLOCK_SIZE", "DESIGN", "MODEL_TYPE", "TEXT_MODEL_TYPE", "connection_from_hf", "connection_options",
     "connection_state_from_hf", "connection_state_to_hf", "connection_to_hf", "family_options", "head_from_hf",
-    "head_to_hf", "model_connections_from_hf", "model_connections_to_hf",
+    "head_to_hf", "is_connection_tensor", "model_connections_from_hf", "model_connections_to_hf",
 ]  # fmt: skip
 
 #: the ``model_type`` of the released model (``KimiK3Config``); its text config's is :data:`TEXT_MODEL_TYPE`.
@@ -163,6 +163,11 @@ def head_to_hf(head: AttnResHead, hf_config: Any | None = None) -> dict[str, tor
 _HF_KEY = re.compile(r"^(?P<prefix>(?:.*?\.)?)(?:layers\.(?P<layer>\d+)\.)?(?P<module>self_attention_res|mlp_res"
                      r"|output_attn_res)_(?P<part>proj|norm)\.weight$")
 _SLOTS = {"self_attention_res": "attn_hc", "mlp_res": "mlp_hc"}
+
+
+def is_connection_tensor(name: str) -> bool:
+    """Whether ``name`` is one of an attention residual's two tensors (its projection or its norm's weight)."""
+    return _HF_KEY.match(name) is not None
 _PARTS = {"proj": "query", "norm": "key_norm_weight"}
 
 

@@ -56,7 +56,7 @@ from ..io import json_kind, read_json_object
 from ..mixers.mhc import DEEPSEEK_V4_EPS
 from ..models import ModelConfig
 from ..reports import number, table
-from . import deepseek_v41, glm5_next, hy_v4, qwen4_exp, static_one_stream
+from . import deepseek_v41, glm5_next, hy_v4, qwen4_exp, static_attn_res, static_one_stream
 from .deepseek_v4 import connection_from_hf, connection_options
 from .weights import read_safetensors
 
@@ -693,11 +693,15 @@ def diagnose_static(path: str | Path, out: str | Path | None = None) -> dict[str
     ``matrices`` (``pre``, ``post``, ``res`` as nested lists), ``basis`` (what the matrices are: the biases
     alone, or a zero input for the gated residual), ``stream_weights`` (:func:`stream_weights` for the gated
     residual, else None) and the summary's keys. A one-stream design (Muse Spark, Ergo, ZAYA, Beam: no residual
-    matrix) gives its learned maps instead (:mod:`s2hc.hf.static_one_stream`)."""
+    matrix) gives its learned maps instead (:mod:`s2hc.hf.static_one_stream`), an Attention Residuals design
+    (Inkling-2, Kimi-K3) the bounds of its depth reads (:mod:`s2hc.hf.static_attn_res`)."""
     config = static_one_stream.read_config(path)
-    design = static_one_stream.design_of(config)
-    if design is not None:
+    result = None
+    if (design := static_one_stream.design_of(config)) is not None:
         result = static_one_stream.diagnose_one_stream(path, config, design)
+    elif (design := static_attn_res.design_of(config)) is not None:
+        result = static_attn_res.diagnose_attn_res(path, config, design)
+    if result is not None:
         if out is not None:
             write_static(result, out)
         return result
@@ -734,6 +738,9 @@ def write_static(result: dict[str, Any], out: str | Path) -> Path:
     diagnostics_report.write_json(out / JSON_NAME, result)
     if "learned_maps" in result:  # a one-stream design: its maps, no matrices to draw
         diagnostics_report.write_text(out / diagnostics_report.REPORT_NAME, static_one_stream.report(result))
+        return out
+    if "depth_reads" in result:  # Attention Residuals: the bounds of its reads
+        diagnostics_report.write_text(out / diagnostics_report.REPORT_NAME, static_attn_res.report(result))
         return out
     figures = diagnostics_report.write_figures(out, {result["family"]: result}, with_streams=False)
     diagnostics_report.write_text(out / diagnostics_report.REPORT_NAME, _report(result, figures, out))

@@ -202,6 +202,32 @@ class DepthAttention(ConnectionModule):
     def forward(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return self.read(_check_sources(sources, None, self.dim, type(self).__name__))[0]
 
+    def read_bounds(self, num_sources: int) -> list[dict[str, float]]:
+        """What the weights alone say this read can do over ``num_sources`` sources, whatever the sources hold
+        (``s2hc diagnose --static``), one dict per query (none without a read). The logits are ``uᵀ k̂`` with ``u``
+        the effective query (the pseudo-query, times the key norm's weight where it has one, times ``C^-1/2`` where
+        the logits are scaled) and ``k̂`` a source RMS-normalised, ``‖k̂‖₂ ≤ √C``: so they lie within
+        ``±‖u‖₂ √C``, their range is at most ``R = 2 ‖u‖₂ √C`` (``logit_range``), and the weight any one of the S
+        sources can get lies between ``weight_min = 1 / (1 + (S − 1) e^R)`` and ``weight_max = e^R / (e^R + S −
+        1)``, both ``1/S`` for a zero query (the initialisation: a uniform read). Also ``query_norm`` ``‖u‖₂``.
+        Bounds, reached only by sources aligned with ``±u``; computed in float64."""
+        num_sources = check_int("num_sources", num_sources)
+        if not self.reads:
+            return []
+        query = self.query.detach().double().reshape(-1, self.dim)
+        if self.key_norm_weight is not None:
+            query = query * self.key_norm_weight.detach().double()
+        if self.scaled_logits:
+            query = query * self.dim ** -0.5
+        bounds = []
+        for norm in query.norm(dim=-1).tolist():
+            spread = 2 * norm * math.sqrt(self.dim)
+            # e^R / (e^R + S − 1) without overflow: 1 / (1 + (S − 1) e^−R)
+            high = 1 / (1 + (num_sources - 1) * math.exp(-spread))
+            low = 1 / (1 + (num_sources - 1) * math.exp(spread)) if spread < 700 else 0.0
+            bounds.append({"query_norm": norm, "logit_range": spread, "weight_min": low, "weight_max": high})
+        return bounds
+
     def conventions(self) -> dict[str, Any]:
         """The options that decide what the read computes (what a converter checks)."""
         return {"eps": self.eps, "key_norm": self.key_norm, "values": self.values,
@@ -255,7 +281,7 @@ class AttnResConnection(DepthAttention, Connection):
     @property
     def num_sources(self) -> int:
         """How many sources this sublayer reads: the embedding and one per block begun before it."""
-        return _sources(self.sublayer, self.block_size)
+        return sources_read(self.sublayer, self.block_size)
 
     def depth_weights(self, sources: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """The softmax weights ``(B, T, S)`` this sublayer gives its sources (the form's diagnostic)."""
@@ -307,8 +333,9 @@ def block_size_for(variant: str, block_size: int | None, n_sublayers: int, bound
     return check_int("family option 'block_size' of 'attn-res'", block_size, maximum=n_sublayers if bounded else None)
 
 
-def _sources(sublayer: int, block_size: int) -> int:
-    """The sources ``sublayer`` reads: the embedding and one per block begun before it."""
+def sources_read(sublayer: int, block_size: int) -> int:
+    """The sources ``sublayer`` reads: the embedding and one per block begun before it (the model's output read,
+    after the last of ``L`` sublayers: ``sources_read(L, block_size)``)."""
     return 1 + math.ceil(sublayer / block_size)
 
 
@@ -389,14 +416,14 @@ class AttnResForm(ConnectionForm):
         sublayer 0 with ``read_first=False``), and the output added to the current block (or appended as a new
         one: no FLOP)."""
         size = block_size_for(variant, block_size, n_sublayers)
-        read = 0 if sublayer == 0 and not read_first else _read_flops(dim, _sources(sublayer, size), values,
+        read = 0 if sublayer == 0 and not read_first else _read_flops(dim, sources_read(sublayer, size), values,
                                                                         scaled_logits, num_queries)
         return count(0, read + (dim if sublayer % size else 0))
 
     def state_size(self, n_streams: int, n_sublayers: int, options: Mapping[str, Any]) -> int:
         """The sources the last sublayer hands on: the embedding and one per block."""
         size = block_size_for(options.get("variant", "block"), options.get("block_size"), n_sublayers)
-        return _sources(n_sublayers, size)
+        return sources_read(n_sublayers, size)
 
     def head_flops(self, dim: int, n_streams: int, *, n_sublayers: int, options: Mapping[str, Any]) -> Count:
         """The output query's read over every source."""
