@@ -349,6 +349,13 @@ def _seed_count(seeds: Iterable[int]) -> str:
 # ---- a study ---------------------------------------------------------------------------------------------------
 
 
+#: The studies whose invocations ran from an installed snapshot before s2hc recorded the commit there (their
+#: ``environment.commit`` is null), and the commit that added their results to the repository (``git log --
+#: docs/NAME/results.json``): an upper bound on the code they trained with, and the commit to check it against.
+#: The depth study's rows grew over four commits (its ``growth``); this is its last.
+RESULTS_COMMITTED_IN = {"start-confirm": "6a171d1", "hc-gain": "31ce66d", "depth": "51ab68c"}
+
+
 @dataclass
 class Study:
     """One committed study's ``results.json``, read as a findings page needs it."""
@@ -401,7 +408,12 @@ class Study:
 
     @property
     def commit(self) -> str:
+        """The commit its last invocation trained at; for the three studies run from an installed snapshot before
+        s2hc recorded one there, the commit that added their results (:data:`RESULTS_COMMITTED_IN`), said so."""
         commit = self.results["environment"].get("commit")
+        if commit is None and self.name in RESULTS_COMMITTED_IN:
+            added = RESULTS_COMMITTED_IN[self.name]
+            return f"not recorded (run from an installed snapshot; results committed in `{added}`)"
         return "not recorded" if commit is None else f"`{commit}`"
 
     @property
@@ -776,7 +788,8 @@ def same_runs(a: Study, label_a: str, b: Study, label_b: str) -> Differences:
 
 @dataclass
 class Reruns:
-    """``docs/reruns/cells.json`` (scripts/rerun_cells.py): one committed cell per study trained again."""
+    """Cells of ``docs/reruns/cells.json`` (scripts/rerun_cells.py): one committed cell per study trained again (a
+    round of them: the pages hold the earlier rounds as ``reruns`` and the final one as ``final_reruns``)."""
 
     cells: list[dict[str, Any]]
 
@@ -795,6 +808,11 @@ class Reruns:
         return list(dict.fromkeys(c["commit"] for c in self.cells))
 
     @property
+    def codes(self) -> list[str]:
+        """The git trees of ``src/`` the re-runs trained with (``code``, recorded by the final round)."""
+        return list(dict.fromkeys(c.get("code", "unrecorded") for c in self.cells))
+
+    @property
     def machines(self) -> list[str]:
         """The CPU models (with their vector instructions) the re-runs trained on."""
         return list(dict.fromkeys(f"{(c.get('platform') or {}).get('cpu', 'unrecorded')}, "
@@ -808,7 +826,8 @@ class Reruns:
             machine = ", ".join(str(where.get(k, "?")) for k in ("cpu", "cpu_capability")) \
                 + f", {where.get('threads', '?')} thread(s)"
             difference = _minus(f"{c['difference']:+.5f}")
-            rows.append(f"| {c['study']} | `{c['name']}` | {c['committed']:.5f} (`{c['committed_at']}`) | "
+            committed_at = c["committed_at"] or RESULTS_COMMITTED_IN.get(c["study"], "not recorded")
+            rows.append(f"| {c['study']} | `{c['name']}` | {c['committed']:.5f} (`{committed_at}`) | "
                         f"{c['rerun']:.5f} | {difference} | {machine}, `{c['commit']}` |")
         return "\n".join(rows)
 
@@ -958,7 +977,10 @@ def render_pages(root: Path, write: bool = False) -> dict[str, str]:
     with ``write``, written (atomically) where it differs."""
     root = Path(root)
     reruns = root / "docs" / "reruns" / "cells.json"
-    extra = {"reruns": Reruns(read_json(reruns)["cells"])} if reruns.is_file() else {}
+    cells = read_json(reruns)["cells"] if reruns.is_file() else None
+    # the earlier rounds (no "round": older commits, another CPU) and the final one (scripts/rerun_cells.py today)
+    extra = {} if cells is None else {"reruns": Reruns([c for c in cells if "round" not in c]),
+                                      "final_reruns": Reruns([c for c in cells if c.get("round") == "final"])}
     rendered = render({template: (root / template).read_text() for template in PAGES}, load_studies(root / "docs"),
                       extra)
     pages = {}

@@ -1,12 +1,15 @@
 """Re-run one cell of every committed study at the current commit and record how far it lands from its row.
 
-    python scripts/rerun_cells.py [--out runs/reruns] [--json docs/reruns/cells.json] [--only STUDY ...]
+    python scripts/rerun_cells.py [--out runs/reruns-final] [--json docs/reruns/cells.json] [--only STUDY ...]
 
 Each cell is trained as its study trained it (the study config's run config, ``s2hc train`` in a process of its
-own with one thread, as ``s2hc study --jobs 2`` runs on two cores) and its final validation loss is set beside the
-committed row's. The upcycling study's base model (``configs/upcycle-base.yaml``) is trained first. Resumable: a
-cell already in the JSON is kept, a run directory already finished is read again. docs/results.md renders the table
-(its "Rounding" section) from the JSON this writes.
+own with the thread count its committed row records, one where it records none, as ``s2hc study --jobs 2`` runs on
+two cores) and its final validation loss is set beside the committed row's. The upcycling study's base model
+(``configs/upcycle-base.yaml``) is trained first. Each cell is written with ``"round": "final"`` and ``"code"``, the
+git tree of ``src/`` it trained with (a commit that changes only the docs keeps it): one cell per study and code.
+The cells of the earlier rounds (no ``round``: seven studies at older commits, on another CPU) stay in the JSON.
+Resumable: a cell already in the JSON for this code is kept, a run directory already finished is read again.
+docs/results.md renders both rounds (its "Rounding" section) from the JSON this writes.
 """
 
 from __future__ import annotations
@@ -29,12 +32,18 @@ CELLS = {
     "gated": ("configs/study-gated.yaml", "gated-residual n=4", 1),
     "gated-lss": ("configs/study-gated-lss.yaml", "mhc n=4 [lss_init=0.6]", 1),
     "upcycling": ("configs/study-upcycle.yaml", "s2hc n=4", 1),
+    "crn": ("configs/study-crn.yaml", "s2hc n=4 [init_rng=sequential]", 1),
+    "floor": ("configs/study-floor.yaml", "s2hc n=4 [init_rng=per_parameter]", 1),
+    "cost": ("configs/study-cost.yaml", "hc n=4", 1),
+    "start-confirm": ("configs/study-start-confirm.yaml", "s2hc (gate_init=residual) n=4", 5),
+    "hc-gain": ("configs/study-hc-gain.yaml", "hc (hold_sums=both) n=4", 1),
+    "production": ("configs/study-production.yaml", "ihc n=4", 1),
 }
 UPCYCLE_BASE = ("configs/upcycle-base.yaml", "runs/upcycle-base")
 
 
-def _train(command: list[str], log: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+def _train(command: list[str], log: Path, threads: int = 1) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as handle:
         subprocess.run(command, check=True, stdout=handle, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -48,9 +57,17 @@ def _final(run_dir: Path) -> tuple[float, dict | None]:
     return val[-1], platform
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
+
+
 def _commit() -> str:
-    done = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip()
+    return _git("rev-parse", "--short", "HEAD")
+
+
+def _code() -> str:
+    """The git tree of ``src/`` at HEAD (with ``+`` when the working tree's ``src/`` differs from it)."""
+    return _git("rev-parse", "--short", "HEAD:src") + ("+" if _git("status", "--porcelain", "--", "src") else "")
 
 
 def rerun(study: str, out: Path) -> dict:
@@ -70,12 +87,15 @@ def rerun(study: str, out: Path) -> dict:
     run = Run(configuration, seed, directory)
     committed = json.loads((ROOT / "docs" / study / "results.json").read_text())
     row = next(r for r in committed["rows"] if r["name"] == run.name)
+    threads = ((row.get("platform") or [{}])[0] or {}).get("threads") or 1
     if not (run.run_dir / "metrics.jsonl").is_file() or row["steps"] != _steps(run.run_dir):
-        _train(train_command(run, 1, sys.executable), run.log_path)
+        _train(train_command(run, 1, sys.executable), run.log_path, threads)
     val_loss, platform = _final(run.run_dir)
+    committed_at = committed["environment"].get("commit")
     return {"study": study, "label": label, "seed": seed, "name": run.name, "committed": row["val_loss"],
-            "committed_at": committed["environment"].get("commit"), "rerun": round(val_loss, 6),
-            "difference": round(val_loss - row["val_loss"], 6), "commit": _commit(), "platform": platform}
+            "committed_at": committed_at, "rerun": round(val_loss, 6),
+            "difference": round(val_loss - row["val_loss"], 6), "commit": _commit(), "code": _code(),
+            "round": "final", "platform": platform}
 
 
 def _steps(run_dir: Path) -> int | None:
@@ -88,15 +108,17 @@ def main(argv: list[str] | None = None) -> None:
     from s2hc.io import atomic_write_text
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reruns")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reruns-final")
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "reruns" / "cells.json")
     parser.add_argument("--only", nargs="*", choices=list(CELLS), default=list(CELLS))
     args = parser.parse_args(argv)
     done = json.loads(args.json.read_text()) if args.json.is_file() else {"cells": []}
+    code = _code()
     for study in args.only:
-        if any(cell["study"] == study for cell in done["cells"]):
+        if any(c["study"] == study and c.get("code") == code for c in done["cells"]):
             continue
-        cell = rerun(study, args.out)
+        cell = rerun(study, args.out / code)
+        done["cells"] = [c for c in done["cells"] if not (c["study"] == study and c.get("round") == "final")]
         done["cells"].append(cell)
         args.json.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.json, json.dumps(done, indent=1) + "\n")
