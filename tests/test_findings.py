@@ -235,6 +235,27 @@ def test_attention_residuals_no_longer_lowering_the_loss_stops_the_verdict(tmp_p
         render_pages(root)
 
 
+def test_an_equivalence_the_seeds_no_longer_bound_is_no_longer_called_equivalent(tmp_path):
+    """The equivalence study's registered TOST bounds s²HC − mHC within its margin: four of its eight s²HC seeds raised
+    by 0.02 take the interval past the margin, and neither the Verdict nor README's results call the two equivalent."""
+    import json
+
+    root = _copy_repository(tmp_path)
+    assert "equivalent within ±" in _verdict((ROOT / "docs" / "results.md").read_text())
+    path = root / "docs" / "equivalence" / "results.json"
+    results = json.loads(path.read_text())
+    for row in results["rows"]:
+        if row["label"] == "s2hc n=4" and row["seed"] % 2:
+            row["val_loss"] += 0.02
+    path.write_text(json.dumps(results))
+    assert not Study("equivalence", results).registered().clears
+    pages = render_pages(root)
+    verdict = _verdict(pages["docs/results.md"])
+    assert "equivalent within ±" not in verdict and "not shown equivalent" in verdict
+    readme = pages["README.md"].split("<!-- findings", 1)[1]
+    assert "equivalent within ±" not in readme and "not shown equivalent" in readme
+
+
 def test_a_damaged_results_json_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
     """A hand-damaged docs/*/results.json stops the render with one line naming the file, not a traceback."""
     import render_findings
