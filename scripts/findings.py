@@ -818,17 +818,39 @@ class Reruns:
         return list(dict.fromkeys(f"{(c.get('platform') or {}).get('cpu', 'unrecorded')}, "
                                   f"{(c.get('platform') or {}).get('cpu_capability', '?')}" for c in self.cells))
 
+    @staticmethod
+    def _where(platform: dict[str, Any] | None) -> str:
+        where = platform or {}
+        return ", ".join(str(where.get(k, "?")) for k in ("cpu", "cpu_capability")) \
+            + f", {where.get('threads', '?')} thread(s)"
+
+    @staticmethod
+    def same_place(cell: dict[str, Any]) -> bool:
+        """The re-run trained on the committed row's CPU model with its thread count (the final round records both)."""
+        ran, committed = cell.get("platform") or {}, cell.get("committed_platform") or {}
+        return bool(committed) and all(ran.get(k) == committed.get(k) for k in ("cpu", "threads"))
+
+    def where(self, same: bool) -> Reruns:
+        """The cells re-run where their committed rows trained (``same``), or elsewhere."""
+        return Reruns([c for c in self.cells if self.same_place(c) == same])
+
     def table(self) -> str:
-        rows = ["| study | run | committed (at) | re-run | difference | where the re-run trained |",
-                "|---|---|---:|---:|---:|---|"]
+        """One row per cell; with a column for where the committed row trained when the cells record it."""
+        committed_where = any("committed_platform" in c for c in self.cells)
+        head = "| study | run | committed (at) | re-run | difference | where the re-run trained |"
+        rule = "|---|---|---:|---:|---:|---|"
+        if committed_where:
+            head, rule = head + " where the committed row trained |", rule + "---|"
+        rows = [head, rule]
         for c in self.cells:
-            where = c.get("platform") or {}
-            machine = ", ".join(str(where.get(k, "?")) for k in ("cpu", "cpu_capability")) \
-                + f", {where.get('threads', '?')} thread(s)"
             difference = _minus(f"{c['difference']:+.5f}")
             committed_at = c["committed_at"] or RESULTS_COMMITTED_IN.get(c["study"], "not recorded")
-            rows.append(f"| {c['study']} | `{c['name']}` | {c['committed']:.5f} (`{committed_at}`) | "
-                        f"{c['rerun']:.5f} | {difference} | {machine}, `{c['commit']}` |")
+            row = (f"| {c['study']} | `{c['name']}` | {c['committed']:.5f} (`{committed_at}`) | "
+                   f"{c['rerun']:.5f} | {difference} | {self._where(c.get('platform'))}, `{c['commit']}` |")
+            if committed_where:
+                committed_on = c.get("committed_platform")
+                row += f" {self._where(committed_on) if committed_on else 'not recorded'} |"
+            rows.append(row)
         return "\n".join(rows)
 
 

@@ -4,10 +4,11 @@
 
 Each cell is trained as its study trained it (the study config's run config, ``s2hc train`` in a process of its
 own with the thread count its committed row records, one where it records none, as ``s2hc study --jobs 2`` runs on
-two cores) and its final validation loss is set beside the committed row's. The upcycling study's base model
-(``configs/upcycle-base.yaml``) is trained first. Each cell is written with ``"round": "final"`` and ``"code"``, the
-git tree of ``src/`` it trained with (a commit that changes only the docs keeps it): one cell per study and code.
-The cells of the earlier rounds (no ``round``: seven studies at older commits, on another CPU) stay in the JSON.
+two cores) and its final validation loss is set beside the committed row's, with where each trained. The upcycling
+study's base model (``configs/upcycle-base.yaml``) is trained first. Each cell is written with ``"round": "final"``
+and ``"code"``, the git tree of ``src/`` it trained with (a commit that changes only the docs keeps it): one cell per
+study and code. The cells of the earlier rounds (no ``round``: seven studies at older commits, on another CPU) stay
+in the JSON.
 Resumable: a cell already in the JSON for this code is kept, a run directory already finished is read again.
 docs/results.md renders both rounds (its "Rounding" section) from the JSON this writes.
 """
@@ -38,6 +39,8 @@ CELLS = {
     "start-confirm": ("configs/study-start-confirm.yaml", "s2hc (gate_init=residual) n=4", 5),
     "hc-gain": ("configs/study-hc-gain.yaml", "hc (hold_sums=both) n=4", 1),
     "production": ("configs/study-production.yaml", "ihc n=4", 1),
+    "equivalence": ("configs/study-equivalence.yaml", "s2hc n=4", 10),
+    "depth-rate": ("configs/study-depth-rate.yaml", "hc n=4 [lr=0.002, n_layers=8]", 0),
 }
 UPCYCLE_BASE = ("configs/upcycle-base.yaml", "runs/upcycle-base")
 
@@ -85,9 +88,16 @@ def rerun(study: str, out: Path) -> dict:
     directory = out / study
     prepare(spec, directory)
     run = Run(configuration, seed, directory)
-    committed = json.loads((ROOT / "docs" / study / "results.json").read_text())
-    row = next(r for r in committed["rows"] if r["name"] == run.name)
-    threads = ((row.get("platform") or [{}])[0] or {}).get("threads") or 1
+    results = ROOT / "docs" / study / "results.json"
+    if not results.is_file():
+        raise SystemExit(f"--only {study}: docs/{study}/results.json is not committed yet (its study has not "
+                         "finished); leave it out until it is")
+    committed = json.loads(results.read_text())
+    row = next((r for r in committed["rows"] if r["name"] == run.name), None)
+    if row is None:
+        raise SystemExit(f"docs/{study}/results.json has no row {run.name!r} (the cell CELLS names)")
+    committed_platform = (row.get("platform") or [{}])[0] or {}
+    threads = committed_platform.get("threads") or 1
     if not (run.run_dir / "metrics.jsonl").is_file() or row["steps"] != _steps(run.run_dir):
         _train(train_command(run, 1, sys.executable), run.log_path, threads)
     val_loss, platform = _final(run.run_dir)
@@ -95,7 +105,7 @@ def rerun(study: str, out: Path) -> dict:
     return {"study": study, "label": label, "seed": seed, "name": run.name, "committed": row["val_loss"],
             "committed_at": committed_at, "rerun": round(val_loss, 6),
             "difference": round(val_loss - row["val_loss"], 6), "commit": _commit(), "code": _code(),
-            "round": "final", "platform": platform}
+            "round": "final", "platform": platform, "committed_platform": committed_platform or None}
 
 
 def _steps(run_dir: Path) -> int | None:

@@ -256,6 +256,33 @@ def test_an_equivalence_the_seeds_no_longer_bound_is_no_longer_called_equivalent
     assert "equivalent within ±" not in readme and "not shown equivalent" in readme
 
 
+def test_the_final_rerun_round_is_rendered_and_must_cover_every_study(tmp_path):
+    """Cells of a final round (``"round": "final"``, as scripts/rerun_cells.py writes them) appear in the Rounding
+    section with their commit and where each side trained, split by whether the re-run trained where its row did;
+    a round that leaves a committed study out stops the rendering."""
+    import json
+
+    root = _copy_repository(tmp_path)
+    path = root / "docs" / "reruns" / "cells.json"
+    cells = json.loads(path.read_text())
+    where = {"cpu": "Test CPU", "cpu_capability": "AVX512", "threads": 1}
+    names = sorted(p.parent.name for p in (root / "docs").glob("*/results.json"))
+    final = [{"study": name, "label": "x", "seed": 0, "name": f"{name}-cell", "committed": 5.0,
+              "committed_at": "c0ffee0", "rerun": 5.0 + 0.001 * i, "difference": 0.001 * i, "commit": "deadbee",
+              "code": "feedbee",
+              "round": "final", "platform": where,
+              "committed_platform": where if i % 2 else {**where, "cpu": "Other CPU"}}
+             for i, name in enumerate(names)]
+    path.write_text(json.dumps({"cells": cells["cells"] + final}))
+    rounding = render_pages(root)["docs/results.md"].split("## Rounding", 1)[1].split("\n## ", 1)[0]
+    assert "**The final round.**" in rounding and "`deadbee`" in rounding and "`feedbee`" in rounding
+    assert f"`{names[-1]}-cell`" in rounding and "where the committed row trained" in rounding
+    assert "on another CPU model or thread count" in rounding  # the even cells trained elsewhere
+    path.write_text(json.dumps({"cells": cells["cells"] + final[1:]}))
+    with pytest.raises(ValueError, match="one cell of every committed study"):
+        render_pages(root)
+
+
 def test_a_damaged_results_json_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
     """A hand-damaged docs/*/results.json stops the render with one line naming the file, not a traceback."""
     import render_findings
