@@ -818,6 +818,11 @@ class Reruns:
         return list(dict.fromkeys(f"{(c.get('platform') or {}).get('cpu', 'unrecorded')}, "
                                   f"{(c.get('platform') or {}).get('cpu_capability', '?')}" for c in self.cells))
 
+    def cell(self, study: str) -> dict[str, Any] | None:
+        """The cell of ``study`` (the last one, should a round hold two), or None."""
+        found = [c for c in self.cells if c["study"] == study]
+        return found[-1] if found else None
+
     @staticmethod
     def _where(platform: dict[str, Any] | None) -> str:
         where = platform or {}

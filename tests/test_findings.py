@@ -274,7 +274,9 @@ def test_the_final_rerun_round_is_rendered_and_must_cover_every_study(tmp_path):
               "committed_platform": where if i % 2 else {**where, "cpu": "Other CPU"}}
              for i, name in enumerate(names)]
     path.write_text(json.dumps({"cells": cells["cells"] + final}))
-    rounding = render_pages(root)["docs/results.md"].split("## Rounding", 1)[1].split("\n## ", 1)[0]
+    page = render_pages(root)["docs/results.md"]
+    rounding = page.split("## Rounding", 1)[1].split("\n## ", 1)[0]
+    assert "The final rerun round (section" in page  # the production section reads the cost and production cells
     assert "**The final round.**" in rounding and "`deadbee`" in rounding and "`feedbee`" in rounding
     assert f"`{names[-1]}-cell`" in rounding and "where the committed row trained" in rounding
     assert "on another CPU model or thread count" in rounding  # the even cells trained elsewhere
