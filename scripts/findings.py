@@ -530,11 +530,12 @@ class Study:
                                       test["seeds"], e["per_seed"], self.planned_kind, p_holm)
         raise KeyError(f"study {self.name!r} has no factorial effect matching {name!r}")
 
-    def registered(self, contrast: str = "primary") -> Comparison:
+    def registered(self, contrast: str | tuple[str, ...] | list[str] = "primary") -> Comparison:
         """The study's pre-registered test (:mod:`.preregistered`), as its report gives it: ``"primary"`` (the
-        contrasts' mean per seed; ``label`` says so, ``against`` is ``"0"``), or the secondary test of the contrast
-        whose first configuration is ``contrast``, Holm-adjusted over the contrasts. Kind ``pre-registered``; its p
-        is the registered one (one-sided where registered so)."""
+        contrasts' mean per seed; ``label`` says so, ``against`` is ``"0"``), or the secondary test of a contrast,
+        Holm-adjusted over the contrasts: the contrast whose first configuration is ``contrast`` (KeyError when two
+        registered contrasts start with it), or the whole contrast as a tuple of its labels. Kind
+        ``pre-registered``; its p is the registered one (one-sided where registered so)."""
         test = evaluate_registered(self.results)
         if test is None:
             raise KeyError(f"study {self.name!r} has no pre-registered test")
@@ -547,11 +548,16 @@ class Study:
                 raise ValueError(f"study {self.name!r}: too few seeds for its pre-registered test")
             holm = entry["p"]  # one test: nothing to adjust
         else:
-            pairs = {entry["contrast"][0]: entry for entry in test["secondary"]}
-            if contrast not in pairs:
-                raise KeyError(f"study {self.name!r}: no registered contrast starts with {contrast!r}; "
-                               f"registered: {list(pairs)}")
-            entry = pairs[contrast]
+            if isinstance(contrast, str):
+                found = [entry for entry in test["secondary"] if entry["contrast"][0] == contrast]
+            else:
+                found = [entry for entry in test["secondary"] if list(entry["contrast"]) == list(contrast)]
+            if len(found) != 1:
+                registered = [entry["contrast"] for entry in test["secondary"]]
+                why = "two registered contrasts start with" if found else "no registered contrast is or starts with"
+                raise KeyError(f"study {self.name!r}: {why} {contrast!r}; name the whole contrast; registered: "
+                               f"{registered}")
+            entry = found[0]
             against = entry["contrast"][1]
             holm = entry["p_holm"]
         return Comparison(self.name, entry["name"], against, entry["mean"], *entry["ci95"], entry["p"],
@@ -733,7 +739,8 @@ def tests_that_clear(studies: Iterable[Study]) -> list[Cleared]:
         if evaluate_registered(study.results) is not None:
             test = evaluate_registered(study.results)
             each = test["each"]
-            for contrast in [*([] if each else ["primary"]), *(entry["contrast"][0] for entry in test["secondary"])]:
+            contrasts = [tuple(entry["contrast"]) for entry in test["secondary"]]
+            for contrast in [*([] if each else ["primary"]), *contrasts]:
                 c = study.registered(contrast)
                 if c.clears:
                     what = "the registered primary test" if contrast == "primary" else f"registered, {c.label}"

@@ -285,6 +285,28 @@ def test_the_final_rerun_round_is_rendered_and_must_cover_every_study(tmp_path):
         render_pages(root)
 
 
+def test_a_registered_contrast_is_found_by_its_first_configuration_or_whole():
+    """Two registered contrasts may start with one configuration (the depth-rate study's interaction and its
+    hold_sums contrast both start with HC at 32 layers): the first configuration alone is then refused, naming the
+    contrasts, and the whole contrast finds its test."""
+    import copy
+    import json
+
+    results = json.loads((ROOT / "docs" / "production" / "results.json").read_text())
+    study = Study("production", results)
+    paper = study.registered("attn-res (block_size=2)")
+    assert study.registered(("attn-res (block_size=2)", "residual")).p == paper.p
+    twice = copy.deepcopy(results)
+    registration = twice["study"]["preregistered"]
+    registration["contrasts"] = [*registration["contrasts"], ["attn-res (block_size=2)", "vp-residual"]]
+    doubled = Study("production", twice)
+    with pytest.raises(KeyError, match="two registered contrasts start with"):
+        doubled.registered("attn-res (block_size=2)")
+    assert doubled.registered(("attn-res (block_size=2)", "vp-residual")).against == "vp-residual"
+    with pytest.raises(KeyError, match="no registered contrast is or starts with"):
+        study.registered(("residual", "attn-res (block_size=2)"))
+
+
 def test_a_damaged_results_json_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys):
     """A hand-damaged docs/*/results.json stops the render with one line naming the file, not a traceback."""
     import render_findings
