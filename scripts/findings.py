@@ -191,7 +191,9 @@ class Comparison:
             sides = {"less": "one-sided", "greater": "one-sided", "equivalence": "equivalence (TOST)"}.get(
                 self.alternative, "two-sided")
             if self.clears:
-                return f"confirmed by its pre-registered {sides} test (p {_p(self.p)} < α {alpha})"
+                p = _p(self.p)  # "< 0.001" reads "p < 0.001, below α 0.05", not "p < 0.001 < α 0.05"
+                below = f"p {p}, below α {alpha}" if p.startswith("<") else f"p {p} < α {alpha}"
+                return f"confirmed by its pre-registered {sides} test ({below})"
             return f"not supported: its pre-registered {sides} test does not reject H0 (p {_p(self.p)} ≥ α {alpha})"
         if self.kind == "confirmatory":
             return (f"distinguishable after its adjustment (Holm p {self.p_holm} < {alpha})" if self.clears else
