@@ -824,8 +824,7 @@ class Reruns:
     @property
     def machines(self) -> list[str]:
         """The CPU models (with their vector instructions) the re-runs trained on."""
-        return list(dict.fromkeys(f"{(c.get('platform') or {}).get('cpu', 'unrecorded')}, "
-                                  f"{(c.get('platform') or {}).get('cpu_capability', '?')}" for c in self.cells))
+        return list(dict.fromkeys(self._cpu(c.get("platform")) for c in self.cells))
 
     def cell(self, study: str) -> dict[str, Any] | None:
         """The cell of ``study`` (the last one, should a round hold two), or None."""
@@ -833,10 +832,15 @@ class Reruns:
         return found[-1] if found else None
 
     @staticmethod
-    def _where(platform: dict[str, Any] | None) -> str:
+    def _cpu(platform: dict[str, Any] | None) -> str:
+        """A platform record's CPU model and vector instructions."""
         where = platform or {}
-        return ", ".join(str(where.get(k, "?")) for k in ("cpu", "cpu_capability")) \
-            + f", {where.get('threads', '?')} thread(s)"
+        return f"{where.get('cpu', 'unrecorded')}, {where.get('cpu_capability', '?')}"
+
+    @classmethod
+    def _where(cls, platform: dict[str, Any] | None) -> str:
+        """The CPU and the thread count."""
+        return f"{cls._cpu(platform)}, {(platform or {}).get('threads', '?')} thread(s)"
 
     @staticmethod
     def same_place(cell: dict[str, Any]) -> bool:
