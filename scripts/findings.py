@@ -848,6 +848,12 @@ class Reruns:
         ran, committed = cell.get("platform") or {}, cell.get("committed_platform") or {}
         return bool(committed) and all(ran.get(k) == committed.get(k) for k in ("cpu", "threads"))
 
+    @staticmethod
+    def at_row_commit(cell: dict[str, Any]) -> bool:
+        """The cell trained at the commit its row records (for a study run from a snapshot before commits were
+        recorded, the commit that added its results)."""
+        return cell["commit"] in (cell.get("committed_at"), RESULTS_COMMITTED_IN.get(cell["study"]))
+
     def where(self, same: bool) -> Reruns:
         """The cells re-run where their committed rows trained (``same``), or elsewhere."""
         return Reruns([c for c in self.cells if self.same_place(c) == same])
@@ -1020,7 +1026,8 @@ def render_pages(root: Path, write: bool = False) -> dict[str, str]:
     cells = read_json(reruns)["cells"] if reruns.is_file() else None
     # the earlier rounds (no "round": older commits, another CPU) and the final one (scripts/rerun_cells.py today)
     extra = {} if cells is None else {"reruns": Reruns([c for c in cells if "round" not in c]),
-                                      "final_reruns": Reruns([c for c in cells if c.get("round") == "final"])}
+                                      "final_reruns": Reruns([c for c in cells if c.get("round") == "final"]),
+                                      "control_reruns": Reruns([c for c in cells if c.get("round") == "control"])}
     rendered = render({template: (root / template).read_text() for template in PAGES}, load_studies(root / "docs"),
                       extra)
     pages = {}

@@ -1,6 +1,7 @@
 """Re-run one cell of every committed study at the current commit and record how far it lands from its row.
 
     python scripts/rerun_cells.py [--out runs/reruns-final] [--json docs/reruns/cells.json] [--only STUDY ...]
+    python scripts/rerun_cells.py --control STUDY --at COMMIT
 
 Each cell is trained as its study trained it (the study config's run config, ``s2hc train`` in a process of its
 own with the thread count its committed row records, one where it records none, as ``s2hc study --jobs 2`` runs on
@@ -10,6 +11,11 @@ and ``"code"``, the git tree of ``src/`` it trained with (a commit that changes 
 study and code. The cells of the earlier rounds (no ``round``: seven studies at older commits, on another CPU) stay
 in the JSON.
 Resumable: a cell already in the JSON for this code is kept, a run directory already finished is read again.
+
+``--control STUDY --at COMMIT`` trains the same cell with the code of an older COMMIT (its ``src/`` and ``configs/``,
+the run configs written by that code's own ``s2hc study --print-commands``) on this machine, and records it with
+``"round": "control"``: where a final cell trained on another CPU than its row, the control says whether the code or
+the CPU moved it (the same loss as the final cell at the row's own code: the CPU).
 docs/results.md renders both rounds (its "Rounding" section) from the JSON this writes.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -67,8 +74,8 @@ def _git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True).stdout.strip()
 
 
-def _commit() -> str:
-    return _git("rev-parse", "--short", "HEAD")
+def _commit(at: str = "HEAD") -> str:
+    return _git("rev-parse", "--short", at)
 
 
 def _code() -> str:
@@ -107,6 +114,46 @@ def rerun(study: str, out: Path) -> dict:
             "round": "final", "platform": platform, "committed_platform": committed_platform or None}
 
 
+def control(study: str, at: str, out: Path) -> dict:
+    """The cell of ``study`` trained with the code of commit ``at`` (checked out under ``out``) on this machine."""
+    config, label, seed = CELLS[study]
+    commit = _commit(at)
+    if not commit:
+        raise SystemExit(f"--at: {at!r} is not a commit of this repository")
+    code_dir = out / f"code-{commit}"
+    if not (code_dir / "src").is_dir():
+        code_dir.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", commit, "src", "configs"], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(code_dir)], input=archive, check=True)
+    env = {**os.environ, "PYTHONPATH": str(code_dir / "src")}
+    study_dir = out / f"{study}-{commit}"
+    printed = subprocess.run([sys.executable, "-m", "s2hc", "study", config, "--out", str(study_dir),
+                              "--print-commands"], cwd=code_dir, env=env, check=True, capture_output=True,
+                             text=True).stdout
+    committed = json.loads((ROOT / "docs" / study / "results.json").read_text())
+    row = next(r for r in committed["rows"] if r["label"] == label and r["seed"] == seed)
+    run_dir = study_dir / "runs" / row["name"]
+    commands = [shlex.split(line) for line in printed.splitlines() if line.strip()]
+    command = next((c for c in commands if "--out" in c and Path(c[c.index("--out") + 1]) == run_dir), None)
+    if command is None and _steps(run_dir) != row["steps"]:
+        raise SystemExit(f"the code of {commit} printed no command for {row['name']!r} in {study_dir}")
+    committed_platform = (row.get("platform") or [{}])[0] or {}
+    if command is not None:
+        program = command.index("train")  # `s2hc train ...` run by this Python with the old code on its path
+        with (study_dir / f"{row['name']}.log").open("a") as handle:
+            threads = str(committed_platform.get("threads") or 1)
+            subprocess.run([sys.executable, "-m", "s2hc", *command[program:], "--no-progress"], check=True,
+                           stdout=handle, stderr=subprocess.STDOUT, cwd=code_dir,
+                           env={**env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
+    val_loss, platform = _final(run_dir)
+    return {"study": study, "label": label, "seed": seed, "name": row["name"], "committed": row["val_loss"],
+            "committed_at": committed["environment"].get("commit"), "rerun": round(val_loss, 6),
+            "difference": round(val_loss - row["val_loss"], 6), "commit": commit,
+            "code": _git("rev-parse", "--short", f"{commit}:src"), "round": "control", "platform": platform,
+            "committed_platform": committed_platform or None}
+
+
 def _steps(run_dir: Path) -> int | None:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steps = [r["step"] for r in records if "val_loss" in r]
@@ -120,8 +167,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reruns-final")
     parser.add_argument("--json", type=Path, default=ROOT / "docs" / "reruns" / "cells.json")
     parser.add_argument("--only", nargs="*", choices=list(CELLS), default=list(CELLS))
+    parser.add_argument("--control", choices=list(CELLS), help="train STUDY's cell with the code of --at")
+    parser.add_argument("--at", help="the commit whose code trains the --control cell")
     args = parser.parse_args(argv)
+    if (args.control is None) != (args.at is None):
+        parser.error("--control and --at go together")
     done = json.loads(args.json.read_text()) if args.json.is_file() else {"cells": []}
+    if args.control:
+        cell = control(args.control, args.at, args.out / "controls")
+        done["cells"] = [c for c in done["cells"] if not (c["study"] == args.control and c.get("round") == "control"
+                                                          and c["commit"] == cell["commit"])] + [cell]
+        atomic_write_text(args.json, json.dumps(done, indent=1) + "\n")
+        print(f"{args.control} at {cell['commit']}: {cell['name']} {cell['rerun']} against {cell['committed']} "
+              f"({cell['difference']:+.6f})", flush=True)
+        return
     code = _code()
     for study in args.only:
         if not (ROOT / "docs" / study / "results.json").is_file():

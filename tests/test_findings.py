@@ -280,6 +280,15 @@ def test_the_final_rerun_round_is_rendered_and_must_cover_every_study(tmp_path):
     assert "**The final round.**" in rounding and "`deadbee`" in rounding and "`feedbee`" in rounding
     assert f"`{names[-1]}-cell`" in rounding and "where the committed row trained" in rounding
     assert "on another CPU model or thread count" in rounding  # the even cells trained elsewhere
+    assert "--control" not in rounding
+    # controls: a cell trained again with its row's code; the same loss as the final round's says the CPU moved it
+    controls = [{**final[i], "round": "control", "commit": "c0ffee0", "rerun": final[i]["rerun"] + moved}
+                for i, moved in ((0, 0.0), (2, 0.003))]
+    path.write_text(json.dumps({"cells": cells["cells"] + final + controls}))
+    rounding = render_pages(root)["docs/results.md"].split("## Rounding", 1)[1].split("\n## ", 1)[0]
+    assert f"--control {names[0]} --at c0ffee0" in rounding and "the commit its row trained at" in rounding
+    assert "what moved it from its row is the CPU" in rounding
+    assert "0.003 from the final round's re-run" in rounding and "moved it too" in rounding
     path.write_text(json.dumps({"cells": cells["cells"] + final[1:]}))
     with pytest.raises(ValueError, match="one cell of every committed study"):
         render_pages(root)
