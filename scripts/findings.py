@@ -807,6 +807,15 @@ class Reruns:
         return Number(max(abs(c["difference"]) for c in self.cells))
 
     @property
+    def largest_cell(self) -> dict[str, Any]:
+        """The cell that moved furthest from its row."""
+        return max(self.cells, key=lambda c: abs(c["difference"]))
+
+    def without(self, study: str) -> Reruns:
+        """The cells of every other study."""
+        return Reruns([c for c in self.cells if c["study"] != study])
+
+    @property
     def studies(self) -> list[str]:
         """The studies one of whose cells was re-run, in the file's order."""
         return list(dict.fromkeys(c["study"] for c in self.cells))
