@@ -127,6 +127,10 @@ def control(study: str, at: str, out: Path) -> dict:
                                  capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(code_dir)], input=archive, check=True)
     env = {**os.environ, "PYTHONPATH": str(code_dir / "src")}
+    found = subprocess.run([sys.executable, "-c", "import s2hc; print(s2hc.__file__)"], env=env, check=True,
+                           capture_output=True, text=True).stdout.strip()
+    if not Path(found).is_relative_to(code_dir):  # an import hook of an installed s2hc would train the wrong code
+        raise SystemExit(f"--at {at}: Python imports s2hc from {found}, not from the checked-out {code_dir / 'src'}")
     study_dir = out / f"{study}-{commit}"
     printed = subprocess.run([sys.executable, "-m", "s2hc", "study", config, "--out", str(study_dir),
                               "--print-commands"], cwd=code_dir, env=env, check=True, capture_output=True,
