@@ -847,7 +847,7 @@ class Reruns:
         return f"{where.get('cpu', 'unrecorded')}, {where.get('cpu_capability', '?')}"
 
     @classmethod
-    def _where(cls, platform: dict[str, Any] | None) -> str:
+    def place(cls, platform: dict[str, Any] | None) -> str:
         """The CPU and the thread count."""
         return f"{cls._cpu(platform)}, {(platform or {}).get('threads', '?')} thread(s)"
 
@@ -879,10 +879,10 @@ class Reruns:
             difference = _minus(f"{c['difference']:+.5f}")
             committed_at = c["committed_at"] or RESULTS_COMMITTED_IN.get(c["study"], "not recorded")
             row = (f"| {c['study']} | `{c['name']}` | {c['committed']:.5f} (`{committed_at}`) | "
-                   f"{c['rerun']:.5f} | {difference} | {self._where(c.get('platform'))}, `{c['commit']}` |")
+                   f"{c['rerun']:.5f} | {difference} | {self.place(c.get('platform'))}, `{c['commit']}` |")
             if committed_where:
                 committed_on = c.get("committed_platform")
-                row += f" {self._where(committed_on) if committed_on else 'not recorded'} |"
+                row += f" {self.place(committed_on) if committed_on else 'not recorded'} |"
             rows.append(row)
         return "\n".join(rows)
 

@@ -16,7 +16,8 @@ Resumable: a cell already in the JSON for this code is kept, a run directory alr
 the run configs written by that code's own ``s2hc study --print-commands``) on this machine, and records it with
 ``"round": "control"``: where a final cell trained on another CPU than its row, the control says whether the code or
 the CPU moved it (the same loss as the final cell at the row's own code: the CPU).
-docs/results.md renders both rounds (its "Rounding" section) from the JSON this writes.
+
+docs/results.md renders the rounds and the controls (its "Rounding" section) from the JSON this writes.
 """
 
 from __future__ import annotations
@@ -136,11 +137,14 @@ def control(study: str, at: str, out: Path) -> dict:
                               "--print-commands"], cwd=code_dir, env=env, check=True, capture_output=True,
                              text=True).stdout
     committed = json.loads((ROOT / "docs" / study / "results.json").read_text())
-    row = next(r for r in committed["rows"] if r["label"] == label and r["seed"] == seed)
+    row = next((r for r in committed["rows"] if r["label"] == label and r["seed"] == seed), None)
+    if row is None:
+        raise SystemExit(f"docs/{study}/results.json has no row of {label!r} seed {seed} (the cell CELLS names)")
     run_dir = study_dir / "runs" / row["name"]
     commands = [shlex.split(line) for line in printed.splitlines() if line.strip()]
     command = next((c for c in commands if "--out" in c and Path(c[c.index("--out") + 1]) == run_dir), None)
-    if command is None and _steps(run_dir) != row["steps"]:
+    finished = (run_dir / "metrics.jsonl").is_file() and _steps(run_dir) == row["steps"]
+    if command is None and not finished:
         raise SystemExit(f"the code of {commit} printed no command for {row['name']!r} in {study_dir}")
     committed_platform = (row.get("platform") or [{}])[0] or {}
     if command is not None:
