@@ -290,6 +290,14 @@ def test_the_final_rerun_round_is_rendered_and_must_cover_every_study(tmp_path):
     assert f"--control {names[0]} --at c0ffee0" in rounding and "the commit its row trained at" in rounding
     assert "what moved it from its row is the CPU" in rounding
     assert "0.003 from the final round's re-run" in rounding and "moved it too" in rounding
+    # the production section: its gated cell at its own code lands where the final round's did, the cost cell on its
+    # row: no code change moved the two studies' gated runs
+    same = {c["study"]: c for c in final}
+    same["cost"] = {**same["cost"], "rerun": 5.0, "difference": 0.0}
+    controls = [{**same["production"], "round": "control", "commit": "c0ffee0"}]
+    path.write_text(json.dumps({"cells": cells["cells"] + list(same.values()) + controls}))
+    page = render_pages(root)["docs/results.md"]
+    assert "with the production study's own code (`c0ffee0`" in page and "no code change moved" in page
     path.write_text(json.dumps({"cells": cells["cells"] + final[1:]}))
     with pytest.raises(ValueError, match="one cell of every committed study"):
         render_pages(root)
