@@ -13,6 +13,7 @@ import pytest
 import scipy.stats
 
 from s2hc.study import stats
+from s2hc.study.preregistered import evaluate as evaluate_registered
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -254,6 +255,33 @@ def test_an_equivalence_the_seeds_no_longer_bound_is_no_longer_called_equivalent
     assert "equivalent within ±" not in verdict and "not shown equivalent" in verdict
     readme = pages["README.md"].split("<!-- findings", 1)[1]
     assert "equivalent within ±" not in readme and "not shown equivalent" in readme
+
+
+def test_the_depth_rate_verdict_follows_its_four_registered_tests(tmp_path):
+    """HC's rows at thirty-two layers moved down by 2 at both rates (every seed, so the spread stays): all four
+    registered tests clear and the Verdict, the section and README say HC's lead grows with depth and holding the
+    sums costs it; moved up by 2, none clears and they say neither."""
+    import copy
+    import json
+
+    root = _copy_repository(tmp_path)
+    path = root / "docs" / "depth-rate" / "results.json"
+    committed = json.loads(path.read_text())
+    for shift, clears in ((-2.0, True), (2.0, False)):
+        results = copy.deepcopy(committed)
+        for row in results["rows"]:
+            if row["label"].startswith("hc n=4 [") and row["label"].endswith("n_layers=32]"):
+                row["val_loss"] += shift
+        path.write_text(json.dumps(results))
+        tests = evaluate_registered(results)["secondary"]
+        assert len(tests) == 4 and all(t["rejected"] == clears for t in tests)
+        pages = render_pages(root)
+        section = pages["docs/results.md"].split("### Depth × learning rate", 1)[1].split("\n### ", 1)[0]
+        readme = pages["README.md"].split("<!-- findings", 1)[1]
+        for text in (_verdict(pages["docs/results.md"]), section):
+            assert ("grows with depth at both" in text) == clears and ("Neither rate" in text) != clears
+            assert ("costs it at thirty-two layers at both" in text) == clears
+        assert ("not confirmed" in readme) != clears and ("costs it at every rate" in readme) == clears
 
 
 def test_the_final_rerun_round_is_rendered_and_must_cover_every_study(tmp_path):
