@@ -109,10 +109,7 @@ def rerun(study: str, out: Path) -> dict:
         _train(train_command(run, 1, sys.executable), run.log_path, threads)
     val_loss, platform = _final(run.run_dir)
     committed_at = committed["environment"].get("commit")
-    return {"study": study, "label": label, "seed": seed, "name": run.name, "committed": row["val_loss"],
-            "committed_at": committed_at, "rerun": round(val_loss, 6),
-            "difference": round(val_loss - row["val_loss"], 6), "commit": _commit(), "code": _code(),
-            "round": "final", "platform": platform, "committed_platform": committed_platform or None}
+    return _cell(study, row, committed_at, val_loss, platform, _commit(), _code(), "final")
 
 
 def control(study: str, at: str, out: Path) -> dict:
@@ -155,11 +152,18 @@ def control(study: str, at: str, out: Path) -> dict:
                            stdout=handle, stderr=subprocess.STDOUT, cwd=code_dir,
                            env={**env, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads})
     val_loss, platform = _final(run_dir)
-    return {"study": study, "label": label, "seed": seed, "name": row["name"], "committed": row["val_loss"],
-            "committed_at": committed["environment"].get("commit"), "rerun": round(val_loss, 6),
-            "difference": round(val_loss - row["val_loss"], 6), "commit": commit,
-            "code": _git("rev-parse", "--short", f"{commit}:src"), "round": "control", "platform": platform,
-            "committed_platform": committed_platform or None}
+    return _cell(study, row, committed["environment"].get("commit"), val_loss, platform, commit,
+                 _git("rev-parse", "--short", f"{commit}:src"), "control")
+
+
+def _cell(study: str, row: dict, committed_at: str | None, val_loss: float, platform: dict | None, commit: str,
+          code: str, kind: str) -> dict:
+    """One cell of cells.json: the committed row beside its re-run, where and with which code each trained."""
+    committed_platform = (row.get("platform") or [{}])[0] or {}
+    return {"study": study, "label": row["label"], "seed": row["seed"], "name": row["name"],
+            "committed": row["val_loss"], "committed_at": committed_at, "rerun": round(val_loss, 6),
+            "difference": round(val_loss - row["val_loss"], 6), "commit": commit, "code": code, "round": kind,
+            "platform": platform, "committed_platform": committed_platform or None}
 
 
 def _steps(run_dir: Path) -> int | None:
